@@ -1,0 +1,37 @@
+# One entry point for newcomers and CI. Every target creates .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint types check bench experiments clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)  ## Start the auction server with the embedded engine and an SQLite ledger
+	$(BIN)/inference-auction serve
+
+test: $(STAMP)  ## Run the whole test suite (PostgreSQL tests run when it is reachable)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+check: lint types test  ## Lint, type-check and test
+
+bench: $(STAMP)  ## Benchmark the auction core against the naive oracle
+	$(BIN)/python -m bench.auction_speed
+
+experiments: $(STAMP)  ## Reproduce the paper's experiments (about 10 minutes)
+	$(BIN)/inference-auction experiment all --out results
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

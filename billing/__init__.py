@@ -1,0 +1,1 @@
+"""The SQL ledger of budgets, holds and charges."""

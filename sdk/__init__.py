@@ -1,0 +1,1 @@
+"""The inference-auctions client SDK."""

@@ -1,0 +1,1 @@
+"""The inference auction server: auction core, engines, batching and the HTTP API."""

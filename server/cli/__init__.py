@@ -1,0 +1,29 @@
+"""The `inference-auction` command line.
+
+Each concern registers its own command group from a module of this package; this module only
+assembles them, so adding a command never touches another command's file.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="inference-auctions")
+def main() -> None:
+    """Inference auctions: a truthful priority auction for LLM serving in front of SGLang.
+
+    Start with `inference-auction serve` (embedded engine, SQLite ledger) or clear a batch
+    offline with `inference-auction auction BATCH.jsonl`.
+    """
+
+
+def _register() -> None:
+    # Imported here so that `main` exists before the command modules attach to it.
+    from server.cli import auction_command
+
+    main.add_command(auction_command.auction)
+
+
+_register()
