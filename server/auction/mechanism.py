@@ -1,0 +1,78 @@
+"""`run_auction`: clear one batch. Pure: no I/O, no clock, no randomness."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from server.auction.payments import vcg_payment_numerators
+from server.auction.request import AuctionRequest, validate_batch
+from server.auction.schedule import average_bid_dfs
+from server.auction.tree import TreeStats, build_radix_tree
+
+_EMPTY_STATS = TreeStats(requests=0, nodes=0, depth=0, total_tokens=0, unique_tokens=0)
+
+
+@dataclass(frozen=True, slots=True)
+class AuctionOutcome:
+    """The cleared batch: who goes first, and what every user pays (micro-credits)."""
+
+    order: list[str]
+    payments: dict[str, int]
+    positions: dict[str, int] = field(default_factory=dict)
+    bids: dict[str, int] = field(default_factory=dict)
+    users: dict[str, str] = field(default_factory=dict)
+    exact_payments: dict[str, Fraction] = field(default_factory=dict)
+    tree: TreeStats = _EMPTY_STATS
+
+    @property
+    def size(self) -> int:
+        """Number of requests in the batch."""
+        return len(self.order)
+
+    def priority(self, rid: str) -> Fraction:
+        """Fractional priority (n-1-k)/(n-1) of the request at position k; 1 when alone."""
+        if self.size <= 1:
+            return Fraction(1)
+        return Fraction(self.size - 1 - self.positions[rid], self.size - 1)
+
+    @property
+    def priorities(self) -> dict[str, float]:
+        """Fractional priority of every request, as floats for display and storage."""
+        return {rid: float(self.priority(rid)) for rid in self.order}
+
+    @property
+    def welfare(self) -> Fraction:
+        """W = sum of bid * fractional priority, exactly, in micro-credits."""
+        return sum((self.bids[rid] * self.priority(rid) for rid in self.order), Fraction(0))
+
+    @property
+    def revenue(self) -> int:
+        """Sum of the charged payments."""
+        return sum(self.payments.values())
+
+
+def run_auction(requests: Sequence[AuctionRequest]) -> AuctionOutcome:
+    """Clear a batch: average-bid DFS order and VCG payments, rounded down to whole micros.
+
+    Raises `AuctionInputError` (a `ValueError`) naming the request and field when any request is
+    malformed; nothing is computed for a batch that fails validation.
+    """
+    batch = validate_batch(requests)
+    if not batch.rids:
+        return AuctionOutcome(order=[], payments={})
+    tree = build_radix_tree(batch.prompts)
+    schedule = average_bid_dfs(tree, batch.bids)
+    numerators = vcg_payment_numerators(tree, schedule, batch.bids, batch.users)
+    denominator = max(len(batch.rids) - 1, 1)
+    order = [batch.rids[index] for index in schedule.order]
+    return AuctionOutcome(
+        order=order,
+        payments={user: value // denominator for user, value in numerators.items()},
+        positions={rid: place for place, rid in enumerate(order)},
+        bids=dict(zip(batch.rids, batch.bids, strict=True)),
+        users=dict(zip(batch.rids, batch.users, strict=True)),
+        exact_payments={user: Fraction(value, denominator) for user, value in numerators.items()},
+        tree=tree.stats,
+    )

@@ -1,0 +1,102 @@
+"""Slow, obviously correct implementations of the mechanism: the oracles for the fast core.
+
+They share no code with the fast path. The trie here has one node per token (no compaction),
+averages are `Fraction`s, payments re-solve the whole auction once per user with that user's
+bids zeroed (the definition of VCG in SPEC section 1), and `all_dfs_orders` enumerates every
+DFS schedule for brute-force checks on small batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from server.auction.request import AuctionRequest
+
+
+@dataclass
+class _TrieNode:
+    children: dict[int, _TrieNode] = field(default_factory=dict)
+    requests: list[int] = field(default_factory=list)  # request leaves hanging here
+
+    def items(self) -> list[tuple[str, int | _TrieNode]]:
+        """Children of this node in the augmented tree: token subtrees and request leaves."""
+        subtrees: list[tuple[str, int | _TrieNode]] = [("node", c) for c in self.children.values()]
+        return subtrees + [("leaf", r) for r in self.requests]
+
+
+def _trie(requests: Sequence[AuctionRequest]) -> _TrieNode:
+    root = _TrieNode()
+    for index, request in enumerate(requests):
+        node = root
+        for token in request.tokens:
+            node = node.children.setdefault(int(token), _TrieNode())
+        node.requests.append(index)
+    return root
+
+
+def _leaves(item: tuple[str, int | _TrieNode]) -> list[int]:
+    kind, value = item
+    if kind == "leaf":
+        assert isinstance(value, int)
+        return [value]
+    assert isinstance(value, _TrieNode)
+    return [leaf for child in value.items() for leaf in _leaves(child)]
+
+
+def reference_order(requests: Sequence[AuctionRequest], bids: Sequence[int]) -> list[int]:
+    """The average-bid DFS: children by decreasing Fraction(F, N), ties by earliest arrival."""
+
+    def visit(item: tuple[str, int | _TrieNode]) -> list[int]:
+        kind, value = item
+        if kind == "leaf":
+            assert isinstance(value, int)
+            return [value]
+        assert isinstance(value, _TrieNode)
+
+        def key(child: tuple[str, int | _TrieNode]) -> tuple[Fraction, int]:
+            leaves = _leaves(child)
+            return (-Fraction(sum(bids[r] for r in leaves), len(leaves)), min(leaves))
+
+        return [r for child in sorted(value.items(), key=key) for r in visit(child)]
+
+    return visit(("node", _trie(requests)))
+
+
+def all_dfs_orders(requests: Sequence[AuctionRequest]) -> Iterator[list[int]]:
+    """Every DFS schedule of the batch (exponential: for small batches only)."""
+
+    def visit(item: tuple[str, int | _TrieNode]) -> Iterator[list[int]]:
+        kind, value = item
+        if kind == "leaf":
+            assert isinstance(value, int)
+            yield [value]
+            return
+        assert isinstance(value, _TrieNode)
+        for permutation in itertools.permutations(value.items()):
+            for parts in itertools.product(*(list(visit(child)) for child in permutation)):
+                yield [r for part in parts for r in part]
+
+    yield from visit(("node", _trie(requests)))
+
+
+def welfare(order: Sequence[int], bids: Sequence[int]) -> Fraction:
+    """W(order; bids) = sum of bid * (n-1-k)/(n-1), exactly."""
+    n = len(order)
+    if n == 1:
+        return Fraction(bids[order[0]])
+    return sum((Fraction(bids[r] * (n - 1 - k), n - 1) for k, r in enumerate(order)), Fraction(0))
+
+
+def reference_payments(requests: Sequence[AuctionRequest]) -> dict[str, Fraction]:
+    """Exact VCG payments by re-solving the auction with each user's bids zeroed."""
+    bids = [request.bid for request in requests]
+    chosen = reference_order(requests, bids)
+    payments: dict[str, Fraction] = {}
+    for user in dict.fromkeys(request.user for request in requests):
+        without = [0 if request.user == user else request.bid for request in requests]
+        best = welfare(reference_order(requests, without), without)
+        payments[user] = best - welfare(chosen, without)
+    return payments

@@ -1,0 +1,101 @@
+"""The input of one auction: a request with its prompt tokens and its bid, and its validation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from server.auction.errors import AuctionInputError
+
+TokenArray = npt.NDArray[np.int64]
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True, slots=True)
+class AuctionRequest:
+    """One request of a batch: its id, its user, its prompt as token ids and its bid in micros."""
+
+    rid: str
+    user: str
+    tokens: Sequence[int] | npt.NDArray[np.integer]
+    bid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ValidatedBatch:
+    """A batch whose requests passed validation, with prompts as int64 arrays."""
+
+    rids: list[str]
+    users: list[str]
+    bids: list[int]
+    prompts: list[TokenArray]
+
+
+def validate_batch(requests: Sequence[AuctionRequest]) -> ValidatedBatch:
+    """Check every request and return the batch in the shape the core works on."""
+    seen: set[str] = set()
+    rids: list[str] = []
+    users: list[str] = []
+    bids: list[int] = []
+    prompts: list[TokenArray] = []
+    for index, request in enumerate(requests):
+        if not isinstance(request, AuctionRequest):
+            raise AuctionInputError(
+                index, "request", f"must be an AuctionRequest, not {type(request).__name__}"
+            )
+        rid = request.rid
+        if not isinstance(rid, str) or not rid:
+            raise AuctionInputError(rid, "rid", "must be a non-empty string")
+        if rid in seen:
+            raise AuctionInputError(
+                rid, "rid", "is a duplicate: every request of a batch needs its own id"
+            )
+        seen.add(rid)
+        if not isinstance(request.user, str) or not request.user:
+            raise AuctionInputError(rid, "user", "must be a non-empty string")
+        rids.append(rid)
+        users.append(request.user)
+        bids.append(_validate_bid(rid, request.bid))
+        prompts.append(_token_array(rid, request.tokens))
+    return ValidatedBatch(rids=rids, users=users, bids=bids, prompts=prompts)
+
+
+def _validate_bid(rid: str, bid: object) -> int:
+    # bool is a subclass of int and float NaN compares false with everything: both are refused
+    # explicitly, because a bid must be an exact whole number of micro-credits.
+    if isinstance(bid, bool) or not isinstance(bid, int | np.integer):
+        raise AuctionInputError(
+            rid, "bid", f"must be an int of micro-credits, not {type(bid).__name__} {bid!r}"
+        )
+    value = int(bid)
+    if value < 0:
+        raise AuctionInputError(rid, "bid", f"must be >= 0 micro-credits, got {value}")
+    return value
+
+
+def _token_array(rid: str, tokens: object) -> TokenArray:
+    if isinstance(tokens, str | bytes):
+        raise AuctionInputError(rid, "tokens", "must be a sequence of token ids, not text")
+    try:
+        array = np.asarray(tokens)
+    except (OverflowError, ValueError, TypeError) as error:
+        raise AuctionInputError(
+            rid, "tokens", f"must be a flat sequence of ints ({error})"
+        ) from None
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if array.ndim != 1:
+        raise AuctionInputError(
+            rid, "tokens", f"must be a flat sequence of ints, got {array.ndim} dimensions"
+        )
+    if array.dtype.kind not in "iu":
+        raise AuctionInputError(rid, "tokens", f"must all be ints, found {array.dtype} values")
+    if array.dtype.kind == "u" and array.max() > _INT64_MAX:
+        raise AuctionInputError(rid, "tokens", "must fit in a signed 64-bit int")
+    if array.min() < 0:
+        raise AuctionInputError(rid, "tokens", "must be non-negative token ids")
+    return array.astype(np.int64, copy=False)

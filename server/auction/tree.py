@@ -1,0 +1,144 @@
+"""The request-augmented radix tree of a batch, built without a Python loop per token.
+
+The prompts are sorted; the longest common prefix of each sorted neighbour pair is found with
+numpy; the compacted tree then follows from a single stack pass over the sorted prompts (the
+classic construction of a compacted trie from a sorted list and its LCP array). Every request
+hangs as its own leaf under the node where its prompt ends, so identical prompts give sibling
+leaves and a prompt that is a prefix of another hangs its leaf on an inner node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from server.auction.request import TokenArray
+
+ROOT = 0
+NO_PARENT = -1
+NOT_A_REQUEST = -1
+
+
+@dataclass(frozen=True, slots=True)
+class TreeStats:
+    """Shape of a batch's radix tree; `shared_tokens` are the prompt tokens a cache can reuse."""
+
+    requests: int
+    nodes: int  # radix nodes, not counting the root or the request leaves
+    depth: int  # most radix nodes on a path from the root to a prompt's end
+    total_tokens: int  # every prompt token, counted once per request
+    unique_tokens: int  # tokens on the tree's edges: what a cache must hold for the batch
+
+    @property
+    def shared_tokens(self) -> int:
+        """Prompt tokens that repeat a prefix already in the tree."""
+        return self.total_tokens - self.unique_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RadixTree:
+    """Nodes are ints; node 0 is the root. Parallel lists hold each node's fields.
+
+    `preorder` lists every node with each parent before its children, so walking it backwards
+    visits children first (used to aggregate sums bottom-up without recursion).
+    """
+
+    parent: list[int]
+    children: list[list[int]]
+    request: list[int]  # request index of a request leaf, NOT_A_REQUEST for radix nodes
+    leaf_of: list[int]  # node of each request's leaf
+    preorder: list[int]
+    stats: TreeStats
+
+
+def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
+    """Build the request-augmented compacted trie of `prompts` (request i = prompts[i])."""
+    n = len(prompts)
+    keys = [prompt.tolist() for prompt in prompts]
+    # Stable sort: identical prompts keep their arrival order among their sibling leaves.
+    sorted_requests = sorted(range(n), key=keys.__getitem__)
+
+    parent = [NO_PARENT]
+    children: list[list[int]] = [[]]
+    request = [NOT_A_REQUEST]
+    depth_tokens = [0]
+    leaf_of = [0] * n
+    # The path from the root to the previous prompt's end, as (node, depth in tokens).
+    stack = [ROOT]
+    previous: TokenArray | None = None
+
+    def new_node(under: int, depth: int, request_index: int = NOT_A_REQUEST) -> int:
+        node = len(parent)
+        parent.append(under)
+        children.append([])
+        request.append(request_index)
+        depth_tokens.append(depth)
+        children[under].append(node)
+        return node
+
+    for index in sorted_requests:
+        prompt = prompts[index]
+        shared = 0 if previous is None else _common_prefix_length(previous, prompt)
+        popped = NO_PARENT
+        while depth_tokens[stack[-1]] > shared:
+            popped = stack.pop()
+        if depth_tokens[stack[-1]] < shared:
+            # The new prompt leaves the previous path inside the edge above `popped`: split it.
+            under = stack[-1]
+            middle = len(parent)
+            parent.append(under)
+            children.append([popped])
+            request.append(NOT_A_REQUEST)
+            depth_tokens.append(shared)
+            siblings = children[under]
+            siblings[siblings.index(popped)] = middle
+            parent[popped] = middle
+            stack.append(middle)
+        if prompt.size > depth_tokens[stack[-1]]:
+            stack.append(new_node(stack[-1], int(prompt.size)))
+        leaf_of[index] = new_node(stack[-1], int(prompt.size), index)
+        previous = prompt
+
+    preorder = _preorder(children)
+    stats = _stats(prompts, parent, request, depth_tokens, preorder)
+    return RadixTree(parent, children, request, leaf_of, preorder, stats)
+
+
+def _common_prefix_length(a: TokenArray, b: TokenArray) -> int:
+    length = min(a.size, b.size)
+    if length == 0:
+        return 0
+    differs = a[:length] != b[:length]
+    first = int(differs.argmax())
+    return first if differs[first] else length
+
+
+def _preorder(children: list[list[int]]) -> list[int]:
+    order: list[int] = []
+    pending = [ROOT]
+    while pending:
+        node = pending.pop()
+        order.append(node)
+        pending.extend(children[node])
+    return order
+
+
+def _stats(
+    prompts: Sequence[TokenArray],
+    parent: list[int],
+    request: list[int],
+    depth_tokens: list[int],
+    preorder: list[int],
+) -> TreeStats:
+    radix_nodes = [node for node in preorder[1:] if request[node] == NOT_A_REQUEST]
+    unique = sum(depth_tokens[node] - depth_tokens[parent[node]] for node in radix_nodes)
+    level = [0] * len(parent)
+    for node in preorder[1:]:
+        level[node] = level[parent[node]] + (request[node] == NOT_A_REQUEST)
+    return TreeStats(
+        requests=len(prompts),
+        nodes=len(radix_nodes),
+        depth=max(level, default=0),
+        total_tokens=sum(int(prompt.size) for prompt in prompts),
+        unique_tokens=unique,
+    )

@@ -1,0 +1,35 @@
+"""Hypothesis strategies for batches with heavy prefix sharing, ties and repeated users."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from server.auction import AuctionRequest
+
+# A tiny alphabet and short prompts make shared prefixes, identical prompts and prompts that
+# are prefixes of others the common case rather than the rare one.
+_PROMPT = st.lists(st.integers(min_value=0, max_value=2), max_size=5)
+_BID = st.one_of(
+    st.sampled_from([0, 0, 1, 2, 3, 6]),  # ties and zero bids
+    st.integers(min_value=0, max_value=10**6),
+    st.integers(min_value=10**12, max_value=10**15),  # large enough to break float averages
+)
+_USER = st.sampled_from(["alice", "bob", "carol", "dave"])
+
+
+@st.composite
+def batches(draw: st.DrawFn, max_size: int = 12) -> list[AuctionRequest]:
+    """A batch of requests with shared prefixes, ties and users with several requests."""
+    size = draw(st.integers(min_value=0, max_value=max_size))
+    return [
+        AuctionRequest(rid=f"r{index}", user=draw(_USER), tokens=draw(_PROMPT), bid=draw(_BID))
+        for index in range(size)
+    ]
+
+
+@st.composite
+def misreports(draw: st.DrawFn, batch: list[AuctionRequest], user: str) -> list[AuctionRequest]:
+    """The same batch with `user`'s bids replaced by arbitrary other bids."""
+    return [
+        AuctionRequest(r.rid, r.user, r.tokens, draw(_BID)) if r.user == user else r for r in batch
+    ]
