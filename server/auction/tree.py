@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from server.auction.request import TokenArray
 
@@ -54,7 +58,7 @@ class RadixTree:
 def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
     """Build the request-augmented compacted trie of `prompts` (request i = prompts[i])."""
     n = len(prompts)
-    keys = [prompt.tolist() for prompt in prompts]
+    keys, word = _sort_keys(prompts)
     # Stable sort: identical prompts keep their arrival order among their sibling leaves.
     sorted_requests = sorted(range(n), key=keys.__getitem__)
 
@@ -65,7 +69,7 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
     leaf_of = [0] * n
     # The path from the root to the previous prompt's end, as (node, depth in tokens).
     stack = [ROOT]
-    previous: TokenArray | None = None
+    previous: npt.NDArray[Any] | None = None
 
     def new_node(under: int, depth: int, request_index: int = NOT_A_REQUEST) -> int:
         node = len(parent)
@@ -77,7 +81,8 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
         return node
 
     for index in sorted_requests:
-        prompt = prompts[index]
+        # The packed words are half the memory of the int64 prompts: the LCP scan reads less.
+        prompt = np.frombuffer(keys[index], dtype=word)
         shared = 0 if previous is None else _common_prefix_length(previous, prompt)
         popped = NO_PARENT
         while depth_tokens[stack[-1]] > shared:
@@ -104,7 +109,18 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
     return RadixTree(parent, children, request, leaf_of, preorder, stats)
 
 
-def _common_prefix_length(a: TokenArray, b: TokenArray) -> int:
+def _sort_keys(prompts: Sequence[TokenArray]) -> tuple[list[bytes], type[np.unsignedinteger[Any]]]:
+    """Big-endian fixed-width bytes: their memcmp order is the prompts' lexicographic order.
+
+    Comparing bytes runs in C over whole buffers; comparing lists of Python ints would first
+    need every token boxed, which costs more than the rest of the auction together.
+    """
+    largest = max((int(prompt.max()) for prompt in prompts if prompt.size), default=0)
+    width, word = (">u4", np.uint32) if largest < 2**32 else (">u8", np.uint64)
+    return [prompt.astype(width).tobytes() for prompt in prompts], word
+
+
+def _common_prefix_length(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> int:
     length = min(a.size, b.size)
     if length == 0:
         return 0
