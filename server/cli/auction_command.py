@@ -1,0 +1,151 @@
+"""`inference-auction auction BATCH.jsonl`: clear one batch offline and print the outcome."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from billing.errors import InvalidAmount
+from billing.money import format_micros, parse_credits
+from server.auction import AuctionInputError, AuctionOutcome, AuctionRequest, run_auction
+from server.tokenizer import encode
+
+
+class BatchFileError(click.ClickException):
+    """A line of the batch file is malformed; the message names the line and the field."""
+
+    exit_code = 2
+
+
+@click.command()
+@click.argument("batch", type=click.File("r", encoding="utf-8"))
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON for machines.")
+def auction(batch: TextIO, as_json: bool) -> None:
+    """Clear one batch of requests and print the schedule and the VCG payments.
+
+    BATCH is a JSON-lines file (`-` reads standard input), one request per line:
+
+    \b
+      {"rid": "r1", "user": "alice", "prompt": "Summarize ...", "bid": "0.25"}
+      {"rid": "r2", "user": "bob", "tokens": [101, 7, 42], "bid": 1.5}
+
+    `bid` is in credits (a JSON number or a decimal string, at most 6 decimals); money is
+    printed in credits with 6 decimals and, with --json, as integer `*_micros` fields. Text
+    prompts go through the default tokenizer (see `server/tokenizer.py`; no download), so
+    prompts that share a text prefix share a token prefix.
+    """
+    requests = read_batch(batch, Path(batch.name).name)
+    try:
+        outcome = run_auction(requests)
+    except AuctionInputError as error:
+        raise BatchFileError(str(error)) from None
+    if as_json:
+        click.echo(json.dumps(outcome_json(outcome), indent=2))
+    else:
+        print_outcome(outcome)
+
+
+def read_batch(lines: TextIO, name: str) -> list[AuctionRequest]:
+    """Parse the JSON lines of a batch file into auction requests (blank lines are skipped)."""
+    requests: list[AuctionRequest] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{name}:{number}"
+        try:
+            # Decimal keeps a JSON number like 0.1 exact until it becomes micro-credits.
+            record = json.loads(line, parse_float=Decimal)
+        except json.JSONDecodeError as error:
+            raise BatchFileError(f"{where}: not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise BatchFileError(f"{where}: expected a JSON object per line")
+        requests.append(_request(record, where, default_rid=f"line-{number}"))
+    return requests
+
+
+def _request(record: dict[str, Any], where: str, default_rid: str) -> AuctionRequest:
+    rid = record.get("rid", default_rid)
+    user = record.get("user")
+    if not isinstance(user, str) or not user:
+        raise BatchFileError(f"{where}: field 'user' must be a non-empty string")
+    if ("prompt" in record) == ("tokens" in record):
+        raise BatchFileError(f"{where}: give exactly one of 'prompt' (text) or 'tokens' (ids)")
+    if "prompt" in record:
+        if not isinstance(record["prompt"], str):
+            raise BatchFileError(f"{where}: field 'prompt' must be a string")
+        tokens: Any = encode(record["prompt"])
+    else:
+        tokens = record["tokens"]
+    if "bid" not in record:
+        raise BatchFileError(f"{where}: field 'bid' is missing (credits, e.g. \"0.25\")")
+    try:
+        bid = parse_credits(record["bid"], "bid")
+    except InvalidAmount as error:
+        raise BatchFileError(f"{where}: {error}") from None
+    return AuctionRequest(rid=str(rid), user=user, tokens=tokens, bid=bid)
+
+
+def outcome_json(outcome: AuctionOutcome) -> dict[str, Any]:
+    """The outcome with money as integer micro-credits."""
+    return {
+        "order": outcome.order,
+        "requests": [
+            {
+                "rid": rid,
+                "user": outcome.users[rid],
+                "position": outcome.positions[rid],
+                "priority": float(outcome.priority(rid)),
+                "bid_micros": outcome.bids[rid],
+            }
+            for rid in outcome.order
+        ],
+        "payments_micros": outcome.payments,
+        "revenue_micros": outcome.revenue,
+        "welfare_micros": int(outcome.welfare),  # rounded down, like the payments
+        "tree": {
+            "requests": outcome.tree.requests,
+            "nodes": outcome.tree.nodes,
+            "depth": outcome.tree.depth,
+            "total_tokens": outcome.tree.total_tokens,
+            "unique_tokens": outcome.tree.unique_tokens,
+            "shared_tokens": outcome.tree.shared_tokens,
+        },
+    }
+
+
+def print_outcome(outcome: AuctionOutcome) -> None:
+    """Print the schedule and the payments as tables."""
+    console = Console()
+    schedule = Table(title=f"Schedule ({outcome.size} requests, first served first)")
+    for column in ("position", "rid", "user", "bid", "priority"):
+        schedule.add_column(column, justify="left" if column in ("rid", "user") else "right")
+    for rid in outcome.order:
+        schedule.add_row(
+            str(outcome.positions[rid]),
+            rid,
+            outcome.users[rid],
+            format_micros(outcome.bids[rid]),
+            f"{float(outcome.priority(rid)):.4f}",
+        )
+    console.print(schedule)
+
+    payments = Table(title="VCG payments (credits)")
+    for column in ("user", "requests", "value", "payment"):
+        payments.add_column(column, justify="left" if column == "user" else "right")
+    for user, payment in sorted(outcome.payments.items()):
+        rids = [rid for rid in outcome.order if outcome.users[rid] == user]
+        value = sum(outcome.bids[rid] * outcome.priority(rid) for rid in rids)
+        payments.add_row(user, str(len(rids)), format_micros(int(value)), format_micros(payment))
+    console.print(payments)
+    stats = outcome.tree
+    console.print(
+        f"welfare {format_micros(int(outcome.welfare))}  revenue {format_micros(outcome.revenue)}"
+        f"  tree: {stats.nodes} nodes, depth {stats.depth}, {stats.shared_tokens:,} of "
+        f"{stats.total_tokens:,} prompt tokens shared"
+    )
