@@ -1,0 +1,61 @@
+"""Engines for the ledger: SQLite set up to serialize writers, PostgreSQL through psycopg 3.
+
+SQLite: every write transaction starts with `BEGIN IMMEDIATE`, so concurrent writers queue on
+the busy timeout instead of failing on a lock upgrade halfway through; WAL lets readers run
+beside the writer. pysqlite's own transaction handling is switched off so that SQLAlchemy's
+BEGIN is the one that counts. PostgreSQL: the service layer locks balance rows with
+`SELECT ... FOR UPDATE`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.pool import ConnectionPoolEntry
+
+# Passed as an execution option by read-only operations: a deferred BEGIN takes no write lock.
+READ_ONLY = "ledger_read_only"
+SQLITE_BUSY_TIMEOUT_S = 30.0
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse `url`; a bare `postgresql://` URL gets the psycopg 3 driver that is installed."""
+    parsed = make_url(url)
+    if parsed.drivername in {"postgresql", "postgres"}:
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def create_ledger_engine(url: str | URL, **kwargs: Any) -> Engine:
+    """An engine for `url` with the ledger's locking set up; kwargs go to `create_engine`."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        kwargs.setdefault("pool_pre_ping", True)
+        return create_engine(parsed, **kwargs)
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_S)
+    engine = create_engine(parsed, connect_args=connect_args, **kwargs)
+    _set_up_sqlite(engine)
+    return engine
+
+
+def _set_up_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
+        # None hands transaction control to the BEGIN emitted below.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA foreign_keys = ON")
+            if engine.url.database not in (None, "", ":memory:"):
+                cursor.execute("PRAGMA journal_mode = WAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        read_only = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN DEFERRED" if read_only else "BEGIN IMMEDIATE")

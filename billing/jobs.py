@@ -1,0 +1,61 @@
+"""Periodic ledger jobs on APScheduler: budget rollover, expiry of stale holds, reconciliation.
+
+Each job only calls an idempotent `Ledger` method that derives its work from the database, so
+several replicas may run the same schedule at once without granting or releasing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from billing.ledger import Ledger
+from billing.settings import LedgerSettings
+
+logger = logging.getLogger(__name__)
+
+
+def run_rollover(ledger: Ledger) -> None:
+    """Open the current budget period of every user that is due."""
+    result = ledger.rollover()
+    if result.granted:
+        logger.info("budget period opened for %d users", len(result.granted))
+
+
+def run_hold_expiry(ledger: Ledger, max_age: timedelta) -> None:
+    """Release holds older than `max_age`."""
+    released = ledger.expire_holds(max_age=max_age)
+    if released:
+        logger.warning("released %d holds older than %s", released, max_age)
+
+
+def run_reconcile(ledger: Ledger) -> None:
+    """Check every balance against its entries and log each drifted account."""
+    report = ledger.reconcile()
+    for drift in report.drifts:
+        logger.error("ledger drift: %s", drift)
+
+
+def start_scheduler(ledger: Ledger, settings: LedgerSettings) -> BackgroundScheduler:
+    """Start a background scheduler running the ledger jobs; call `.shutdown()` to stop it."""
+    scheduler = BackgroundScheduler(
+        timezone="UTC",
+        # A job that falls behind runs once, not once per missed interval, and never overlaps.
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
+    )
+    jobs = (
+        (run_rollover, (ledger,), settings.rollover_interval_seconds, "ledger-rollover"),
+        (
+            run_hold_expiry,
+            (ledger, timedelta(seconds=settings.hold_max_age_seconds)),
+            settings.hold_expiry_interval_seconds,
+            "ledger-hold-expiry",
+        ),
+        (run_reconcile, (ledger,), settings.reconcile_interval_seconds, "ledger-reconcile"),
+    )
+    for func, args, seconds, job_id in jobs:
+        scheduler.add_job(func, "interval", args=args, seconds=seconds, id=job_id, name=job_id)
+    scheduler.start()
+    return scheduler

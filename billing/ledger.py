@@ -1,0 +1,360 @@
+"""The `Ledger`: the service API that the server and the CLI call; nothing else touches SQL.
+
+Every method is one short transaction. Users are named by their unique `name`; money is int
+micro-credits. Methods that move money lock the affected balance rows first, so concurrent
+callers (threads, processes, replicas) serialize per user and never overdraw. Write methods are
+idempotent where the ledger has a natural key (request id, batch id, period), so a retry after
+a lost reply does no harm. See `billing.grants` for what a periodic budget means.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from types import TracebackType
+from typing import Self, TypeVar
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.orm import Session
+
+from billing import grants, holds, queries, reconcile, refunds, request_log, settlement, users
+from billing.database import READ_ONLY, create_ledger_engine
+from billing.errors import InvalidInput
+from billing.export import render
+from billing.models import EntryKind
+from billing.periods import require_aware
+from billing.records import (
+    BalanceView,
+    BatchRecord,
+    CreatedUser,
+    EntryPage,
+    EntryView,
+    HoldView,
+    ReconcileReport,
+    RefundResult,
+    RequestRecord,
+    RequestView,
+    RolloverResult,
+    SettleResult,
+    SummaryRow,
+    UserInfo,
+)
+from billing.users import UNSET, _Unset
+
+T = TypeVar("T")
+
+_ATTEMPTS = 3
+# Unique violation (a concurrent insert of the same key), serialization failure, deadlock.
+_RETRY_SQLSTATES = {"23505", "40001", "40P01"}
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    # Only races between transactions are retried; a failed CHECK is a bug and propagates.
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) in _RETRY_SQLSTATES:
+        return True
+    return isinstance(exc, IntegrityError) and "UNIQUE constraint failed" in str(orig)
+
+
+class Ledger:
+    """Budgets, holds, charges and refunds of the auction's users, in one SQL database."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock: Callable[[], datetime] = _utc_now,
+        owns_engine: bool = False,
+    ) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._owns_engine = owns_engine
+        read_options: dict[str, object] = {READ_ONLY: True}
+        if engine.dialect.name == "postgresql":
+            # Reads of several rows should agree with each other, as of one snapshot.
+            read_options["isolation_level"] = "REPEATABLE READ"
+        self._read_engine = engine.execution_options(**read_options)
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Callable[[], datetime] = _utc_now) -> Self:
+        """A ledger on a new engine for `url`; `close()` disposes of the engine."""
+        return cls(create_ledger_engine(url), clock=clock, owns_engine=True)
+
+    @property
+    def engine(self) -> Engine:
+        """The engine the ledger writes through."""
+        return self._engine
+
+    def close(self) -> None:
+        """Dispose of the engine if the ledger created it."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _now(self) -> datetime:
+        return require_aware(self._clock(), "clock")
+
+    def _write(self, work: Callable[[Session], T]) -> T:
+        for attempt in range(_ATTEMPTS):
+            try:
+                with Session(self._engine, expire_on_commit=False) as session, session.begin():
+                    return work(session)
+            except DBAPIError as exc:
+                if attempt == _ATTEMPTS - 1 or not _retryable(exc):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _read(self, work: Callable[[Session], T]) -> T:
+        with Session(self._read_engine) as session, session.begin():
+            return work(session)
+
+    # Users and budgets
+
+    def create_user(
+        self,
+        name: str,
+        *,
+        budget_micros: int,
+        period: str = "none",
+        timezone: str = "UTC",
+        batch_cap_micros: int | None = None,
+        admin: bool = False,
+    ) -> CreatedUser:
+        """Create a user and grant its first period; the API key is in the result, once."""
+        now = self._now()
+        return self._write(
+            lambda s: users.create_user(
+                s,
+                name,
+                budget_micros=budget_micros,
+                period=period,
+                timezone=timezone,
+                batch_cap_micros=batch_cap_micros,
+                admin=admin,
+                now=now,
+            )
+        )
+
+    def authenticate(self, api_key: str) -> UserInfo | None:
+        """The user holding `api_key`, or None; check `disabled` on the result."""
+        return self._read(lambda s: users.authenticate(s, api_key))
+
+    def get_user(self, name: str) -> UserInfo:
+        """The user named `name`; raises `UnknownUser`."""
+        return self._read(lambda s: users.get_user_info(s, name))
+
+    def list_users(self) -> list[UserInfo]:
+        """All users, by name."""
+        return self._read(users.list_users)
+
+    def disable_user(self, name: str) -> UserInfo:
+        """Refuse the user's new holds; holds already placed settle normally. Idempotent."""
+        return self._write(lambda s: users.set_disabled(s, name, True))
+
+    def enable_user(self, name: str) -> UserInfo:
+        """Undo `disable_user`. Idempotent."""
+        return self._write(lambda s: users.set_disabled(s, name, False))
+
+    def rotate_api_key(self, name: str) -> str:
+        """Give the user a new API key (returned once); the old key stops working."""
+        return self._write(lambda s: users.rotate_api_key(s, name))
+
+    def set_budget(
+        self,
+        name: str,
+        *,
+        budget_micros: int | None = None,
+        period: str | None = None,
+        timezone: str | None = None,
+        batch_cap_micros: int | _Unset | None = UNSET,
+    ) -> UserInfo:
+        """Change the given budget fields (None: unchanged; a cap of None: no cap)."""
+        now = self._now()
+        return self._write(
+            lambda s: users.set_budget(
+                s,
+                name,
+                budget_micros=budget_micros,
+                period=period,
+                timezone=timezone,
+                batch_cap_micros=batch_cap_micros,
+                now=now,
+            )
+        )
+
+    # Grants and corrections
+
+    def grant(
+        self, name: str, period_start: datetime, amount_micros: int, *, reason: str | None = None
+    ) -> EntryView:
+        """Grant for the period starting at `period_start`; idempotent per user and period."""
+        now = self._now()
+        return self._write(
+            lambda s: grants.grant(s, name, period_start, amount_micros, reason=reason, now=now)
+        )
+
+    def adjust(
+        self, name: str, amount_micros: int, *, reason: str, key: str | None = None
+    ) -> EntryView:
+        """Correct a balance by a signed amount; idempotent under `key` (default: a new one)."""
+        now = self._now()
+        key = key if key is not None else uuid.uuid4().hex
+        return self._write(
+            lambda s: grants.adjust(s, name, amount_micros, reason=reason, key=key, now=now)
+        )
+
+    def rollover(self, now: datetime | None = None) -> RolloverResult:
+        """Open the current budget period of every user due; idempotent."""
+        moment = self._now() if now is None else require_aware(now, "now")
+        due = self._read(lambda s: grants.due_for_rollover(s, moment))
+        # One transaction per user keeps each lock short; each re-checks under its lock.
+        granted = [
+            name
+            for name in due
+            if self._write(partial(grants.rollover_user, name=name, now=moment))
+        ]
+        return RolloverResult(granted=granted)
+
+    # Holds
+
+    def place_hold(self, name: str, rid: str, amount_micros: int) -> HoldView:
+        """Hold `amount_micros` for request `rid`; raises `InsufficientFunds`. Idempotent."""
+        now = self._now()
+        return self._write(lambda s: holds.place_hold(s, name, rid, amount_micros, now))
+
+    def release(self, rid: str, reason: str = "dropped before dispatch") -> HoldView:
+        """Release the hold of a request that will not be settled. Idempotent."""
+        now = self._now()
+        return self._write(lambda s: holds.release(s, rid, reason, now))
+
+    def get_hold(self, rid: str) -> HoldView | None:
+        """The hold placed for `rid`, if any."""
+        return self._read(lambda s: holds.find_hold(s, rid))
+
+    def expire_holds(
+        self, now: datetime | None = None, max_age: timedelta = timedelta(hours=1)
+    ) -> int:
+        """Release open holds older than `max_age`; returns how many. Idempotent."""
+        moment = self._now() if now is None else require_aware(now, "now")
+        if not isinstance(max_age, timedelta) or max_age <= timedelta(0):
+            raise InvalidInput("max_age", f"must be a positive timedelta, got {max_age!r}")
+        stale = self._read(lambda s: holds.stale_holds(s, moment - max_age))
+        return sum(
+            self._write(
+                partial(holds.expire_user_holds, name=name, rids=rids, max_age=max_age, now=moment)
+            )
+            for name, rids in stale.items()
+        )
+
+    # Batches
+
+    def settle_batch(
+        self,
+        batch: BatchRecord,
+        requests: Sequence[RequestRecord],
+        charges: Mapping[str, int],
+    ) -> SettleResult:
+        """Record a cleared batch, charge its users and release its holds, atomically."""
+        now = self._now()
+        return self._write(lambda s: settlement.settle_batch(s, batch, requests, charges, now))
+
+    def refund(
+        self,
+        batch_id: str,
+        name: str,
+        reason: str,
+        amount_micros: int | None = None,
+        *,
+        rid: str | None = None,
+    ) -> RefundResult:
+        """Refund (part of) the user's charge in the batch; never more than was charged."""
+        now = self._now()
+        return self._write(
+            lambda s: refunds.refund(
+                s, batch_id, name, reason=reason, amount_micros=amount_micros, rid=rid, now=now
+            )
+        )
+
+    def complete_request(
+        self,
+        rid: str,
+        status: str,
+        cached_tokens: int | None = None,
+        ttft_ms: float | None = None,
+    ) -> RequestView:
+        """Record a settled request's outcome: `served` or `failed`, cache hits, TTFT."""
+        now = self._now()
+        return self._write(
+            lambda s: request_log.complete_request(
+                s, rid, status=status, cached_tokens=cached_tokens, ttft_ms=ttft_ms, now=now
+            )
+        )
+
+    def find_request(self, rid: str) -> RequestView | None:
+        """The settled request `rid`, or None if no batch settled it."""
+        return self._read(lambda s: request_log.find_request(s, rid))
+
+    # Queries
+
+    def balance(self, name: str) -> BalanceView:
+        """The user's balance, held and available funds and this period's spend."""
+        now = self._now()
+        return self._read(lambda s: queries.balance(s, name, now))
+
+    def entries(
+        self,
+        name: str,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        kind: str | EntryKind | None = None,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> EntryPage:
+        """A page of the user's entries created in [since, until), oldest first."""
+        return self._read(
+            lambda s: queries.entries(
+                s, name, since=since, until=until, kind=kind, limit=limit, cursor=cursor
+            )
+        )
+
+    def summary(
+        self,
+        name: str,
+        by: str = "day",
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[SummaryRow]:
+        """Totals per day, week or month in the user's time zone."""
+        return self._read(lambda s: queries.summary(s, name, by, since, until))
+
+    def export(
+        self,
+        name: str | None,
+        fmt: str = "csv",
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> str:
+        """The user's entries (every user's when `name` is None) as `csv` or `json`."""
+        return self._read(lambda s: render(queries.iter_entries(s, name, since, until), fmt))
+
+    def reconcile(self) -> ReconcileReport:
+        """Check every balance row against the sum of its entries."""
+        return self._read(reconcile.reconcile)

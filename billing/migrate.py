@@ -1,0 +1,81 @@
+"""Apply, undo and check the Alembic migrations of the ledger schema from Python.
+
+The Alembic configuration is the `alembic.ini` shipped inside the installed `migrations`
+package, so this works from any working directory. Each helper takes a URL (None: the one in
+`LedgerSettings`) or an Engine; an Engine is used as is, which lets tests migrate into a
+PostgreSQL schema chosen by the engine's `search_path`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+import migrations
+from billing.database import create_ledger_engine
+from billing.models import Base
+from billing.settings import LedgerSettings
+
+INI_PATH = Path(migrations.__file__).resolve().parent / "alembic.ini"
+
+
+def alembic_config() -> Config:
+    """The Alembic configuration of the installed migrations."""
+    return Config(str(INI_PATH))
+
+
+@contextmanager
+def _engine(target: str | Engine | None) -> Iterator[Engine]:
+    if isinstance(target, Engine):
+        yield target
+        return
+    engine = create_ledger_engine(target if target is not None else LedgerSettings().database_url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def upgrade(target: str | Engine | None = None, revision: str = "head") -> None:
+    """Migrate the database up to `revision`."""
+    with _engine(target) as engine, engine.connect() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+        connection.commit()
+
+
+def downgrade(target: str | Engine | None, revision: str) -> None:
+    """Migrate the database down to `revision` (`base` removes every table)."""
+    with _engine(target) as engine, engine.connect() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+        connection.commit()
+
+
+def head_revision() -> str | None:
+    """The newest revision of the migrations."""
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(target: str | Engine | None = None) -> str | None:
+    """The revision the database is at (None: not migrated)."""
+    with _engine(target) as engine, engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def schema_drift(target: str | Engine | None = None) -> list[Any]:
+    """Differences between the models and the migrated database (empty when they agree)."""
+    with _engine(target) as engine, engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        return list(compare_metadata(context, Base.metadata))

@@ -1,0 +1,284 @@
+"""ORM models of the ledger schema; `Base.metadata` is what Alembic migrates.
+
+Money columns are BIGINT micro-credits. `ledger_entries` is append-only (database triggers
+refuse UPDATE and DELETE); `balances` and `holds` are the current state derived from it, kept
+in the same transaction as the entries that move them.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from billing.periods import Period
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_N_label)s",
+    "uq": "%(table_name)s_%(column_0_N_name)s_key",
+    "ck": "%(table_name)s_%(constraint_name)s_check",
+    "fk": "%(table_name)s_%(column_0_N_name)s_fkey",
+    "pk": "%(table_name)s_pkey",
+}
+
+# SQLite's INTEGER PRIMARY KEY is its only auto-incrementing column type.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+NAME_LENGTH = 64
+ID_LENGTH = 128
+KEY_LENGTH = 300
+REASON_LENGTH = 500
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored in UTC and always returned timezone-aware.
+
+    SQLite has no time zones, so values are stored there as naive UTC; PostgreSQL keeps
+    TIMESTAMP WITH TIME ZONE. Naive input is refused rather than guessed.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _str_enum(enum_class: type[enum.StrEnum], length: int = 16) -> Enum:
+    # Stored as plain strings checked by named CHECK constraints declared on the tables.
+    return Enum(
+        enum_class,
+        native_enum=False,
+        create_constraint=False,
+        length=length,
+        values_callable=lambda members: [m.value for m in members],
+    )
+
+
+class EntryKind(enum.StrEnum):
+    """What a ledger entry does; its amount's sign is fixed by the kind."""
+
+    GRANT = "grant"  # > 0, adds to balance
+    HOLD = "hold"  # >= 0, adds to held
+    RELEASE = "release"  # <= 0, takes from held
+    CHARGE = "charge"  # < 0, takes from balance
+    REFUND = "refund"  # > 0, adds to balance
+    ADJUSTMENT = "adjustment"  # != 0, corrects balance either way
+
+
+BALANCE_KINDS = (EntryKind.GRANT, EntryKind.CHARGE, EntryKind.REFUND, EntryKind.ADJUSTMENT)
+HELD_KINDS = (EntryKind.HOLD, EntryKind.RELEASE)
+
+
+class HoldState(enum.StrEnum):
+    """Where a hold is in its life: open until released (dropped, expired) or settled."""
+
+    OPEN = "open"
+    RELEASED = "released"
+    SETTLED = "settled"
+
+
+class RequestStatus(enum.StrEnum):
+    """A settled request's serving status."""
+
+    SCHEDULED = "scheduled"
+    SERVED = "served"
+    FAILED = "failed"
+
+
+def _in(column: str, values: type[enum.StrEnum]) -> str:
+    return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    """Declarative base carrying the constraint naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime()}
+
+
+class User(Base):
+    """An account; its API key is stored only as a hash."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
+    api_key_prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    api_key_hash: Mapped[str] = mapped_column(String(64))
+    is_admin: Mapped[bool] = mapped_column(Boolean)
+    disabled: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime]
+
+
+class Budget(Base):
+    """How much a user is granted per period, and the start of the period granted last."""
+
+    __tablename__ = "budgets"
+    __table_args__ = (
+        CheckConstraint("amount_micros >= 0", name="amount_non_negative"),
+        CheckConstraint("batch_cap_micros IS NULL OR batch_cap_micros > 0", name="cap_positive"),
+        CheckConstraint(_in("period", Period), name="period_valid"),
+    )
+
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="restrict"), primary_key=True
+    )
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
+    period: Mapped[Period] = mapped_column(_str_enum(Period))
+    timezone: Mapped[str] = mapped_column(String(64))
+    batch_cap_micros: Mapped[int | None] = mapped_column(BigInteger)
+    current_period_start: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Balance(Base):
+    """A user's balance and the part of it held for requests; locked by every money move."""
+
+    __tablename__ = "balances"
+    __table_args__ = (
+        CheckConstraint("held_micros >= 0", name="held_non_negative"),
+        CheckConstraint("balance_micros >= held_micros", name="available_non_negative"),
+    )
+
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="restrict"), primary_key=True
+    )
+    balance_micros: Mapped[int] = mapped_column(BigInteger)
+    held_micros: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime]
+
+
+class LedgerEntry(Base):
+    """One append-only movement of money; corrections are new entries."""
+
+    __tablename__ = "ledger_entries"
+    __table_args__ = (
+        CheckConstraint(_in("kind", EntryKind), name="kind_valid"),
+        CheckConstraint(
+            "(kind = 'grant' AND amount_micros > 0)"
+            " OR (kind = 'hold' AND amount_micros >= 0)"
+            " OR (kind = 'release' AND amount_micros <= 0)"
+            " OR (kind = 'charge' AND amount_micros < 0)"
+            " OR (kind = 'refund' AND amount_micros > 0)"
+            " OR (kind = 'adjustment' AND amount_micros <> 0)",
+            name="amount_sign",
+        ),
+        Index(None, "user_id", "created_at"),
+        Index(None, "batch_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="restrict"))
+    kind: Mapped[EntryKind] = mapped_column(_str_enum(EntryKind))
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
+    batch_id: Mapped[str | None] = mapped_column(
+        ForeignKey("auction_batches.id", ondelete="restrict")
+    )
+    request_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    reason: Mapped[str | None] = mapped_column(String(REASON_LENGTH))
+    idempotency_key: Mapped[str] = mapped_column(String(KEY_LENGTH), unique=True)
+    created_at: Mapped[datetime]
+
+
+class Hold(Base):
+    """Funds reserved for one request until it is settled in a batch or released."""
+
+    __tablename__ = "holds"
+    __table_args__ = (
+        CheckConstraint("amount_micros >= 0", name="amount_non_negative"),
+        CheckConstraint(_in("state", HoldState), name="state_valid"),
+        Index(None, "state", "created_at"),
+        Index(None, "user_id", "state"),
+    )
+
+    rid: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="restrict"))
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[HoldState] = mapped_column(_str_enum(HoldState))
+    batch_id: Mapped[str | None] = mapped_column(
+        ForeignKey("auction_batches.id", ondelete="restrict")
+    )
+    created_at: Mapped[datetime]
+    closed_at: Mapped[datetime | None]
+
+
+class AuctionBatch(Base):
+    """One cleared auction: its size, revenue, welfare and radix-tree shape."""
+
+    __tablename__ = "auction_batches"
+    __table_args__ = (
+        CheckConstraint("n > 0", name="n_positive"),
+        CheckConstraint("revenue_micros >= 0", name="revenue_non_negative"),
+        CheckConstraint("welfare_micros >= 0", name="welfare_non_negative"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    closed_at: Mapped[datetime]
+    n: Mapped[int] = mapped_column(Integer)
+    revenue_micros: Mapped[int] = mapped_column(BigInteger)
+    welfare_micros: Mapped[int] = mapped_column(BigInteger)
+    tree_nodes: Mapped[int] = mapped_column(Integer)
+    tree_depth: Mapped[int] = mapped_column(Integer)
+    shared_tokens: Mapped[int] = mapped_column(BigInteger)
+    total_tokens: Mapped[int] = mapped_column(BigInteger)
+    # SHA-256 of the settled contents, so a replay can be told from a conflicting one.
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    settled_at: Mapped[datetime]
+
+
+class AuctionRequest(Base):
+    """One request of a settled batch; its serving status is updated after dispatch."""
+
+    __tablename__ = "auction_requests"
+    __table_args__ = (
+        CheckConstraint("position >= 0", name="position_non_negative"),
+        CheckConstraint("priority >= 0 AND priority <= 1", name="priority_range"),
+        CheckConstraint("bid_micros >= 0", name="bid_non_negative"),
+        CheckConstraint("prompt_tokens >= 0", name="prompt_tokens_non_negative"),
+        CheckConstraint("cached_tokens IS NULL OR cached_tokens >= 0", name="cached_non_negative"),
+        CheckConstraint(_in("status", RequestStatus), name="status_valid"),
+        UniqueConstraint("batch_id", "position"),
+        Index(None, "user_id"),
+    )
+
+    rid: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("auction_batches.id", ondelete="restrict"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="restrict"))
+    position: Mapped[int] = mapped_column(Integer)
+    # The fractional priority is a schedule position, not money, so a float is exact enough.
+    priority: Mapped[float] = mapped_column(Float)
+    bid_micros: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[RequestStatus] = mapped_column(_str_enum(RequestStatus))
+    updated_at: Mapped[datetime]

@@ -1,0 +1,196 @@
+"""Plain frozen records that cross the ledger's boundary: batch input and query results.
+
+Callers never see ORM objects, so nothing they hold can lazily reach back into a session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from billing.models import EntryKind, HoldState, RequestStatus
+from billing.periods import Period
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """A cleared batch to settle. `revenue_micros` must equal the sum of the batch's charges."""
+
+    batch_id: str
+    closed_at: datetime
+    n: int
+    revenue_micros: int
+    welfare_micros: int
+    tree_nodes: int = 0
+    tree_depth: int = 0
+    shared_tokens: int = 0
+    total_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request of a batch to settle; its hold (placed under `rid`) must still be open."""
+
+    rid: str
+    user: str
+    position: int
+    priority: float
+    bid_micros: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserInfo:
+    """A user and the budget the user is granted."""
+
+    name: str
+    is_admin: bool
+    disabled: bool
+    created_at: datetime
+    budget_micros: int
+    period: Period
+    timezone: str
+    batch_cap_micros: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedUser:
+    """A new user; `api_key` is returned this once and stored only as a hash."""
+
+    user: UserInfo
+    api_key: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class HoldView:
+    """A hold placed for one request."""
+
+    rid: str
+    user: str
+    amount_micros: int
+    state: HoldState
+    created_at: datetime
+    batch_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SettleResult:
+    """What settling a batch moved: each user's charge and the holds released (micro-credits).
+
+    `replayed` tells a replay from the first settlement; it does not take part in equality, so
+    a replay returns a result equal to the first one.
+    """
+
+    batch_id: str
+    charges_micros: Mapping[str, int]
+    released_micros: Mapping[str, int]
+    replayed: bool = field(default=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RefundResult:
+    """A refund of (part of) a user's charge in a batch."""
+
+    batch_id: str
+    user: str
+    amount_micros: int
+    charged_micros: int
+    refunded_total_micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """A settled request as stored, with its serving status."""
+
+    rid: str
+    batch_id: str
+    user: str
+    position: int
+    priority: float
+    bid_micros: int
+    prompt_tokens: int
+    cached_tokens: int | None
+    ttft_ms: float | None
+    status: RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceView:
+    """A user's money now: `available = balance - held`, never below 0."""
+
+    user: str
+    balance_micros: int
+    held_micros: int
+    available_micros: int
+    spent_this_period_micros: int
+    period: Period
+    period_start: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EntryView:
+    """One ledger entry; `amount_micros` is signed as its kind dictates."""
+
+    id: int
+    user: str
+    kind: EntryKind
+    amount_micros: int
+    batch_id: str | None
+    request_id: str | None
+    reason: str | None
+    idempotency_key: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EntryPage:
+    """A page of entries, oldest first; pass `next_cursor` back for the next page."""
+
+    entries: list[EntryView]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRow:
+    """Totals of one day, week or month (in the user's budget time zone); all micro-credits."""
+
+    period_start: datetime
+    granted_micros: int
+    charged_micros: int
+    refunded_micros: int
+    adjusted_micros: int
+    net_micros: int
+    entries: int
+
+
+@dataclass(frozen=True, slots=True)
+class AccountDrift:
+    """A balance row that disagrees with the sum of its user's entries."""
+
+    user: str
+    balance_micros: int | None  # None when the balance row is missing
+    expected_balance_micros: int
+    held_micros: int | None
+    expected_held_micros: int
+    open_holds_micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileReport:
+    """Result of checking every balance row against the entries."""
+
+    accounts_checked: int
+    drifts: list[AccountDrift]
+
+    @property
+    def ok(self) -> bool:
+        """True when no account drifted."""
+        return not self.drifts
+
+
+@dataclass(frozen=True, slots=True)
+class RolloverResult:
+    """Users granted a new period by one rollover run."""
+
+    granted: list[str]

@@ -1,0 +1,89 @@
+"""Refunds of charges, for requests the engine failed to serve.
+
+A refund gives back (part of) one user's charge in one batch. The total refunded never exceeds
+the charge. Without `rid`, a refund is keyed by (user, batch) and happens once; with `rid`, by
+the request, so several requests of one user in a batch can each be refunded once.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from billing.errors import IdempotencyConflict, InvalidInput, RefundExceedsCharge, UnknownBatch
+from billing.models import AuctionBatch, AuctionRequest, EntryKind, LedgerEntry
+from billing.money import check_micros
+from billing.postings import check_id, check_reason, find_entry, lock_account, post
+from billing.records import RefundResult
+from billing.settlement import charge_key
+
+
+def refund(
+    session: Session,
+    batch_id: str,
+    name: str,
+    *,
+    reason: str,
+    amount_micros: int | None,
+    rid: str | None,
+    now: datetime,
+) -> RefundResult:
+    """Refund `amount_micros` (default: all that is left) of the user's charge in the batch."""
+    check_id(batch_id, "batch_id")
+    check_reason(reason)
+    if amount_micros is not None:
+        check_micros(amount_micros, "amount_micros", positive=True)
+    if rid is not None:
+        check_id(rid, "rid")
+    if session.get(AuctionBatch, batch_id) is None:
+        raise UnknownBatch(batch_id)
+    account = lock_account(session, name)
+    user_id = account.user.id
+    if rid is not None:
+        request = session.get(AuctionRequest, rid)
+        if request is None or request.batch_id != batch_id or request.user_id != user_id:
+            raise InvalidInput(
+                "rid", f"request {rid!r} is not one of {name!r}'s in batch {batch_id!r}"
+            )
+    charge = find_entry(session, charge_key(user_id, batch_id))
+    charged = 0 if charge is None else -charge.amount_micros
+    refunded = _refunded(session, user_id, batch_id)
+    key = f"refund:{user_id}:{batch_id}" if rid is None else f"refund-request:{rid}"
+    existing = find_entry(session, key)
+    if existing is not None:
+        if amount_micros is not None and amount_micros != existing.amount_micros:
+            raise IdempotencyConflict(
+                key, f"refunded {existing.amount_micros} micro-credits, now {amount_micros}"
+            )
+        return RefundResult(batch_id, name, existing.amount_micros, charged, refunded)
+    refundable = charged - refunded
+    amount = refundable if amount_micros is None else amount_micros
+    if amount > refundable:
+        raise RefundExceedsCharge(batch_id, name, amount, refundable)
+    if amount == 0:
+        return RefundResult(batch_id, name, 0, charged, refunded)
+    post(
+        session,
+        account,
+        EntryKind.REFUND,
+        amount,
+        key=key,
+        now=now,
+        reason=reason,
+        batch_id=batch_id,
+        request_id=rid,
+    )
+    return RefundResult(batch_id, name, amount, charged, refunded + amount)
+
+
+def _refunded(session: Session, user_id: int, batch_id: str) -> int:
+    total = session.scalar(
+        select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
+            LedgerEntry.user_id == user_id,
+            LedgerEntry.batch_id == batch_id,
+            LedgerEntry.kind == EntryKind.REFUND,
+        )
+    )
+    return int(total or 0)

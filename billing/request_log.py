@@ -1,0 +1,94 @@
+"""Settled requests: lookup, and the serving outcome recorded after dispatch.
+
+Request rows describe what happened to a request; they are not money, so unlike ledger entries
+they are updated in place.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from billing.errors import InvalidInput, UnknownRequest
+from billing.models import AuctionRequest, RequestStatus, User
+from billing.postings import check_id
+from billing.records import RequestView
+
+
+def request_view(request: AuctionRequest, user_name: str) -> RequestView:
+    """The public view of a request row."""
+    return RequestView(
+        rid=request.rid,
+        batch_id=request.batch_id,
+        user=user_name,
+        position=request.position,
+        priority=request.priority,
+        bid_micros=request.bid_micros,
+        prompt_tokens=request.prompt_tokens,
+        cached_tokens=request.cached_tokens,
+        ttft_ms=request.ttft_ms,
+        status=request.status,
+    )
+
+
+def find_request(session: Session, rid: str) -> RequestView | None:
+    """The settled request `rid`, or None when no batch settled it."""
+    row = session.execute(
+        select(AuctionRequest, User.name)
+        .join(User, User.id == AuctionRequest.user_id)
+        .where(AuctionRequest.rid == check_id(rid, "rid"))
+    ).first()
+    return None if row is None else request_view(row[0], row[1])
+
+
+def complete_request(
+    session: Session,
+    rid: str,
+    *,
+    status: str,
+    cached_tokens: int | None,
+    ttft_ms: float | None,
+    now: datetime,
+) -> RequestView:
+    """Record how a settled request was served: status, cached tokens, time to first token."""
+    try:
+        new_status = RequestStatus(status)
+    except ValueError:
+        new_status = None
+    if new_status not in (RequestStatus.SERVED, RequestStatus.FAILED):
+        raise InvalidInput("status", f"must be 'served' or 'failed', got {status!r}")
+    if ttft_ms is not None and (
+        isinstance(ttft_ms, bool)
+        or not isinstance(ttft_ms, (int, float))
+        or not math.isfinite(ttft_ms)
+        or ttft_ms < 0
+    ):
+        raise InvalidInput(
+            "ttft_ms", f"must be a non-negative number of milliseconds, got {ttft_ms!r}"
+        )
+    row = session.execute(
+        select(AuctionRequest, User.name)
+        .join(User, User.id == AuctionRequest.user_id)
+        .where(AuctionRequest.rid == check_id(rid, "rid"))
+        .with_for_update(of=AuctionRequest)
+    ).first()
+    if row is None:
+        raise UnknownRequest(rid, "no batch settled it")
+    request, name = row
+    if cached_tokens is not None and (
+        isinstance(cached_tokens, bool)
+        or not isinstance(cached_tokens, int)
+        or not 0 <= cached_tokens <= request.prompt_tokens
+    ):
+        raise InvalidInput(
+            "cached_tokens",
+            f"must be an integer in [0, {request.prompt_tokens}], got {cached_tokens!r}",
+        )
+    request.status = new_status
+    request.cached_tokens = cached_tokens
+    request.ttft_ms = None if ttft_ms is None else float(ttft_ms)
+    request.updated_at = now
+    return request_view(request, name)

@@ -1,0 +1,326 @@
+"""Settling a cleared batch: the batch and its requests, every user's charge, the releases.
+
+All of it happens in one transaction, so a batch is either fully settled or not at all. A batch
+id is settled once: replaying the same contents returns the first result and writes nothing,
+while other contents under the same id raise `IdempotencyConflict`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from billing.errors import (
+    ChargeExceedsHold,
+    HoldNotOpen,
+    IdempotencyConflict,
+    InvalidBatch,
+    UnknownRequest,
+)
+from billing.holds import close_hold
+from billing.models import (
+    AuctionBatch,
+    AuctionRequest,
+    EntryKind,
+    Hold,
+    HoldState,
+    LedgerEntry,
+    RequestStatus,
+    User,
+)
+from billing.money import check_micros
+from billing.periods import require_aware
+from billing.postings import Account, check_id, check_name, lock_accounts, post, time_key
+from billing.records import BatchRecord, RequestRecord, SettleResult
+
+_COUNTS = ("n", "tree_nodes", "tree_depth", "shared_tokens", "total_tokens")
+
+
+def charge_key(user_id: int, batch_id: str) -> str:
+    """Idempotency key of a user's charge in a batch."""
+    return f"charge:{user_id}:{batch_id}"
+
+
+def settle_batch(
+    session: Session,
+    batch: BatchRecord,
+    requests: Sequence[RequestRecord],
+    charges: Mapping[str, int],
+    now: datetime,
+) -> SettleResult:
+    """Record the batch, its requests and charges, and release its holds, all at once."""
+    closed_at = _validate(batch, requests, charges)
+    fingerprint = _fingerprint(batch, closed_at, requests, charges)
+    if session.get(AuctionBatch, batch.batch_id) is None:
+        accounts = lock_accounts(session, {r.user for r in requests})
+        # Checked again under the locks: a concurrent settlement of this batch locks the same
+        # users, so by now it has either committed or not started.
+        if session.get(AuctionBatch, batch.batch_id, populate_existing=True) is None:
+            return _settle(
+                session,
+                batch,
+                closed_at=closed_at,
+                requests=requests,
+                charges=charges,
+                accounts=accounts,
+                fingerprint=fingerprint,
+                now=now,
+            )
+    return _replay(session, batch.batch_id, fingerprint, charges)
+
+
+def _validate(
+    batch: BatchRecord, requests: Sequence[RequestRecord], charges: Mapping[str, int]
+) -> datetime:
+    batch_id = check_id(batch.batch_id, "batch_id")
+    closed_at = require_aware(batch.closed_at, "closed_at")
+    for name in _COUNTS:
+        value = getattr(batch, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidBatch(batch_id, f"{name} must be a non-negative integer, got {value!r}")
+    check_micros(batch.revenue_micros, "revenue_micros")
+    check_micros(batch.welfare_micros, "welfare_micros")
+    if batch.n != len(requests) or batch.n == 0:
+        raise InvalidBatch(batch_id, f"n is {batch.n} but {len(requests)} requests were given")
+    rids: set[str] = set()
+    for request in requests:
+        _validate_request(batch_id, request, batch.n)
+        if request.rid in rids:
+            raise InvalidBatch(batch_id, f"request {request.rid!r} appears twice")
+        rids.add(request.rid)
+    if sorted(r.position for r in requests) != list(range(batch.n)):
+        raise InvalidBatch(batch_id, f"positions must be 0..{batch.n - 1}, each once")
+    users = {r.user for r in requests}
+    for name, amount in charges.items():
+        if name not in users:
+            raise InvalidBatch(batch_id, f"charge for user {name!r}, who has no request in it")
+        check_micros(amount, f"charges[{name!r}]")
+    if sum(charges.values()) != batch.revenue_micros:
+        raise InvalidBatch(
+            batch_id,
+            f"revenue_micros is {batch.revenue_micros} but the charges sum to"
+            f" {sum(charges.values())}",
+        )
+    return closed_at
+
+
+def _validate_request(batch_id: str, request: RequestRecord, n: int) -> None:
+    check_id(request.rid, "rid")
+    check_name(request.user, "user")
+    check_micros(request.bid_micros, f"bid_micros of request {request.rid!r}")
+    where = f"request {request.rid!r}"
+    for name, value, bound in (
+        ("position", request.position, n - 1),
+        ("prompt_tokens", request.prompt_tokens, None),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidBatch(batch_id, f"{where}: {name} must be a non-negative integer")
+        if bound is not None and value > bound:
+            raise InvalidBatch(batch_id, f"{where}: {name} {value} is beyond the batch")
+    priority = request.priority
+    if (
+        not isinstance(priority, (int, float))
+        or not math.isfinite(priority)
+        or not 0 <= priority <= 1
+    ):
+        raise InvalidBatch(batch_id, f"{where}: priority must be a number in [0, 1]")
+
+
+def _fingerprint(
+    batch: BatchRecord,
+    closed_at: datetime,
+    requests: Sequence[RequestRecord],
+    charges: Mapping[str, int],
+) -> str:
+    content = {
+        "batch": [
+            batch.batch_id,
+            time_key(closed_at),
+            batch.revenue_micros,
+            batch.welfare_micros,
+            *(getattr(batch, name) for name in _COUNTS),
+        ],
+        "requests": sorted(
+            [r.position, r.rid, r.user, repr(float(r.priority)), r.bid_micros, r.prompt_tokens]
+            for r in requests
+        ),
+        "charges": sorted((name, amount) for name, amount in charges.items() if amount),
+    }
+    return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
+
+
+def _settle(
+    session: Session,
+    batch: BatchRecord,
+    *,
+    closed_at: datetime,
+    requests: Sequence[RequestRecord],
+    charges: Mapping[str, int],
+    accounts: dict[str, Account],
+    fingerprint: str,
+    now: datetime,
+) -> SettleResult:
+    holds = _open_holds(session, batch.batch_id, requests, accounts)
+    held: dict[str, int] = defaultdict(int)
+    for request in requests:
+        held[request.user] += holds[request.rid].amount_micros
+    for name, amount in charges.items():
+        if amount > held[name]:
+            raise ChargeExceedsHold(batch.batch_id, name, amount, held[name])
+    session.add(
+        AuctionBatch(
+            id=batch.batch_id,
+            closed_at=closed_at,
+            n=batch.n,
+            revenue_micros=batch.revenue_micros,
+            welfare_micros=batch.welfare_micros,
+            tree_nodes=batch.tree_nodes,
+            tree_depth=batch.tree_depth,
+            shared_tokens=batch.shared_tokens,
+            total_tokens=batch.total_tokens,
+            fingerprint=fingerprint,
+            settled_at=now,
+        )
+    )
+    session.flush()  # the batch row must exist before rows that reference it
+    reason = f"settled in batch {batch.batch_id}"
+    for request in sorted(requests, key=lambda r: r.position):
+        account = accounts[request.user]
+        session.add(_request_row(batch.batch_id, request, account.user.id, now))
+        close_hold(
+            session,
+            account,
+            holds[request.rid],
+            HoldState.SETTLED,
+            reason=reason,
+            now=now,
+            batch_id=batch.batch_id,
+        )
+    for name in sorted(charges):
+        if charges[name]:
+            account = accounts[name]
+            post(
+                session,
+                account,
+                EntryKind.CHARGE,
+                -charges[name],
+                key=charge_key(account.user.id, batch.batch_id),
+                now=now,
+                reason=f"VCG payment in batch {batch.batch_id}",
+                batch_id=batch.batch_id,
+            )
+    session.flush()
+    return SettleResult(
+        batch_id=batch.batch_id,
+        charges_micros={name: charges.get(name, 0) for name in sorted(accounts)},
+        released_micros={name: held[name] for name in sorted(accounts)},
+    )
+
+
+def _open_holds(
+    session: Session,
+    batch_id: str,
+    requests: Sequence[RequestRecord],
+    accounts: dict[str, Account],
+) -> dict[str, Hold]:
+    rids = [r.rid for r in requests]
+    holds = {
+        hold.rid: hold
+        for hold in session.scalars(
+            select(Hold).where(Hold.rid.in_(rids)).execution_options(populate_existing=True)
+        )
+    }
+    for request in requests:
+        hold = holds.get(request.rid)
+        if hold is None:
+            raise UnknownRequest(request.rid)
+        if hold.user_id != accounts[request.user].user.id:
+            raise InvalidBatch(
+                batch_id, f"request {request.rid!r} was held for another user than {request.user!r}"
+            )
+        if hold.state is not HoldState.OPEN:
+            raise HoldNotOpen(request.rid, hold.state.value)
+        if request.bid_micros > hold.amount_micros:
+            raise InvalidBatch(
+                batch_id,
+                f"request {request.rid!r} bids {request.bid_micros} micro-credits but holds only"
+                f" {hold.amount_micros}",
+            )
+    return holds
+
+
+def _request_row(
+    batch_id: str, request: RequestRecord, user_id: int, now: datetime
+) -> AuctionRequest:
+    return AuctionRequest(
+        rid=request.rid,
+        batch_id=batch_id,
+        user_id=user_id,
+        position=request.position,
+        priority=float(request.priority),
+        bid_micros=request.bid_micros,
+        prompt_tokens=request.prompt_tokens,
+        status=RequestStatus.SCHEDULED,
+        updated_at=now,
+    )
+
+
+def _replay(
+    session: Session, batch_id: str, fingerprint: str, charges: Mapping[str, int]
+) -> SettleResult:
+    stored = session.get(AuctionBatch, batch_id)
+    assert stored is not None
+    result = stored_result(session, batch_id)
+    if stored.fingerprint != fingerprint:
+        differing = sorted(
+            name
+            for name in set(result.charges_micros) | set(charges)
+            if result.charges_micros.get(name, 0) != charges.get(name, 0)
+        )
+        detail = (
+            f"charges differ for {', '.join(map(repr, differing))}"
+            if differing
+            else "the batch fields or its requests differ"
+        )
+        raise IdempotencyConflict(f"batch:{batch_id}", detail)
+    return SettleResult(
+        batch_id=batch_id,
+        charges_micros=result.charges_micros,
+        released_micros=result.released_micros,
+        replayed=True,
+    )
+
+
+def stored_result(session: Session, batch_id: str) -> SettleResult:
+    """What the settlement of `batch_id` moved, read back from the ledger."""
+    users = session.scalars(
+        select(User.name)
+        .join(AuctionRequest, AuctionRequest.user_id == User.id)
+        .where(AuctionRequest.batch_id == batch_id)
+        .distinct()
+    ).all()
+    charged: dict[str, int] = dict.fromkeys(users, 0)
+    released: dict[str, int] = dict.fromkeys(users, 0)
+    rows = session.execute(
+        select(User.name, LedgerEntry.kind, LedgerEntry.amount_micros)
+        .join(User, User.id == LedgerEntry.user_id)
+        .where(
+            LedgerEntry.batch_id == batch_id,
+            LedgerEntry.kind.in_([EntryKind.CHARGE, EntryKind.RELEASE]),
+        )
+    ).all()
+    for name, kind, amount in rows:
+        target = charged if kind is EntryKind.CHARGE else released
+        target[name] -= amount
+    return SettleResult(
+        batch_id=batch_id,
+        charges_micros={name: charged[name] for name in sorted(users)},
+        released_micros={name: released[name] for name in sorted(users)},
+    )

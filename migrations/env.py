@@ -1,0 +1,50 @@
+"""Alembic environment: the URL comes from the caller or `LedgerSettings`, the schema from
+`billing.models`.
+
+`billing.migrate` passes either a live connection (`config.attributes["connection"]`) or a URL
+(`config.attributes["url"]`); run by the plain `alembic` command, neither is set and the
+settings (`INFERENCE_AUCTION_DATABASE_URL`) decide.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import Connection
+
+from billing.database import create_ledger_engine
+from billing.models import Base
+from billing.settings import LedgerSettings
+
+target_metadata = Base.metadata
+
+
+def _configure(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        # SQLite cannot ALTER most things in place; batch mode copies the table instead.
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    """Run the migrations on the caller's connection or on a new engine."""
+    connection = context.config.attributes.get("connection")
+    if connection is not None:
+        _configure(connection)
+        return
+    url = context.config.attributes.get("url") or LedgerSettings().database_url
+    engine = create_ledger_engine(url)
+    try:
+        with engine.connect() as connection:
+            _configure(connection)
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    raise SystemExit("offline (--sql) migrations are not supported; run against a database")
+run_migrations_online()

@@ -1,0 +1,90 @@
+"""Small builders and probes shared by the ledger tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from billing import BatchRecord, Ledger, RequestRecord
+
+TABLES = (
+    "users",
+    "budgets",
+    "balances",
+    "ledger_entries",
+    "holds",
+    "auction_batches",
+    "auction_requests",
+)
+
+
+def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every ledger table, to prove that a refused operation changed nothing."""
+    with engine.connect() as connection:
+        return {
+            table: [
+                tuple(row) for row in connection.execute(text(f"SELECT * FROM {table} ORDER BY 1"))
+            ]
+            for table in TABLES
+        }
+
+
+def batch_of(
+    batch_id: str,
+    bids: Sequence[tuple[str, str, int]],
+    charges: Mapping[str, int],
+) -> tuple[BatchRecord, list[RequestRecord], dict[str, int]]:
+    """A batch of (rid, user, bid) in that order, with `charges` per user."""
+    n = len(bids)
+    requests = [
+        RequestRecord(
+            rid=rid,
+            user=user,
+            position=k,
+            priority=1.0 if n == 1 else (n - 1 - k) / (n - 1),
+            bid_micros=bid,
+            prompt_tokens=10,
+        )
+        for k, (rid, user, bid) in enumerate(bids)
+    ]
+    batch = BatchRecord(
+        batch_id=batch_id,
+        closed_at=datetime(2025, 1, 15, 12, 0, tzinfo=UTC),
+        n=n,
+        revenue_micros=sum(charges.values()),
+        welfare_micros=0,
+        tree_nodes=1,
+        tree_depth=1,
+        shared_tokens=0,
+        total_tokens=10 * n,
+    )
+    return batch, requests, dict(charges)
+
+
+def hold_and_settle(
+    ledger: Ledger,
+    batch_id: str,
+    bids: Sequence[tuple[str, str, int]],
+    charges: Mapping[str, int],
+) -> None:
+    """Place the holds of `bids`, then settle them as one batch."""
+    for rid, user, bid in bids:
+        ledger.place_hold(user, rid, bid)
+    ledger.settle_batch(*batch_of(batch_id, bids, charges))
+
+
+def entries_total(ledger: Ledger, name: str) -> int:
+    """Sum of the user's balance-moving entries, read through the public API."""
+    total = 0
+    cursor = None
+    while True:
+        page = ledger.entries(name, limit=1000, cursor=cursor)
+        total += sum(
+            e.amount_micros for e in page.entries if e.kind.value not in ("hold", "release")
+        )
+        if page.next_cursor is None:
+            return total
+        cursor = page.next_cursor
