@@ -1,1 +1,105 @@
-"""The inference-auctions client SDK."""
+"""Client SDK of the inference auction: send prompts with what priority is worth to you.
+
+The client turns values into bids under a budget with a pacing autobidder, retries safely
+(every request's id is its idempotency key), and reads the account's ledger.
+"""
+
+from ._budget import Budget
+from ._client import AsyncAuctionClient, AuctionClient
+from ._exceptions import (
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    AuctionError,
+    AuthenticationError,
+    BadRequestError,
+    ConfigurationError,
+    ConflictError,
+    EngineError,
+    EngineTimeoutError,
+    IdempotencyConflictError,
+    InsufficientFundsError,
+    InternalServerError,
+    InvalidAmountError,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
+    ServiceUnavailableError,
+    StreamError,
+    UnprocessableEntityError,
+)
+from ._ledger import AsyncLedger, Ledger
+from ._models import (
+    Auction,
+    Balance,
+    ChatChoice,
+    ChatCompletion,
+    ChatMessage,
+    Generation,
+    LedgerEntry,
+    LedgerPage,
+    LedgerSummary,
+    LedgerSummaryRow,
+    Usage,
+)
+from ._money import format_credits, to_micros
+from ._pacing import PacingBidder
+from ._streaming import AsyncStream, Stream
+from ._types import NOT_GIVEN, NotGiven
+from ._version import __version__
+
+__all__ = [
+    "NOT_GIVEN",
+    "APIConnectionError",
+    "APIError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AsyncAuctionClient",
+    "AsyncLedger",
+    "AsyncStream",
+    "Auction",
+    "AuctionClient",
+    "AuctionError",
+    "AuthenticationError",
+    "BadRequestError",
+    "Balance",
+    "Budget",
+    "ChatChoice",
+    "ChatCompletion",
+    "ChatMessage",
+    "ConfigurationError",
+    "ConflictError",
+    "EngineError",
+    "EngineTimeoutError",
+    "Generation",
+    "IdempotencyConflictError",
+    "InsufficientFundsError",
+    "InternalServerError",
+    "InvalidAmountError",
+    "Ledger",
+    "LedgerEntry",
+    "LedgerPage",
+    "LedgerSummary",
+    "LedgerSummaryRow",
+    "NotFoundError",
+    "NotGiven",
+    "PacingBidder",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "ServiceUnavailableError",
+    "Stream",
+    "StreamError",
+    "UnprocessableEntityError",
+    "Usage",
+    "__version__",
+    "format_credits",
+    "to_micros",
+]
+
+# Public classes report the package, not the private module, as their home.
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) and _obj.__module__.startswith("sdk._"):
+        _obj.__module__ = "sdk"
+del _name, _obj

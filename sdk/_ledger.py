@@ -1,0 +1,120 @@
+"""The account's ledger: balance, entries and per-period summaries."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from ._base_client import ledger_params
+from ._constants import LEDGER_PAGE_SIZE
+from ._models import Balance, LedgerEntry, LedgerPage, LedgerSummary
+
+__all__ = ["AsyncLedger", "EntryKind", "Ledger", "SummaryPeriod"]
+
+EntryKind = Literal["grant", "hold", "release", "charge", "refund", "adjustment"]
+SummaryPeriod = Literal["day", "week", "month"]
+
+
+class _Getter(Protocol):
+    def _get_json(self, path: str, params: Mapping[str, str | int]) -> Any: ...
+
+
+class _AsyncGetter(Protocol):
+    async def _get_json(self, path: str, params: Mapping[str, str | int]) -> Any: ...
+
+
+class Ledger:
+    """Read the ledger through a synchronous client."""
+
+    def __init__(self, client: _Getter) -> None:
+        self._client = client
+
+    def balance(self) -> Balance:
+        """Balance, holds, and spend in the server's current period."""
+        return Balance.model_validate(self._client._get_json("/v1/ledger/balance", {}))
+
+    def entries(
+        self,
+        *,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+        kind: EntryKind | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> LedgerPage:
+        """One page of ledger entries."""
+        params = ledger_params(since=since, until=until, kind=kind, limit=limit, cursor=cursor)
+        return LedgerPage.model_validate(self._client._get_json("/v1/ledger/entries", params))
+
+    def iter_entries(
+        self,
+        *,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+        kind: EntryKind | None = None,
+    ) -> Iterator[LedgerEntry]:
+        """Every matching entry, fetching pages as needed."""
+        cursor: str | None = None
+        while True:
+            page = self.entries(
+                since=since, until=until, kind=kind, limit=LEDGER_PAGE_SIZE, cursor=cursor
+            )
+            yield from page.entries
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def summary(self, *, by: SummaryPeriod = "day") -> LedgerSummary:
+        """Charges, refunds, grants and request counts per period."""
+        payload = self._client._get_json("/v1/ledger/summary", {"by": by})
+        return LedgerSummary.model_validate(payload)
+
+
+class AsyncLedger:
+    """Read the ledger through an asynchronous client."""
+
+    def __init__(self, client: _AsyncGetter) -> None:
+        self._client = client
+
+    async def balance(self) -> Balance:
+        """Balance, holds, and spend in the server's current period."""
+        return Balance.model_validate(await self._client._get_json("/v1/ledger/balance", {}))
+
+    async def entries(
+        self,
+        *,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+        kind: EntryKind | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> LedgerPage:
+        """One page of ledger entries."""
+        params = ledger_params(since=since, until=until, kind=kind, limit=limit, cursor=cursor)
+        payload = await self._client._get_json("/v1/ledger/entries", params)
+        return LedgerPage.model_validate(payload)
+
+    async def iter_entries(
+        self,
+        *,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+        kind: EntryKind | None = None,
+    ) -> AsyncIterator[LedgerEntry]:
+        """Every matching entry, fetching pages as needed."""
+        cursor: str | None = None
+        while True:
+            page = await self.entries(
+                since=since, until=until, kind=kind, limit=LEDGER_PAGE_SIZE, cursor=cursor
+            )
+            for entry in page.entries:
+                yield entry
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def summary(self, *, by: SummaryPeriod = "day") -> LedgerSummary:
+        """Charges, refunds, grants and request counts per period."""
+        payload = await self._client._get_json("/v1/ledger/summary", {"by": by})
+        return LedgerSummary.model_validate(payload)

@@ -1,0 +1,38 @@
+"""Fixtures for the SDK tests: a fake server behind `httpx.MockTransport`, and fast retries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sdk import _constants
+
+from .fake_server import FakeServer
+
+BASE_URL = "http://auction.test"
+
+
+@pytest.fixture
+def fast_retries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Shrink the backoff so retry tests take milliseconds."""
+    monkeypatch.setattr(_constants, "INITIAL_RETRY_DELAY", 0.001)
+    monkeypatch.setattr(_constants, "MAX_RETRY_DELAY", 0.004)
+    yield
+
+
+@pytest.fixture
+def server() -> FakeServer:
+    """A fresh fake server, one request per batch."""
+    return FakeServer()
+
+
+def transport(server: FakeServer) -> httpx.MockTransport:
+    """A sync transport serving `server`."""
+    return httpx.MockTransport(server.handle)
+
+
+def async_transport(server: FakeServer) -> httpx.MockTransport:
+    """An async transport serving `server`."""
+    return httpx.MockTransport(server.ahandle)
