@@ -77,6 +77,9 @@ class Run:
     utility: float
     spent: int
     alpha: float
+    """The multiplier after the last auction."""
+    mean_alpha: float
+    """The multiplier averaged over the auctions."""
     best_utility: float
     best_alpha: float
 
@@ -100,6 +103,7 @@ class Row:
     regret_se: float
     utilization: float
     alpha: float
+    mean_alpha: float
 
 
 def simulate(
@@ -116,7 +120,9 @@ def simulate(
     total = Decimal(budget_micros).scaleb(-6)
     bidder = PacingBidder(Budget(total=total, auctions=horizon, pacing=pacing))
     utility = 0.0
+    alpha_sum = 0.0
     for t, (value, row) in enumerate(zip(values, bids, strict=True)):
+        alpha_sum += bidder.alpha
         (bid,) = bidder.bid([value])
         gain, payment = _outcome_of_bid(value, bid, row, market.competitors)
         bidder.settle(f"b{t}", payment, reserved=bid)
@@ -128,6 +134,7 @@ def simulate(
         utility=utility,
         spent=bidder.spent_micros,
         alpha=bidder.alpha,
+        mean_alpha=alpha_sum / horizon,
         best_utility=best_utility,
         best_alpha=best_alpha,
     )
@@ -177,6 +184,7 @@ def sweep(
                 regret_se=float(regrets.std(ddof=1) / math.sqrt(seeds)) if seeds > 1 else 0.0,
                 utilization=float(np.mean([r.utilization for r in runs])),
                 alpha=float(np.mean([r.alpha for r in runs])),
+                mean_alpha=float(np.mean([r.mean_alpha for r in runs])),
             )
         )
     return rows
@@ -227,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         loose_task = progress.add_task("budget loose", total=len(horizons) * args.seeds)
         loose = sweep(market, horizons, args.seeds, 4.0, lambda: progress.advance(loose_task))
     table = Table(title=f"Pacing bidder, {args.seeds} seeds per row (means)")
-    for column in ("T", "regret (credits)", "± s.e.", "regret/√T", "spent/B", "α loose"):
+    columns = ("T", "regret (credits)", "± s.e.", "regret/√T", "spent/B", "mean α", "α loose")
+    for column in columns:
         table.add_column(column, justify="right")
     for row, free in zip(binding, loose, strict=True):
         table.add_row(
@@ -236,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{row.regret_se:.3f}",
             f"{row.regret / math.sqrt(row.horizon):.4f}",
             f"{row.utilization:.4f}",
+            f"{row.mean_alpha:.3f}",
             f"{free.alpha:.4f}",
         )
     console.print(table)

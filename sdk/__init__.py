@@ -9,6 +9,7 @@ from ._client import AsyncAuctionClient, AuctionClient
 from ._exceptions import (
     APIConnectionError,
     APIError,
+    APIResponseValidationError,
     APIStatusError,
     APITimeoutError,
     AuctionError,
@@ -53,6 +54,7 @@ __all__ = [
     "NOT_GIVEN",
     "APIConnectionError",
     "APIError",
+    "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
     "AsyncAuctionClient",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pydantic
 
 from . import _constants
 from ._budget import Budget
@@ -26,6 +27,7 @@ from ._constants import API_KEY_ENV, BASE_URL_ENV
 from ._exceptions import (
     IDEMPOTENCY_CONFLICT,
     APIConnectionError,
+    APIResponseValidationError,
     APITimeoutError,
     ConfigurationError,
     error_type,
@@ -49,6 +51,7 @@ __all__ = ["BaseClient", "Call", "ChatMessageParam"]
 
 ChatMessageParam = Mapping[str, Any] | ChatMessage
 _T = TypeVar("_T")
+_M = TypeVar("_M", bound=pydantic.BaseModel)
 
 
 @dataclass(frozen=True)
@@ -237,10 +240,16 @@ class BaseClient:
     def _complete(call: Call, response: httpx.Response, parse: Callable[[object, Call], _T]) -> _T:
         """Parse a read 2xx response, settling the bid even when the body is unusable."""
         try:
-            return parse(response.json(), call)
+            return _validated(response, lambda payload: parse(payload, call))
         except BaseException as exc:
+            # The server accepted the request, so it may well have charged it.
             call.settlement.fail(exc)
             raise
+
+    @staticmethod
+    def _parse(response: httpx.Response, model: type[_M]) -> _M:
+        """A read 2xx response as `model`."""
+        return _validated(response, model.model_validate)
 
     @staticmethod
     def _generation(payload: object, call: Call) -> Generation:
@@ -248,8 +257,7 @@ class BaseClient:
         raw = GenerateResponse.model_validate(payload)
         meta = raw.meta_info
         if meta.auction is None:
-            call.settlement.unknown()
-            raise ValueError("the server's response has no auction object")
+            raise ValueError("the response has no auction object")
         call.settlement.charged(meta.auction)
         return Generation(
             rid=meta.id or call.rid,
@@ -333,6 +341,17 @@ def ledger_params(**params: object) -> dict[str, str | int]:
         else:
             raise TypeError(f"{name} must be a str, int or datetime")
     return out
+
+
+def _validated(response: httpx.Response, parse: Callable[[Any], _T]) -> _T:
+    try:
+        payload = response.json()
+    except ValueError as exc:
+        raise APIResponseValidationError(response, body=response.text, detail=str(exc)) from exc
+    try:
+        return parse(payload)
+    except (pydantic.ValidationError, ValueError) as exc:
+        raise APIResponseValidationError(response, body=payload, detail=str(exc)) from exc
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:

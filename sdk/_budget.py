@@ -5,7 +5,9 @@ from __future__ import annotations
 import calendar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
+from ._constants import MICROS_PER_CREDIT
 from ._exceptions import ConfigurationError
 from ._money import to_micros
 from ._types import Money, PacingMode, Period
@@ -39,8 +41,13 @@ class Budget:
     max_bid_micros: int | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "total_micros", to_micros(self.total, name="total"))
+        total = to_micros(self.total, name="total")
         cap = None if self.max_bid is None else to_micros(self.max_bid, name="max_bid")
+        # Amounts are kept as exact Decimals, so budgets written "50" and 50 compare equal.
+        object.__setattr__(self, "total", Decimal(total) / MICROS_PER_CREDIT)
+        object.__setattr__(self, "total_micros", total)
+        if cap is not None:
+            object.__setattr__(self, "max_bid", Decimal(cap) / MICROS_PER_CREDIT)
         object.__setattr__(self, "max_bid_micros", cap)
         if self.auctions is None and self.period is None:
             raise ConfigurationError("a Budget needs auctions=T or period=...")

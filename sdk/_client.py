@@ -7,10 +7,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 import anyio
 import httpx
+import pydantic
 
 from ._base_client import BaseClient, Call, ChatMessageParam
 from ._budget import Budget
@@ -22,6 +23,8 @@ from ._streaming import AsyncStream, ChatParser, GenerateParser, Stream, StreamC
 from ._types import NOT_GIVEN, Money, NotGiven, TimeoutTypes
 
 __all__ = ["AsyncAuctionClient", "AuctionClient"]
+
+_M = TypeVar("_M", bound=pydantic.BaseModel)
 
 
 class AuctionClient(BaseClient):
@@ -152,7 +155,7 @@ class AuctionClient(BaseClient):
         response = self._post(call, "/generate", stream=stream, timeout=timeout)
         if stream:
             parser = GenerateParser(call.rid)
-            return Stream(response, StreamCore(parser, call.settlement, response.request))
+            return Stream(response, StreamCore(parser, call.settlement, response))
         return self._complete(call, response, self._generation)
 
     @overload
@@ -227,7 +230,7 @@ class AuctionClient(BaseClient):
         response = self._post(call, "/v1/chat/completions", stream=stream, timeout=timeout)
         if stream:
             parser = ChatParser(call.rid)
-            return Stream(response, StreamCore(parser, call.settlement, response.request))
+            return Stream(response, StreamCore(parser, call.settlement, response))
         return self._complete(call, response, self._chat_completion)
 
     # -- I/O ---------------------------------------------------------------------------------
@@ -251,8 +254,10 @@ class AuctionClient(BaseClient):
             call.settlement.fail(exc)
             raise
 
-    def _get_json(self, path: str, params: Mapping[str, str | int]) -> Any:
-        return self._send("GET", path, params=params).json()
+    def _get(self, path: str, params: Mapping[str, str | int], model: type[_M]) -> _M:
+        response = self._send("GET", path, params=params)
+        response.read()
+        return self._parse(response, model)
 
     def _send(
         self,
@@ -424,7 +429,7 @@ class AsyncAuctionClient(BaseClient):
         response = await self._post(call, "/generate", stream=stream, timeout=timeout)
         if stream:
             parser = GenerateParser(call.rid)
-            return AsyncStream(response, StreamCore(parser, call.settlement, response.request))
+            return AsyncStream(response, StreamCore(parser, call.settlement, response))
         return self._complete(call, response, self._generation)
 
     @overload
@@ -499,7 +504,7 @@ class AsyncAuctionClient(BaseClient):
         response = await self._post(call, "/v1/chat/completions", stream=stream, timeout=timeout)
         if stream:
             parser = ChatParser(call.rid)
-            return AsyncStream(response, StreamCore(parser, call.settlement, response.request))
+            return AsyncStream(response, StreamCore(parser, call.settlement, response))
         return self._complete(call, response, self._chat_completion)
 
     # -- I/O ---------------------------------------------------------------------------------
@@ -525,8 +530,10 @@ class AsyncAuctionClient(BaseClient):
             call.settlement.fail(exc)
             raise
 
-    async def _get_json(self, path: str, params: Mapping[str, str | int]) -> Any:
-        return (await self._send("GET", path, params=params)).json()
+    async def _get(self, path: str, params: Mapping[str, str | int], model: type[_M]) -> _M:
+        response = await self._send("GET", path, params=params)
+        await response.aread()
+        return self._parse(response, model)
 
     async def _send(
         self,

@@ -8,6 +8,7 @@ Our exception hierarchy:
   + APIError
     + APIConnectionError - the server could not be reached or the connection broke.
       - APITimeoutError
+    + APIResponseValidationError - a 2xx response whose body does not match the contract.
     + StreamError - the server reported an error in the middle of a stream.
     + APIStatusError - the server answered with a 4xx or 5xx status.
       - BadRequestError (400)
@@ -34,6 +35,7 @@ import httpx
 __all__ = [
     "APIConnectionError",
     "APIError",
+    "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
     "AuctionError",
@@ -111,6 +113,18 @@ class APITimeoutError(APIConnectionError):
         super().__init__(
             request, message="Request timed out.", may_have_been_processed=may_have_been_processed
         )
+
+
+class APIResponseValidationError(APIError):
+    """The server answered 2xx with a body that does not match the contract."""
+
+    response: httpx.Response
+    status_code: int
+
+    def __init__(self, response: httpx.Response, *, body: object | None, detail: str) -> None:
+        super().__init__(f"Unexpected response body: {detail}", response.request, body=body)
+        self.response = response
+        self.status_code = response.status_code
 
 
 class StreamError(APIError):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from ._base_client import ledger_params
 from ._constants import LEDGER_PAGE_SIZE
@@ -16,12 +18,15 @@ EntryKind = Literal["grant", "hold", "release", "charge", "refund", "adjustment"
 SummaryPeriod = Literal["day", "week", "month"]
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
+
 class _Getter(Protocol):
-    def _get_json(self, path: str, params: Mapping[str, str | int]) -> Any: ...
+    def _get(self, path: str, params: Mapping[str, str | int], model: type[_M]) -> _M: ...
 
 
 class _AsyncGetter(Protocol):
-    async def _get_json(self, path: str, params: Mapping[str, str | int]) -> Any: ...
+    async def _get(self, path: str, params: Mapping[str, str | int], model: type[_M]) -> _M: ...
 
 
 class Ledger:
@@ -32,7 +37,7 @@ class Ledger:
 
     def balance(self) -> Balance:
         """Balance, holds, and spend in the server's current period."""
-        return Balance.model_validate(self._client._get_json("/v1/ledger/balance", {}))
+        return self._client._get("/v1/ledger/balance", {}, Balance)
 
     def entries(
         self,
@@ -45,7 +50,7 @@ class Ledger:
     ) -> LedgerPage:
         """One page of ledger entries."""
         params = ledger_params(since=since, until=until, kind=kind, limit=limit, cursor=cursor)
-        return LedgerPage.model_validate(self._client._get_json("/v1/ledger/entries", params))
+        return self._client._get("/v1/ledger/entries", params, LedgerPage)
 
     def iter_entries(
         self,
@@ -67,8 +72,7 @@ class Ledger:
 
     def summary(self, *, by: SummaryPeriod = "day") -> LedgerSummary:
         """Charges, refunds, grants and request counts per period."""
-        payload = self._client._get_json("/v1/ledger/summary", {"by": by})
-        return LedgerSummary.model_validate(payload)
+        return self._client._get("/v1/ledger/summary", {"by": by}, LedgerSummary)
 
 
 class AsyncLedger:
@@ -79,7 +83,7 @@ class AsyncLedger:
 
     async def balance(self) -> Balance:
         """Balance, holds, and spend in the server's current period."""
-        return Balance.model_validate(await self._client._get_json("/v1/ledger/balance", {}))
+        return await self._client._get("/v1/ledger/balance", {}, Balance)
 
     async def entries(
         self,
@@ -92,8 +96,7 @@ class AsyncLedger:
     ) -> LedgerPage:
         """One page of ledger entries."""
         params = ledger_params(since=since, until=until, kind=kind, limit=limit, cursor=cursor)
-        payload = await self._client._get_json("/v1/ledger/entries", params)
-        return LedgerPage.model_validate(payload)
+        return await self._client._get("/v1/ledger/entries", params, LedgerPage)
 
     async def iter_entries(
         self,
@@ -116,5 +119,4 @@ class AsyncLedger:
 
     async def summary(self, *, by: SummaryPeriod = "day") -> LedgerSummary:
         """Charges, refunds, grants and request counts per period."""
-        payload = await self._client._get_json("/v1/ledger/summary", {"by": by})
-        return LedgerSummary.model_validate(payload)
+        return await self._client._get("/v1/ledger/summary", {"by": by}, LedgerSummary)

@@ -13,8 +13,14 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import httpx
+import pydantic
 
-from ._exceptions import APIConnectionError, APITimeoutError, StreamError
+from ._exceptions import (
+    APIConnectionError,
+    APIResponseValidationError,
+    APITimeoutError,
+    StreamError,
+)
 from ._models import (
     Auction,
     ChatChoice,
@@ -164,11 +170,12 @@ class StreamCore(Generic[R]):
     """What a stream does with each event, with no I/O: parse, settle the bid, raise errors."""
 
     def __init__(
-        self, parser: StreamParser[R], settlement: Settlement, request: httpx.Request
+        self, parser: StreamParser[R], settlement: Settlement, response: httpx.Response
     ) -> None:
         self.parser = parser
         self.settlement = settlement
-        self.request = request
+        self.response = response
+        self.request = response.request
         self.done = False
 
     def handle(self, data: str) -> list[Auction | str]:
@@ -178,16 +185,23 @@ class StreamCore(Generic[R]):
             if self.parser.auction is None:
                 self.settlement.unknown()
             return []
-        payload = json.loads(data)
-        if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        try:
+            payload = json.loads(data)
+        except ValueError as exc:
+            raise APIResponseValidationError(self.response, body=data, detail=str(exc)) from exc
+        if not isinstance(payload, dict):
+            raise APIResponseValidationError(self.response, body=payload, detail="not an object")
+        if isinstance(payload.get("error"), dict):
             error = payload["error"]
-            exc = StreamError(
-                str(error.get("message") or "stream error"), self.request, body=payload
-            )
-            self.settlement.fail(exc)
-            raise exc
+            message = str(error.get("message") or "stream error")
+            failure = StreamError(message, self.request, body=payload)
+            self.settlement.fail(failure)
+            raise failure
         had_auction = self.parser.auction is not None
-        items = self.parser.feed(payload)
+        try:
+            items = self.parser.feed(payload)
+        except (pydantic.ValidationError, ValueError, TypeError, AttributeError) as exc:
+            raise APIResponseValidationError(self.response, body=payload, detail=str(exc)) from exc
         if not had_auction and self.parser.auction is not None:
             self.settlement.charged(self.parser.auction)
         return items

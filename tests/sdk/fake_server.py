@@ -79,7 +79,7 @@ class FakeServer:
 
     def attempts_on(self, path: str) -> list[httpx.Request]:
         """The attempts received on `path`."""
-        return [r for r in self.attempts if r.url.path == path]
+        return [r for r in self.attempts if _route(r) == path]
 
     def rids(self, path: str = "/generate") -> list[str]:
         """The rid of every attempt on `path`, in order."""
@@ -124,7 +124,7 @@ class FakeServer:
             self.attempts.append(request)
             if request.headers.get("authorization") != f"Bearer {API_KEY}":
                 return _error(401, "authentication_error", "bad key"), None
-            script = self.script.get(request.url.path)
+            script = self.script.get(_route(request))
             behaviour = script.popleft() if script else None
         if isinstance(behaviour, Exception):
             raise behaviour
@@ -199,7 +199,7 @@ class FakeServer:
             "bid_micros": batch.bids[rid],
             "charge_micros": batch.charge,
         }
-        if request.url.path == "/generate":
+        if _route(request) == "/generate":
             payload = _generation(rid, body, auction)
         else:
             payload = _chat(rid, auction)
@@ -214,7 +214,7 @@ class FakeServer:
     ) -> httpx.Response:
         if not body.get("stream"):
             return httpx.Response(200, json=payload)
-        if request.url.path == "/generate":
+        if _route(request) == "/generate":
             events = _generation_events(payload, error=self.stream_error)
         else:
             events = _chat_events(payload)
@@ -226,7 +226,7 @@ class FakeServer:
         )
 
     def _ledger(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
+        path = _route(request)
         if path == "/v1/ledger/balance":
             return httpx.Response(200, json=self.balance)
         if path == "/v1/ledger/entries":
@@ -246,6 +246,11 @@ class FakeServer:
             }
             return httpx.Response(200, json={"by": request.url.params["by"], "rows": [row]})
         return _error(404, "not_found", path)
+
+
+def _route(request: httpx.Request) -> str:
+    # Tests may give the client a base URL with a path prefix.
+    return request.url.path.removeprefix("/api")
 
 
 def _fingerprint(body: dict[str, Any]) -> str:
