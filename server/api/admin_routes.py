@@ -1,0 +1,146 @@
+"""Admin endpoints (admin key only): users, budgets, any user's balance, reconciliation."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from billing.money import parse_credits
+from billing.records import UserInfo
+from server.api.body import parse_body
+from server.api.deps import AdminUser, State
+from server.api.ledger_routes import balance_json
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+UserName = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+class NewUser(BaseModel):
+    """A user to create; `budget` in credits per period."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    budget: Any = "0"
+    period: Literal["none", "day", "week", "month"] = "none"
+    timezone: str = "UTC"
+    batch_cap: Any = None
+    admin: bool = False
+
+
+class BudgetChange(BaseModel):
+    """Budget fields to change; omitted fields stay as they are."""
+
+    model_config = ConfigDict(extra="forbid")
+    budget: Any = None
+    period: Literal["none", "day", "week", "month"] | None = None
+    timezone: str | None = None
+
+
+def user_json(user: UserInfo) -> dict[str, Any]:
+    """A user as JSON (never the key)."""
+    return {
+        "name": user.name,
+        "admin": user.is_admin,
+        "disabled": user.disabled,
+        "budget_micros": user.budget_micros,
+        "period": str(user.period),
+        "timezone": user.timezone,
+        "batch_cap_micros": user.batch_cap_micros,
+        "created_at": user.created_at.isoformat(),
+    }
+
+
+@router.post(
+    "/users",
+    status_code=201,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": NewUser.model_json_schema()}},
+        }
+    },
+)
+async def create_user(request: Request, _: AdminUser, state: State) -> dict[str, Any]:
+    """Create a user; the response holds its API key, which is never shown again."""
+    body = await parse_body(request, NewUser)
+    budget = parse_credits(body.budget, "budget")
+    cap = None if body.batch_cap is None else parse_credits(body.batch_cap, "batch_cap")
+    created = await asyncio.to_thread(
+        partial(
+            state.ledger.create_user,
+            body.name,
+            budget_micros=budget,
+            period=body.period,
+            timezone=body.timezone,
+            batch_cap_micros=cap,
+            admin=body.admin,
+        )
+    )
+    return {**user_json(created.user), "api_key": created.api_key}
+
+
+@router.get("/users")
+async def list_users(_: AdminUser, state: State) -> dict[str, Any]:
+    """Every user."""
+    users = await asyncio.to_thread(state.ledger.list_users)
+    return {"users": [user_json(user) for user in users]}
+
+
+@router.post("/users/{name}/disable")
+async def disable_user(name: UserName, _: AdminUser, state: State) -> dict[str, Any]:
+    """Disable a user: its key stops working and it can place no new holds."""
+    return user_json(await asyncio.to_thread(state.ledger.disable_user, name))
+
+
+@router.put(
+    "/users/{name}/budget",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": BudgetChange.model_json_schema()}},
+        }
+    },
+)
+async def set_budget(
+    name: UserName, request: Request, _: AdminUser, state: State
+) -> dict[str, Any]:
+    """Change a user's budget."""
+    body = await parse_body(request, BudgetChange)
+    budget = None if body.budget is None else parse_credits(body.budget, "budget")
+    user = await asyncio.to_thread(
+        partial(
+            state.ledger.set_budget,
+            name,
+            budget_micros=budget,
+            period=body.period,
+            timezone=body.timezone,
+        )
+    )
+    return user_json(user)
+
+
+@router.get("/users/{name}/balance")
+async def user_balance(name: UserName, _: AdminUser, state: State) -> dict[str, Any]:
+    """Any user's balance."""
+    return balance_json(await asyncio.to_thread(state.ledger.balance, name))
+
+
+@router.get("/reconcile")
+async def reconcile(_: AdminUser, state: State) -> dict[str, Any]:
+    """Check every balance against the sum of its entries."""
+    report = await asyncio.to_thread(state.ledger.reconcile)
+    drifts = [
+        {
+            "user": d.user,
+            "balance_micros": d.balance_micros,
+            "expected_balance_micros": d.expected_balance_micros,
+            "held_micros": d.held_micros,
+            "expected_held_micros": d.expected_held_micros,
+        }
+        for d in report.drifts
+    ]
+    return {"ok": report.ok, "accounts_checked": report.accounts_checked, "drifts": drifts}

@@ -1,0 +1,88 @@
+"""Request dependencies: the caller's identity (API key), rate limits, the app's services."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from billing import Ledger
+from billing.records import UserInfo
+from server.errors import Forbidden, RateLimited, Unauthenticated
+from server.service import AuctionService
+
+
+class RateLimiter:
+    """A token bucket per user: `rate` requests a second sustained, `burst` at once."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self._rate = rate
+        self._burst = float(burst)
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def check(self, user: str) -> None:
+        """Take one token for `user`, or raise `RateLimited` with the seconds to wait."""
+        now = time.monotonic()
+        tokens, last = self._buckets.get(user, (self._burst, now))
+        tokens = min(self._burst, tokens + (now - last) * self._rate)
+        if tokens < 1:
+            self._buckets[user] = (tokens, now)
+            wait = math.ceil((1 - tokens) / self._rate)
+            raise RateLimited(
+                f"rate limit of {self._rate:g} requests/s exceeded; retry in {wait} s",
+                headers={"Retry-After": str(wait)},
+            )
+        self._buckets[user] = (tokens - 1, now)
+
+
+@dataclass(frozen=True)
+class AppState:
+    """What the routes need, stored on `app.state.services`."""
+
+    service: AuctionService
+    ledger: Ledger
+    limiter: RateLimiter
+
+
+def get_state(request: Request) -> AppState:
+    """The app's services."""
+    state: AppState = request.app.state.services
+    return state
+
+
+State = Annotated[AppState, Depends(get_state)]
+
+
+async def current_user(request: Request, state: State) -> UserInfo:
+    """The user whose `Authorization: Bearer <key>` this is; 401/403/429 otherwise."""
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise Unauthenticated(
+            "send your API key as 'Authorization: Bearer <key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    user = await asyncio.to_thread(state.ledger.authenticate, key.strip())
+    if user is None:
+        raise Unauthenticated("the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
+    if user.disabled:
+        raise Forbidden(f"user {user.name!r} is disabled")
+    state.limiter.check(user.name)
+    return user
+
+
+CurrentUser = Annotated[UserInfo, Depends(current_user)]
+
+
+async def admin_user(user: CurrentUser) -> UserInfo:
+    """The caller, who must hold an admin key."""
+    if not user.is_admin:
+        raise Forbidden("this endpoint needs an admin API key")
+    return user
+
+
+AdminUser = Annotated[UserInfo, Depends(admin_user)]

@@ -1,0 +1,71 @@
+"""The one place that turns exceptions into JSON error responses: never a traceback."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from billing import errors as ledger_errors
+from server.errors import (
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    ServiceError,
+    Unauthenticated,
+    from_ledger_error,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _render(error: ServiceError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status_code, headers=error.headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Render every error as JSON with the right status; never a traceback."""
+
+    async def service_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, ServiceError)
+        return _render(error)
+
+    async def ledger_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, ledger_errors.LedgerError)
+        return _render(from_ledger_error(error))
+
+    async def validation_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RequestValidationError)
+        return _render(validation_to_invalid_request(error.errors()))
+
+    async def http_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, StarletteHTTPException)
+        kind = {404: NotFound, 401: Unauthenticated, 403: Forbidden}.get(error.status_code)
+        if kind is not None:
+            return _render(kind(str(error.detail)))
+        failure = ServiceError(str(error.detail))
+        failure.status_code, failure.error_type = error.status_code, "http_error"
+        return _render(failure)
+
+    async def unexpected(_: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=error)
+        return _render(ServiceError("internal error; the request changed nothing it reported"))
+
+    app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(ledger_errors.LedgerError, ledger_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+def validation_to_invalid_request(errors: Any) -> InvalidRequest:
+    """Turn pydantic's error list into one message that names the first bad field."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query")]
+    param = ".".join(location) or None
+    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    return InvalidRequest(message, param=param)

@@ -1,0 +1,186 @@
+"""What every generation endpoint shares: limits, the bid, admission and waiting.
+
+The endpoints differ only in how they read a body and how they render the engine's chunks
+(SGLang-native or OpenAI-shaped); both go through `admit`, then `complete` or `stream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from billing.errors import InvalidAmount
+from billing.money import MICROS_PER_CREDIT, parse_credits
+from billing.records import UserInfo
+from server.api.deps import AppState
+from server.errors import InvalidRequest, ServiceError, Unavailable
+from server.service import AuctionService, payload_fingerprint
+from server.tickets import Chunk, Clearance, Ticket
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated generation request, ready to be admitted."""
+
+    rid: str
+    tokens: list[int]
+    bid_micros: int
+    sampling_params: dict[str, Any]
+    fingerprint: str
+
+
+def parse_bid(value: Any, state: AppState) -> int:
+    """The bid in micro-credits: non-negative, finite, at most 6 decimals, under the limit."""
+    limit = state.service.settings.max_bid_credits * MICROS_PER_CREDIT
+    if isinstance(value, float):  # only reachable if a caller bypassed the exact JSON reader
+        value = repr(value)
+    try:
+        return parse_credits(value, "bid", maximum=limit)
+    except InvalidAmount as error:
+        raise InvalidRequest(str(error), param="bid") from None
+
+
+async def prompt_tokens(
+    state: AppState, text: str | None, input_ids: list[int] | None, field: str
+) -> list[int]:
+    """Token ids of the prompt (tokenized by the engine, cached), within the size limits."""
+    settings = state.service.settings
+    if (text is None) == (input_ids is None):
+        raise InvalidRequest(f"give exactly one of '{field}' (text) or 'input_ids'", param=field)
+    if text is not None:
+        if len(text) > settings.max_prompt_chars:
+            raise InvalidRequest(
+                f"{field}: {len(text):,} characters; the limit is {settings.max_prompt_chars:,}",
+                param=field,
+            )
+        tokens = await state.service.engine.tokenize(text)
+    else:
+        assert input_ids is not None
+        tokens = list(input_ids)
+    if not tokens:
+        raise InvalidRequest(f"{field}: the prompt is empty", param=field)
+    if len(tokens) > settings.max_prompt_tokens:
+        raise InvalidRequest(
+            f"{field}: {len(tokens):,} tokens; the limit is {settings.max_prompt_tokens:,}",
+            param=field,
+        )
+    return tokens
+
+
+def check_max_new_tokens(value: int, state: AppState, field: str) -> None:
+    """Refuse a generation length above the server's limit."""
+    limit = state.service.settings.max_new_tokens_limit
+    if value > limit:
+        raise InvalidRequest(f"{field}: {value:,} is above the limit of {limit:,}", param=field)
+
+
+def make_job(
+    rid: str | None,
+    tokens: list[int],
+    bid_micros: int,
+    sampling_params: dict[str, Any],
+    payload: dict[str, Any],
+) -> Job:
+    """A job with the client's rid, or a fresh one when the client sent none."""
+    return Job(
+        rid=rid or uuid.uuid4().hex,
+        tokens=tokens,
+        bid_micros=bid_micros,
+        sampling_params=sampling_params,
+        fingerprint=payload_fingerprint(payload),
+    )
+
+
+async def admit(state: AppState, user: UserInfo, job: Job) -> Ticket:
+    """Hold the bid and queue the request (402 when the budget cannot cover it)."""
+    return await state.service.admit(
+        user=user.name,
+        rid=job.rid,
+        tokens=job.tokens,
+        bid_micros=job.bid_micros,
+        sampling_params=job.sampling_params,
+        fingerprint=job.fingerprint,
+    )
+
+
+async def complete(
+    request: Request, service: AuctionService, ticket: Ticket
+) -> tuple[Clearance, Chunk]:
+    """Wait for the batch and the whole output; a client that leaves early frees its hold."""
+    ticket.waiters += 1
+    try:
+        clearance = await _cleared_unless_gone(request, service, ticket)
+        return clearance, await ticket.result()
+    finally:
+        ticket.waiters -= 1
+
+
+async def _cleared_unless_gone(
+    request: Request, service: AuctionService, ticket: Ticket
+) -> Clearance:
+    cleared = asyncio.ensure_future(ticket.wait_cleared())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({cleared, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not cleared.done():
+        cleared.cancel()
+        if ticket.waiters <= 1:
+            await service.abandon(ticket)
+        raise Unavailable("the client disconnected before its batch closed")
+    return cleared.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+Render = Callable[[Clearance, Chunk | None], dict[str, Any]]
+
+
+def stream(service: AuctionService, ticket: Ticket, render: Render) -> StreamingResponse:
+    """Server-sent events: the auction object first, as soon as the batch clears, then the
+    chunks, then `[DONE]`; an error mid-stream is an `error` event before `[DONE]`."""
+    return StreamingResponse(
+        _events(service, ticket, render), media_type="text/event-stream", headers=SSE_HEADERS
+    )
+
+
+async def _events(service: AuctionService, ticket: Ticket, render: Render) -> AsyncIterator[str]:
+    ticket.waiters += 1
+    try:
+        try:
+            clearance = await ticket.wait_cleared()
+        except ServiceError as error:
+            yield _event(error.body())
+            yield "data: [DONE]\n\n"
+            return
+        yield _event(render(clearance, None))
+        try:
+            async for chunk in ticket.follow():
+                yield _event(render(clearance, chunk))
+        except ServiceError as error:
+            yield _event(error.body())
+        yield "data: [DONE]\n\n"
+    finally:
+        ticket.waiters -= 1
+        if ticket.clearance is None and ticket.waiters == 0:
+            # The client left before its batch closed; shielded so the hold is surely freed.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(service.abandon(ticket))
+
+
+def _event(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"

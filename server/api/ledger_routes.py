@@ -1,0 +1,97 @@
+"""The caller's own ledger: balance, entries and summary. Money as integer `*_micros`."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from functools import partial
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+
+from billing.records import BalanceView, EntryView, SummaryRow
+from server.api.deps import CurrentUser, State
+
+router = APIRouter(prefix="/v1/ledger", tags=["ledger"])
+
+
+def balance_json(view: BalanceView) -> dict[str, Any]:
+    """A balance as JSON."""
+    return {
+        "user": view.user,
+        "balance_micros": view.balance_micros,
+        "held_micros": view.held_micros,
+        "available_micros": view.available_micros,
+        "spent_this_period_micros": view.spent_this_period_micros,
+        "period": str(view.period),
+        "period_start": view.period_start.isoformat() if view.period_start else None,
+    }
+
+
+def entry_json(entry: EntryView) -> dict[str, Any]:
+    """A ledger entry as JSON."""
+    return {
+        "id": entry.id,
+        "kind": str(entry.kind),
+        "amount_micros": entry.amount_micros,
+        "batch_id": entry.batch_id,
+        "rid": entry.request_id,
+        "reason": entry.reason,
+        "created_at": entry.created_at.isoformat(),
+    }
+
+
+def summary_json(row: SummaryRow) -> dict[str, Any]:
+    """One summary row as JSON."""
+    return {
+        "period_start": row.period_start.isoformat(),
+        "granted_micros": row.granted_micros,
+        "charged_micros": row.charged_micros,
+        "refunded_micros": row.refunded_micros,
+        "adjusted_micros": row.adjusted_micros,
+        "net_micros": row.net_micros,
+        "entries": row.entries,
+    }
+
+
+@router.get("/balance", summary="My balance")
+async def balance(user: CurrentUser, state: State) -> dict[str, Any]:
+    """Balance, held, available and this period's spend."""
+    return balance_json(await asyncio.to_thread(state.ledger.balance, user.name))
+
+
+@router.get("/entries", summary="My ledger entries")
+async def entries(
+    user: CurrentUser,
+    state: State,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    kind: Literal["grant", "hold", "release", "charge", "refund", "adjustment"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> dict[str, Any]:
+    """A page of entries, oldest first; pass `next_cursor` back as `cursor`."""
+    query = partial(
+        state.ledger.entries,
+        user.name,
+        since=since,
+        until=until,
+        kind=kind,
+        limit=limit,
+        cursor=cursor,
+    )
+    page = await asyncio.to_thread(query)
+    return {"entries": [entry_json(e) for e in page.entries], "next_cursor": page.next_cursor}
+
+
+@router.get("/summary", summary="My spend per day, week or month")
+async def summary(
+    user: CurrentUser,
+    state: State,
+    by: Literal["day", "week", "month"] = "day",
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> dict[str, Any]:
+    """Totals per calendar period in the budget's time zone."""
+    rows = await asyncio.to_thread(state.ledger.summary, user.name, by, since, until)
+    return {"by": by, "rows": [summary_json(row) for row in rows]}

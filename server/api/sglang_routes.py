@@ -1,0 +1,71 @@
+"""SGLang-native `POST /generate` with a `bid`, answered exactly as SGLang answers it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from server.api.body import parse_body
+from server.api.deps import CurrentUser, State
+from server.api.generation import (
+    admit,
+    check_max_new_tokens,
+    complete,
+    make_job,
+    parse_bid,
+    prompt_tokens,
+    stream,
+)
+from server.api.schemas import GenerateBody
+from server.errors import InvalidRequest
+from server.tickets import Chunk, Clearance
+
+router = APIRouter(tags=["sglang"])
+
+_BODY_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": GenerateBody.model_json_schema()}},
+    }
+}
+
+
+@router.post("/generate", openapi_extra=_BODY_SCHEMA, summary="Generate (SGLang-native)")
+async def generate(request: Request, user: CurrentUser, state: State) -> Response:
+    """SGLang's `/generate` plus `bid` (credits); `meta_info.auction` tells the outcome."""
+    body = await parse_body(request, GenerateBody)
+    if isinstance(body.text, list):
+        raise InvalidRequest("batched requests are not supported; send one prompt per request")
+    check_max_new_tokens(
+        body.sampling_params.max_new_tokens, state, "sampling_params.max_new_tokens"
+    )
+    bid = parse_bid(body.bid, state)
+    text = body.text if isinstance(body.text, str) else None
+    tokens = await prompt_tokens(state, text, body.input_ids, "text")
+    sampling = body.sampling_params.for_engine()
+    payload = {"text": body.text, "input_ids": body.input_ids, "sampling": sampling, "bid": bid}
+    job = make_job(body.rid, tokens, bid, sampling, payload)
+    ticket = await admit(state, user, job)
+    if body.stream:
+        return stream(state.service, ticket, lambda c, k: render(job.rid, len(tokens), c, k))
+    clearance, final = await complete(request, state.service, ticket)
+    return JSONResponse(render(job.rid, len(tokens), clearance, final))
+
+
+def render(
+    rid: str, prompt_tokens: int, clearance: Clearance, chunk: Chunk | None
+) -> dict[str, Any]:
+    """One SGLang response object; before the first chunk, an empty one with the auction."""
+    if chunk is None:
+        meta: dict[str, Any] = {
+            "id": rid,
+            "finish_reason": None,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": 0,
+            "cached_tokens": 0,
+        }
+        return {"text": "", "output_ids": [], "meta_info": {**meta, "auction": clearance.as_json()}}
+    meta = {**chunk.meta_info, "id": rid, "auction": clearance.as_json()}
+    return {"text": chunk.text, "output_ids": chunk.output_ids, "meta_info": meta}

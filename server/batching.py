@@ -1,0 +1,127 @@
+"""The waiting pool: when a batch closes, and backpressure from the engine.
+
+A batch closes when `batch_size` requests wait or `max_wait` has passed since the oldest
+arrived, and only while fewer than `max_inflight` requests are outstanding at the engine. That
+last rule is what makes priority matter: while the engine is saturated, requests accumulate
+here and the auction decides who goes first once there is room.
+
+The pool knows nothing about auctions or engines: it hands each closed batch, in arrival order,
+to a `clear` callback, and asks an `inflight` callback how busy the engine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+Item = TypeVar("Item")
+
+
+class QueueFull(Exception):
+    """The pool already holds `max_queue` requests."""
+
+
+class PoolClosed(Exception):
+    """The pool is draining for shutdown and takes no new requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingPolicy:
+    """When a batch may close."""
+
+    batch_size: int
+    max_wait: float  # seconds
+    max_inflight: int
+    max_queue: int
+
+
+@dataclass(eq=False)
+class _Waiting(Generic[Item]):
+    item: Item
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class BatchPool(Generic[Item]):
+    """Collects requests and closes batches by size, age and engine backpressure."""
+
+    def __init__(
+        self,
+        policy: BatchingPolicy,
+        clear: Callable[[list[Item]], Awaitable[None]],
+        inflight: Callable[[], int],
+    ) -> None:
+        self._policy = policy
+        self._clear = clear
+        self._inflight = inflight
+        self._waiting: list[_Waiting[Item]] = []
+        self._wake = asyncio.Event()
+        self._draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, item: Item) -> None:
+        """Add a request; raises `QueueFull` or `PoolClosed` instead of queueing it."""
+        if self._draining:
+            raise PoolClosed("the server is shutting down and accepts no new requests")
+        if len(self._waiting) >= self._policy.max_queue:
+            raise QueueFull(f"{len(self._waiting)} requests are already waiting")
+        self._waiting.append(_Waiting(item))
+        self._idle.clear()
+        self._wake.set()
+
+    def withdraw(self, item: Item) -> bool:
+        """Take back a request that no batch has taken yet; False if it is already cleared."""
+        for index, waiting in enumerate(self._waiting):
+            if waiting.item is item:
+                del self._waiting[index]
+                self._mark_idle()
+                return True
+        return False
+
+    def capacity_freed(self) -> None:
+        """Tell the pool the engine finished a request, so a waiting batch may now close."""
+        self._wake.set()
+
+    async def drain(self) -> None:
+        """Stop taking requests and wait until every waiting one has been cleared."""
+        self._draining = True
+        self._wake.set()
+        await self._idle.wait()
+
+    async def run(self) -> None:
+        """Close batches until cancelled."""
+        while True:
+            timeout = self._seconds_until_due()
+            self._wake.clear()
+            if timeout is None or timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+            while self._ready():
+                batch = self._waiting[: self._policy.batch_size]
+                del self._waiting[: len(batch)]
+                await self._clear([waiting.item for waiting in batch])
+                self._mark_idle()
+
+    def _ready(self) -> bool:
+        if not self._waiting or self._inflight() >= self._policy.max_inflight:
+            return False
+        if self._draining or len(self._waiting) >= self._policy.batch_size:
+            return True
+        return time.monotonic() - self._waiting[0].arrived >= self._policy.max_wait
+
+    def _seconds_until_due(self) -> float | None:
+        """How long until the oldest request's wait runs out; None: wait for a wake-up."""
+        if not self._waiting or self._inflight() >= self._policy.max_inflight:
+            return None
+        return self._waiting[0].arrived + self._policy.max_wait - time.monotonic()
+
+    def _mark_idle(self) -> None:
+        if not self._waiting:
+            self._idle.set()

@@ -1,0 +1,94 @@
+"""Prometheus metrics of the auction server, in a registry of the app's own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+class Metrics:
+    """The server's counters, gauges and histograms (names prefixed `inference_auction_`)."""
+
+    def __init__(self, queue_length: Callable[[], int], inflight: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_length = Gauge(
+            "inference_auction_queue_length", "Requests waiting for a batch", registry=r
+        )
+        self.queue_length.set_function(queue_length)
+        self.inflight = Gauge(
+            "inference_auction_engine_inflight", "Requests outstanding at the engine", registry=r
+        )
+        self.inflight.set_function(inflight)
+        self.batches = Counter("inference_auction_batches", "Batches cleared", registry=r)
+        self.batch_size = Histogram(
+            "inference_auction_batch_size", "Requests per batch", buckets=_SIZES, registry=r
+        )
+        self.auction_seconds = Histogram(
+            "inference_auction_auction_seconds",
+            "Time to clear a batch (tree, schedule, payments)",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.settle_seconds = Histogram(
+            "inference_auction_settle_seconds",
+            "Time to settle a batch in the ledger",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.revenue = Counter(
+            "inference_auction_revenue_micros", "VCG charges settled (micro-credits)", registry=r
+        )
+        self.welfare = Counter(
+            "inference_auction_welfare_micros",
+            "Reported welfare of the chosen schedules (micro-credits)",
+            registry=r,
+        )
+        self.dispatch_lag = Histogram(
+            "inference_auction_dispatch_lag_seconds",
+            "Arrival to dispatch at the engine",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.engine_ttft = Histogram(
+            "inference_auction_engine_ttft_seconds",
+            "Dispatch to first token, as the engine reports it",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "inference_auction_prompt_tokens", "Prompt tokens served", registry=r
+        )
+        self.cached_tokens = Counter(
+            "inference_auction_cached_tokens", "Prompt tokens the engine found cached", registry=r
+        )
+        self.cache_hit_rate = Gauge(
+            "inference_auction_cache_hit_rate",
+            "cached_tokens / prompt_tokens over the server's life",
+            registry=r,
+        )
+        self.cache_hit_rate.set_function(self._hit_rate)
+        self.requests = Counter(
+            "inference_auction_requests", "Requests by outcome", ["status"], registry=r
+        )
+
+        self._prompt_total = 0
+        self._cached_total = 0
+
+    def record_cache(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Count one served request's prompt and cached tokens."""
+        self.prompt_tokens.inc(prompt_tokens)
+        self.cached_tokens.inc(cached_tokens)
+        self._prompt_total += prompt_tokens
+        self._cached_total += cached_tokens
+
+    def _hit_rate(self) -> float:
+        return self._cached_total / self._prompt_total if self._prompt_total else 0.0
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)
