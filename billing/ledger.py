@@ -324,7 +324,6 @@ class Ledger:
         since: datetime | None = None,
         until: datetime | None = None,
         kind: str | EntryKind | None = None,
-        *,
         limit: int = 100,
         cursor: str | None = None,
     ) -> EntryPage:

@@ -9,8 +9,8 @@ from billing.errors import InvalidInput
 from billing.periods import Period, parse_period, parse_timezone, period_start, require_aware
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,589 @@
+"""`inference-auction users|budget|ledger|db`: operate the ledger from the command line.
+
+Every command takes `--database-url` (default: `INFERENCE_AUCTION_DATABASE_URL`, else the
+SQLite file `inference-auction.db`). Money goes in as credits (decimal, at most 6 decimals)
+and comes out as credits in tables and as integer `*_micros` fields in JSON and CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import enum
+import io
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from billing import Ledger, LedgerError, LedgerSettings, format_micros, migrate, parse_credits
+from billing.database import create_ledger_engine
+from billing.errors import InvalidAmount
+from billing.records import AccountDrift, SummaryRow
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PERIODS = click.Choice(["none", "day", "week", "month"])
+TABLE_FORMATS = click.Choice(["table", "json", "csv"])
+
+
+def _credits(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    # Credits are parsed from the text exactly as typed: no float in between.
+    if value is None:
+        return None
+    try:
+        return parse_credits(value, param.name or "amount")
+    except InvalidAmount as error:
+        raise click.BadParameter(error.problem, ctx, param) from None
+
+
+def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
+    # ISO 8601; a time without an offset is taken as UTC.
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not an ISO 8601 time like 2025-01-31T12:00Z", ctx, param
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def database_option(command: F) -> F:
+    """Add `--database-url` to a command."""
+    return click.option(
+        "--database-url",
+        metavar="URL",
+        default=None,
+        help="SQLAlchemy URL of the ledger [default: $INFERENCE_AUCTION_DATABASE_URL or"
+        " sqlite:///inference-auction.db].",
+    )(command)
+
+
+def _url(database_url: str | None) -> str:
+    return database_url or LedgerSettings().database_url
+
+
+@contextmanager
+def open_ledger(database_url: str | None) -> Iterator[Ledger]:
+    """A ledger on an up-to-date database; ledger errors become one-line CLI errors."""
+    url = _url(database_url)
+    ledger = Ledger.from_url(url)
+    try:
+        current = migrate.current_revision(ledger.engine)
+        if current != migrate.head_revision():
+            raise click.ClickException(
+                f"the ledger schema is at {current or 'nothing'}, not the latest revision;"
+                " run `inference-auction db upgrade` first"
+            )
+        yield ledger
+    except LedgerError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        ledger.close()
+
+
+def _console() -> Console:
+    return Console(soft_wrap=True)
+
+
+def _json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def _record(item: Any) -> dict[str, Any]:
+    record: dict[str, Any] = dataclasses.asdict(item)
+    return {
+        key: _jsonable(v) if isinstance(v, datetime | enum.Enum) else v for key, v in record.items()
+    }
+
+
+def _emit(rows: Sequence[Any], fmt: str, columns: Sequence[tuple[str, str]], title: str) -> None:
+    # `columns` pairs a record field with its table heading; *_micros fields print as credits.
+    records = [_record(row) for row in rows]
+    if fmt == "json":
+        _json(records)
+    elif fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(
+            out,
+            fieldnames=list(records[0]) if records else [f for f, _ in columns],
+            lineterminator="\n",
+        )
+        writer.writeheader()
+        writer.writerows(records)
+        click.echo(out.getvalue(), nl=False)
+    else:
+        table = Table(title=title)
+        for field, heading in columns:
+            table.add_column(heading, justify="right" if field.endswith("_micros") else "left")
+        for record in records:
+            table.add_row(*(_cell(field, record[field]) for field, _ in columns))
+        _console().print(table)
+
+
+def _cell(field: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if field.endswith("_micros"):
+        return format_micros(value)
+    if isinstance(value, str) and field in TIME_FIELDS:
+        return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%SZ")
+    return str(value)
+
+
+TIME_FIELDS = {"created_at", "period_start"}
+
+
+USER_COLUMNS = [
+    ("name", "user"),
+    ("budget_micros", "budget (credits)"),
+    ("period", "period"),
+    ("timezone", "time zone"),
+    ("batch_cap_micros", "batch cap"),
+    ("is_admin", "admin"),
+    ("disabled", "disabled"),
+    ("created_at", "created"),
+]
+
+
+@click.group()
+def users() -> None:
+    """Create, list and disable users."""
+
+
+@users.command("create")
+@click.argument("name")
+@click.option(
+    "--budget",
+    "budget",
+    callback=_credits,
+    metavar="CREDITS",
+    required=True,
+    help="Credits per period.",
+)
+@click.option("--period", type=PERIODS, default="none", show_default=True, help="Budget period.")
+@click.option("--timezone", default="UTC", show_default=True, help="Zone of the periods.")
+@click.option(
+    "--batch-cap",
+    callback=_credits,
+    metavar="CREDITS",
+    default=None,
+    help="Most credits at stake at once.",
+)
+@click.option("--admin", is_flag=True, help="Give the user admin rights.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@database_option
+def create_user(
+    *,
+    name: str,
+    budget: int,
+    period: str,
+    timezone: str,
+    batch_cap: int | None,
+    admin: bool,
+    fmt: str,
+    database_url: str | None,
+) -> None:
+    """Create user NAME with a budget and print its API key (shown only this once)."""
+    with open_ledger(database_url) as ledger:
+        created = ledger.create_user(
+            name,
+            budget_micros=budget,
+            period=period,
+            timezone=timezone,
+            batch_cap_micros=batch_cap,
+            admin=admin,
+        )
+    if fmt == "json":
+        _json({**_record(created.user), "api_key": created.api_key})
+        return
+    per = "as a lifetime budget" if period == "none" else f"per {period}"
+    click.echo(f"Created user {name!r} with {format_micros(budget)} credits {per}.")
+    click.echo(f"API key (shown only now, store it safely): {created.api_key}")
+
+
+@users.command("list")
+@click.option("--format", "fmt", type=TABLE_FORMATS, default="table", show_default=True)
+@database_option
+def list_users(fmt: str, database_url: str | None) -> None:
+    """List every user with its budget."""
+    with open_ledger(database_url) as ledger:
+        _emit(ledger.list_users(), fmt, USER_COLUMNS, "Users")
+
+
+@users.command("disable")
+@click.argument("name")
+@database_option
+def disable_user(name: str, database_url: str | None) -> None:
+    """Refuse new requests from NAME (requests already admitted settle normally)."""
+    with open_ledger(database_url) as ledger:
+        ledger.disable_user(name)
+    click.echo(f"Disabled user {name!r}.")
+
+
+@users.command("enable")
+@click.argument("name")
+@database_option
+def enable_user(name: str, database_url: str | None) -> None:
+    """Accept requests from NAME again."""
+    with open_ledger(database_url) as ledger:
+        ledger.enable_user(name)
+    click.echo(f"Enabled user {name!r}.")
+
+
+@users.command("rotate-key")
+@click.argument("name")
+@database_option
+def rotate_key(name: str, database_url: str | None) -> None:
+    """Give NAME a new API key (shown only this once); the old key stops working."""
+    with open_ledger(database_url) as ledger:
+        key = ledger.rotate_api_key(name)
+    click.echo(f"New API key of {name!r} (shown only now, store it safely): {key}")
+
+
+@click.group()
+def budget() -> None:
+    """Change users' budgets."""
+
+
+@budget.command("set")
+@click.argument("name")
+@click.option(
+    "--budget",
+    "amount",
+    callback=_credits,
+    metavar="CREDITS",
+    default=None,
+    help="Credits per period.",
+)
+@click.option("--period", type=PERIODS, default=None, help="Budget period.")
+@click.option("--timezone", default=None, help="IANA zone the periods follow.")
+@click.option(
+    "--batch-cap",
+    callback=_credits,
+    metavar="CREDITS",
+    default=None,
+    help="Most credits at stake at once.",
+)
+@click.option("--no-batch-cap", is_flag=True, help="Remove the batch cap.")
+@database_option
+def set_budget(
+    *,
+    name: str,
+    amount: int | None,
+    period: str | None,
+    timezone: str | None,
+    batch_cap: int | None,
+    no_batch_cap: bool,
+    database_url: str | None,
+) -> None:
+    """Change NAME's budget; the new amount is granted from the next period on."""
+    if batch_cap is not None and no_batch_cap:
+        raise click.UsageError("give --batch-cap or --no-batch-cap, not both")
+    changes: dict[str, Any] = {"budget_micros": amount, "period": period, "timezone": timezone}
+    if batch_cap is not None or no_batch_cap:
+        changes["batch_cap_micros"] = batch_cap
+    with open_ledger(database_url) as ledger:
+        info = ledger.set_budget(name, **changes)
+    cap = "none" if info.batch_cap_micros is None else format_micros(info.batch_cap_micros)
+    click.echo(
+        f"Budget of {name!r}: {format_micros(info.budget_micros)} credits per"
+        f" {'lifetime' if info.period.value == 'none' else info.period.value}"
+        f" ({info.timezone}), batch cap {cap}; it applies from the next period on."
+    )
+
+
+@click.group()
+def ledger() -> None:
+    """Balances, entries, summaries, exports and reconciliation."""
+
+
+@ledger.command("balance")
+@click.argument("name")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@database_option
+def show_balance(name: str, fmt: str, database_url: str | None) -> None:
+    """Show NAME's balance, held and available funds and this period's spend."""
+    with open_ledger(database_url) as book:
+        view = book.balance(name)
+    if fmt == "json":
+        _json(_record(view))
+        return
+    _emit([view], "table", BALANCE_COLUMNS, f"Balance of {name}")
+
+
+BALANCE_COLUMNS = [
+    ("balance_micros", "balance"),
+    ("held_micros", "held"),
+    ("available_micros", "available"),
+    ("spent_this_period_micros", "spent this period"),
+    ("period", "period"),
+    ("period_start", "period start"),
+]
+ENTRY_COLUMNS = [
+    ("id", "id"),
+    ("created_at", "time"),
+    ("kind", "kind"),
+    ("amount_micros", "amount"),
+    ("batch_id", "batch"),
+    ("request_id", "request"),
+    ("reason", "reason"),
+]
+SUMMARY_COLUMNS = [
+    ("period_start", "from"),
+    ("granted_micros", "granted"),
+    ("charged_micros", "charged"),
+    ("refunded_micros", "refunded"),
+    ("adjusted_micros", "adjusted"),
+    ("net_micros", "net"),
+    ("entries", "entries"),
+]
+
+
+@ledger.command("entries")
+@click.argument("name")
+@click.option(
+    "--since",
+    callback=_moment,
+    metavar="TIME",
+    default=None,
+    help="Only entries at or after this time.",
+)
+@click.option(
+    "--until", callback=_moment, metavar="TIME", default=None, help="Only entries before this time."
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["grant", "hold", "release", "charge", "refund", "adjustment"]),
+    default=None,
+)
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@click.option("--cursor", default=None, help="Continue after a previous page.")
+@click.option("--format", "fmt", type=TABLE_FORMATS, default="table", show_default=True)
+@database_option
+def list_entries(
+    *,
+    name: str,
+    since: datetime | None,
+    until: datetime | None,
+    kind: str | None,
+    limit: int,
+    cursor: str | None,
+    fmt: str,
+    database_url: str | None,
+) -> None:
+    """List NAME's ledger entries, oldest first, one page at a time."""
+    with open_ledger(database_url) as book:
+        page = book.entries(name, since, until, kind, limit=limit, cursor=cursor)
+    _emit(page.entries, fmt, ENTRY_COLUMNS, f"Entries of {name}")
+    if page.next_cursor is not None and fmt == "table":
+        click.echo(f"More entries: --cursor {page.next_cursor}", err=True)
+
+
+@ledger.command("summary")
+@click.argument("name")
+@click.option("--by", type=click.Choice(["day", "week", "month"]), default="day", show_default=True)
+@click.option("--since", callback=_moment, metavar="TIME", default=None)
+@click.option("--until", callback=_moment, metavar="TIME", default=None)
+@click.option("--format", "fmt", type=TABLE_FORMATS, default="table", show_default=True)
+@database_option
+def show_summary(
+    *,
+    name: str,
+    by: str,
+    since: datetime | None,
+    until: datetime | None,
+    fmt: str,
+    database_url: str | None,
+) -> None:
+    """Totals of NAME's entries per day, week or month in the budget's time zone."""
+    with open_ledger(database_url) as book:
+        rows: list[SummaryRow] = book.summary(name, by, since, until)
+    _emit(rows, fmt, SUMMARY_COLUMNS, f"Summary of {name} by {by}")
+
+
+@ledger.command("export")
+@click.argument("name", required=False)
+@click.option(
+    "--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True
+)
+@click.option("--since", callback=_moment, metavar="TIME", default=None)
+@click.option("--until", callback=_moment, metavar="TIME", default=None)
+@click.option("--output", "-o", type=click.File("w", encoding="utf-8"), default="-")
+@database_option
+def export_entries(
+    *,
+    name: str | None,
+    fmt: str,
+    since: datetime | None,
+    until: datetime | None,
+    output: io.TextIOBase,
+    database_url: str | None,
+) -> None:
+    """Export NAME's entries (every user's without NAME) as CSV or JSON."""
+    with open_ledger(database_url) as book:
+        output.write(book.export(name, fmt, since, until))
+
+
+@ledger.command("adjust")
+@click.argument("name")
+@click.argument("amount", callback=_credits, metavar="CREDITS")
+@click.option("--reason", required=True, help="Why: kept in the entry.")
+@click.option("--debit", is_flag=True, help="Take AMOUNT away instead of adding it.")
+@click.option("--key", default=None, help="Idempotency key, so a retried command counts once.")
+@database_option
+def adjust(
+    *, name: str, amount: int, reason: str, debit: bool, key: str | None, database_url: str | None
+) -> None:
+    """Correct NAME's balance by AMOUNT credits with an adjustment entry."""
+    with open_ledger(database_url) as book:
+        entry = book.adjust(name, -amount if debit else amount, reason=reason, key=key)
+    click.echo(
+        f"Adjusted {name!r} by {format_micros(entry.amount_micros)} credits (entry {entry.id})."
+    )
+
+
+@ledger.command("rollover")
+@database_option
+def rollover(database_url: str | None) -> None:
+    """Open the current budget period of every user that is due (what the server does hourly)."""
+    with open_ledger(database_url) as book:
+        granted = book.rollover().granted
+    click.echo(
+        f"Opened a new period for {len(granted)} users{': ' if granted else '.'}"
+        + ", ".join(granted)
+    )
+
+
+@ledger.command("expire-holds")
+@click.option(
+    "--max-age",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds [default: from settings].",
+)
+@database_option
+def expire_holds(max_age: float | None, database_url: str | None) -> None:
+    """Release holds older than --max-age seconds: requests that never reached a batch."""
+    seconds = max_age if max_age is not None else LedgerSettings().hold_max_age_seconds
+    with open_ledger(database_url) as book:
+        released = book.expire_holds(max_age=timedelta(seconds=seconds))
+    click.echo(f"Released {released} holds older than {seconds:g} s.")
+
+
+DRIFT_COLUMNS = [
+    ("user", "user"),
+    ("balance_micros", "balance"),
+    ("expected_balance_micros", "sum of entries"),
+    ("held_micros", "held"),
+    ("expected_held_micros", "sum of holds"),
+    ("open_holds_micros", "open holds"),
+]
+
+
+@ledger.command("reconcile")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@database_option
+def reconcile(fmt: str, database_url: str | None) -> None:
+    """Check every balance against its entries; exit 1 and name the accounts that drifted."""
+    with open_ledger(database_url) as book:
+        report = book.reconcile()
+    drifts: list[AccountDrift] = report.drifts
+    if fmt == "json":
+        _json(
+            {
+                "ok": report.ok,
+                "accounts_checked": report.accounts_checked,
+                "drifts": [_record(d) for d in drifts],
+            }
+        )
+    elif report.ok:
+        click.echo(f"All {report.accounts_checked} accounts agree with their entries.")
+    else:
+        _emit(drifts, "table", DRIFT_COLUMNS, "Accounts that drifted")
+    if not report.ok:
+        names = ", ".join(d.user for d in drifts)
+        click.echo(
+            f"Drift in {len(drifts)} of {report.accounts_checked} accounts: {names}", err=True
+        )
+        sys.exit(1)
+
+
+@click.group()
+def db() -> None:
+    """Create and migrate the ledger database."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+@database_option
+def db_upgrade(revision: str, database_url: str | None) -> None:
+    """Apply the migrations up to REVISION (creates the database file for SQLite)."""
+    engine = create_ledger_engine(_url(database_url))
+    try:
+        migrate.upgrade(engine, revision)
+        current = migrate.current_revision(engine)
+    finally:
+        engine.dispose()
+    click.echo(f"Ledger schema at revision {current}.")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@database_option
+def db_downgrade(revision: str, database_url: str | None) -> None:
+    """Undo migrations down to REVISION (`base` drops every ledger table and its data)."""
+    engine = create_ledger_engine(_url(database_url))
+    try:
+        migrate.downgrade(engine, revision)
+        current = migrate.current_revision(engine)
+    finally:
+        engine.dispose()
+    click.echo(f"Ledger schema at revision {current or 'base'}.")
+
+
+@db.command("current")
+@database_option
+def db_current(database_url: str | None) -> None:
+    """Print the database's revision and the newest one."""
+    engine = create_ledger_engine(_url(database_url))
+    try:
+        current = migrate.current_revision(engine)
+    finally:
+        engine.dispose()
+    click.echo(f"database: {current or 'base'}; newest: {migrate.head_revision()}")
+
+
+@db.command("check")
+@database_option
+def db_check(database_url: str | None) -> None:
+    """Exit 1 when the database schema differs from the models."""
+    engine = create_ledger_engine(_url(database_url))
+    try:
+        drift = migrate.schema_drift(engine)
+    finally:
+        engine.dispose()
+    if drift:
+        for difference in drift:
+            click.echo(f"drift: {difference}", err=True)
+        sys.exit(1)
+    click.echo("The database schema matches the models.")
+
+
+GROUPS = (users, budget, ledger, db)
