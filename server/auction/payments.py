@@ -81,6 +81,11 @@ class _PaymentContext:
             return 0
         count, bid_sum, position = self.count, self.bid_sum, self.position
         prefix_f, prefix_n = self._prefix_sums(node)
+        if len(affected) == 1:  # the common case: one path of the user runs through here
+            child = affected[0]
+            n_a, g_a, start = count[child], bid_sum[child] - drop[child], position[child] + 1
+            end = self._overtaken_until(order, start, n_a, g_a)
+            return n_a * (prefix_f[end] - prefix_f[start]) - g_a * (prefix_n[end] - prefix_n[start])
         affected.sort(key=position.__getitem__)
         places = [position[child] for child in affected]
         affected_f = [0, *accumulate(bid_sum[child] for child in affected)]
@@ -90,14 +95,7 @@ class _PaymentContext:
         gain = 0
         for s, child in enumerate(affected):
             n_a, g_a, start = count[child], reduced[s], places[s] + 1
-            low, high = start, len(order)
-            while low < high:  # first place after `child` whose average is not above G(a)/N(a)
-                middle = (low + high) // 2
-                other = order[middle]
-                if bid_sum[other] * n_a > g_a * count[other]:
-                    low = middle + 1
-                else:
-                    high = middle
+            low = self._overtaken_until(order, start, n_a, g_a)
             if low == start:
                 continue
             last = bisect_left(places, low, lo=s + 1)
@@ -112,6 +110,20 @@ class _PaymentContext:
                 slots, affected, reduced
             )
         return gain
+
+    def _overtaken_until(self, order: list[int], start: int, n_a: int, g_a: int) -> int:
+        """First place from `start` on whose average is not above G(a)/N(a) (binary search:
+        the children are sorted by decreasing average)."""
+        bid_sum, count = self.bid_sum, self.count
+        low, high = start, len(order)
+        while low < high:
+            middle = (low + high) // 2
+            other = order[middle]
+            if bid_sum[other] * n_a > g_a * count[other]:
+                low = middle + 1
+            else:
+                high = middle
+        return low
 
     def _pair_sum(self, slots: Sequence[int], affected: list[int], reduced: list[int]) -> int:
         """sum_{j<k} N(c_k) * G(c_j) for the affected children served in the order `slots`."""
