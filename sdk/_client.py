@@ -28,7 +28,21 @@ _M = TypeVar("_M", bound=pydantic.BaseModel)
 
 
 class AuctionClient(BaseClient):
-    """A synchronous client that bids for you under a budget; safe to share between threads."""
+    """A synchronous client that bids for you under a budget; safe to share between threads.
+
+    **Parameters:**
+
+    * **base_url** - the server, e.g. "http://127.0.0.1:8000"; else `INFERENCE_AUCTION_BASE_URL`.
+    * **api_key** - sent as a bearer token; else `INFERENCE_AUCTION_API_KEY`.
+    * **budget** - what the pacing bidder may spend, and over which horizon.
+    * **timeout** - per request; defaults to 600 s with 5 s to connect.
+    * **max_retries** - retries of connection errors, 408, 409, 429 and 5xx.
+    * **state_file** - a JSON file that keeps the pacing state across restarts.
+    * **sync_on_start** - take the spend so far from the ledger before the first bid.
+    * **default_headers** - extra headers on every request.
+    * **http_client** / **transport** - an `httpx.Client` to use, or a transport for a new one.
+    * **clock** - the wall clock (`time.time`) that periodic budgets follow.
+    """
 
     def __init__(
         self,
@@ -301,7 +315,11 @@ class AuctionClient(BaseClient):
 
 
 class AsyncAuctionClient(BaseClient):
-    """An asynchronous client that bids for you under a budget; safe to share between tasks."""
+    """An asynchronous client that bids for you under a budget; safe to share between tasks.
+
+    Takes the same parameters as `AuctionClient`, with an `httpx.AsyncClient` or an async
+    transport.
+    """
 
     def __init__(
         self,

@@ -6,7 +6,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ._constants import MICROS_PER_CREDIT
 
@@ -60,6 +60,16 @@ class Usage(_Model):
     completion_tokens: int = 0
     total_tokens: int = 0
     cached_tokens: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_cached_tokens(cls, data: Any) -> Any:
+        # OpenAI-shaped bodies nest the cached count under `prompt_tokens_details`.
+        if isinstance(data, dict) and "cached_tokens" not in data:
+            details = data.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                return {**data, "cached_tokens": details["cached_tokens"]}
+        return data
 
 
 class MetaInfo(_Model):
@@ -175,7 +185,10 @@ class LedgerSummaryRow(_Model):
     charged_micros: int
     refunded_micros: int
     granted_micros: int
-    requests: int
+    adjusted_micros: int = 0
+    net_micros: int | None = None
+    requests: int | None = None
+    entries: int | None = None
 
 
 class LedgerSummary(_Model):

@@ -345,12 +345,11 @@ class PacingBidder:
         return True
 
     def _update(self, charge: int, now: float) -> None:
-        if self._budget.pacing == "asap":
+        if self._budget.pacing == "asap" or self._spent >= self._budget.total_micros:
+            # Nothing left to pace: the guard holds bids at zero until the budget renews, and
+            # the zero charges that follow say nothing about the right multiplier.
             return
         gamma = self._gamma(now)
-        if gamma <= 0.0:
-            # Nothing left to pace: the guard holds bids at zero until the budget renews.
-            return
         eta = self._budget.eta0 / (gamma * math.sqrt(self._horizon(now)))
         mu_max = self._v_max / gamma
         self._mu = min(max(self._mu + eta * (charge - gamma), 0.0), mu_max)

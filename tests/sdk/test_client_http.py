@@ -367,3 +367,27 @@ def test_an_async_client_built_outside_the_event_loop(server: FakeServer) -> Non
 
     asyncio.run(main())
     assert client.bidder.spent_micros == 100_000
+
+
+def test_models_accept_both_usage_and_summary_shapes() -> None:
+    usage = sdk.Usage.model_validate(
+        {
+            "prompt_tokens": 4,
+            "completion_tokens": 2,
+            "total_tokens": 6,
+            "prompt_tokens_details": {"cached_tokens": 3},
+        }
+    )
+    assert usage.cached_tokens == 3
+    row = sdk.LedgerSummaryRow.model_validate(
+        {
+            "period_start": "2030-01-01T00:00:00+00:00",
+            "granted_micros": 5,
+            "charged_micros": -3,
+            "refunded_micros": 1,
+            "adjusted_micros": 0,
+            "net_micros": 3,
+            "entries": 7,
+        }
+    )
+    assert (row.net_micros, row.entries, row.requests) == (3, 7, None)
