@@ -5,6 +5,8 @@ Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
 """
 
+# ruff: noqa: N999  # dated file names sort revisions; Alembic loads them by path, not import
+
 from __future__ import annotations
 
 from collections.abc import Sequence

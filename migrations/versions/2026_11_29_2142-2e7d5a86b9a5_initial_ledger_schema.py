@@ -5,6 +5,8 @@ Revises:
 Create Date: 2026-11-29 21:42:16.121777+00:00
 """
 
+# ruff: noqa: N999  # dated file names sort revisions; Alembic loads them by path, not import
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -21,6 +21,9 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from billing import Ledger, LedgerError, LedgerSettings, format_micros, migrate, parse_credits
 from billing.database import create_ledger_engine
@@ -72,26 +75,50 @@ def _url(database_url: str | None) -> str:
 
 
 @contextmanager
+def _reachable(url: str) -> Iterator[None]:
+    # An unreachable or unreadable database is an operator's problem: one line, no traceback.
+    try:
+        yield
+    except OperationalError as error:
+        where = make_url(url).render_as_string(hide_password=True)
+        reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
+        raise click.ClickException(f"cannot use the database at {where}: {reason}") from None
+
+
+@contextmanager
 def open_ledger(database_url: str | None) -> Iterator[Ledger]:
     """A ledger on an up-to-date database; ledger errors become one-line CLI errors."""
     url = _url(database_url)
     ledger = Ledger.from_url(url)
     try:
-        current = migrate.current_revision(ledger.engine)
-        if current != migrate.head_revision():
-            raise click.ClickException(
-                f"the ledger schema is at {current or 'nothing'}, not the latest revision;"
-                " run `inference-auction db upgrade` first"
-            )
-        yield ledger
+        with _reachable(url):
+            current = migrate.current_revision(ledger.engine)
+            if current != migrate.head_revision():
+                raise click.ClickException(
+                    f"the ledger schema is at {current or 'nothing'}, not the latest revision;"
+                    " run `inference-auction db upgrade` first"
+                )
+            yield ledger
     except LedgerError as error:
         raise click.ClickException(error.message) from None
     finally:
         ledger.close()
 
 
+@contextmanager
+def open_engine(database_url: str | None) -> Iterator[Engine]:
+    """An engine for the `db` commands, disposed of afterwards."""
+    url = _url(database_url)
+    engine = create_ledger_engine(url)
+    try:
+        with _reachable(url):
+            yield engine
+    finally:
+        engine.dispose()
+
+
 def _console() -> Console:
-    return Console(soft_wrap=True)
+    return Console()
 
 
 def _json(value: Any) -> None:
@@ -535,12 +562,9 @@ def db() -> None:
 @database_option
 def db_upgrade(revision: str, database_url: str | None) -> None:
     """Apply the migrations up to REVISION (creates the database file for SQLite)."""
-    engine = create_ledger_engine(_url(database_url))
-    try:
+    with open_engine(database_url) as engine:
         migrate.upgrade(engine, revision)
         current = migrate.current_revision(engine)
-    finally:
-        engine.dispose()
     click.echo(f"Ledger schema at revision {current}.")
 
 
@@ -549,12 +573,9 @@ def db_upgrade(revision: str, database_url: str | None) -> None:
 @database_option
 def db_downgrade(revision: str, database_url: str | None) -> None:
     """Undo migrations down to REVISION (`base` drops every ledger table and its data)."""
-    engine = create_ledger_engine(_url(database_url))
-    try:
+    with open_engine(database_url) as engine:
         migrate.downgrade(engine, revision)
         current = migrate.current_revision(engine)
-    finally:
-        engine.dispose()
     click.echo(f"Ledger schema at revision {current or 'base'}.")
 
 
@@ -562,11 +583,8 @@ def db_downgrade(revision: str, database_url: str | None) -> None:
 @database_option
 def db_current(database_url: str | None) -> None:
     """Print the database's revision and the newest one."""
-    engine = create_ledger_engine(_url(database_url))
-    try:
+    with open_engine(database_url) as engine:
         current = migrate.current_revision(engine)
-    finally:
-        engine.dispose()
     click.echo(f"database: {current or 'base'}; newest: {migrate.head_revision()}")
 
 
@@ -574,11 +592,8 @@ def db_current(database_url: str | None) -> None:
 @database_option
 def db_check(database_url: str | None) -> None:
     """Exit 1 when the database schema differs from the models."""
-    engine = create_ledger_engine(_url(database_url))
-    try:
+    with open_engine(database_url) as engine:
         drift = migrate.schema_drift(engine)
-    finally:
-        engine.dispose()
     if drift:
         for difference in drift:
             click.echo(f"drift: {difference}", err=True)
