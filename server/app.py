@@ -15,6 +15,7 @@ from server.api import admin_routes, ledger_routes, openai_routes, ops_routes, s
 from server.api.deps import AppState, RateLimiter
 from server.api.error_handlers import install_error_handlers
 from server.engine.base import Engine
+from server.engine.factory import make_engine
 from server.service import AuctionService
 from server.settings import ServerSettings
 
@@ -66,14 +67,13 @@ def make_engine_from(settings: ServerSettings) -> Engine:
             "no --engine-url: serving with the embedded SGLang EMULATOR (cost model of an H100 "
             "serving a 32B model), not a real model"
         )
-    from server.engine import make_engine  # noqa: PLC0415
-
     return make_engine(
         settings.engine_url,
         mode=settings.engine_mode,
         cache_tokens=settings.emulator_cache_tokens,
         time_scale=settings.emulator_time_scale,
         timeout=settings.engine_timeout_seconds,
+        model_name=settings.model_name,
     )
 
 

@@ -21,7 +21,8 @@ from billing.errors import InvalidAmount
 from billing.money import MICROS_PER_CREDIT, parse_credits
 from billing.records import UserInfo
 from server.api.deps import AppState
-from server.errors import InvalidRequest, ServiceError, Unavailable
+from server.engine.errors import EngineError, EngineTimeout
+from server.errors import EngineFailed, EngineTimedOut, InvalidRequest, ServiceError, Unavailable
 from server.service import AuctionService, payload_fingerprint
 from server.tickets import Chunk, Clearance, Ticket
 
@@ -63,7 +64,12 @@ async def prompt_tokens(
                 f"{field}: {len(text):,} characters; the limit is {settings.max_prompt_chars:,}",
                 param=field,
             )
-        tokens = await state.service.engine.tokenize(text)
+        try:
+            tokens = await state.service.engine.tokenize(text)
+        except EngineTimeout as error:
+            raise EngineTimedOut(f"tokenizing the prompt timed out: {error}") from None
+        except EngineError as error:
+            raise EngineFailed(f"the engine could not tokenize the prompt: {error}") from None
     else:
         assert input_ids is not None
         tokens = list(input_ids)

@@ -88,7 +88,5 @@ def running_server(db: MigratedDatabase, **overrides: Any) -> Iterator[RunningSe
     """A server on `db` with the test settings and `overrides`."""
     settings = ServerSettings(database_url=db.url, **{**TEST_SETTINGS, **overrides})
     ledger = Ledger(db.new_engine())
-    from server.engine.embedded import EmbeddedEngine  # TEMP until the factory lands
-
-    with serve_app(settings, engine=EmbeddedEngine(time_scale=settings.emulator_time_scale)) as url:
+    with serve_app(settings) as url:
         yield RunningServer(url=url, settings=settings, ledger=ledger)
