@@ -1,8 +1,9 @@
 """Settling a cleared batch: the batch and its requests, every user's charge, the releases.
 
 All of it happens in one transaction, so a batch is either fully settled or not at all. A batch
-id is settled once: replaying the same contents returns the first result and writes nothing,
-while other contents under the same id raise `IdempotencyConflict`.
+id is settled once: replaying the same contents returns the first result and writes nothing
+(a different `closed_at` counts as the same contents; the first is kept), while other
+contents under the same id raise `IdempotencyConflict`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from billing.models import (
 )
 from billing.money import check_micros
 from billing.periods import require_aware
-from billing.postings import Account, check_id, check_name, lock_accounts, post, time_key
+from billing.postings import Account, check_id, check_name, lock_accounts, post
 from billing.records import BatchRecord, RequestRecord, SettleResult
 
 _COUNTS = ("n", "tree_nodes", "tree_depth", "shared_tokens", "total_tokens")
@@ -57,7 +58,7 @@ def settle_batch(
 ) -> SettleResult:
     """Record the batch, its requests and charges, and release its holds, all at once."""
     closed_at = _validate(batch, requests, charges)
-    fingerprint = _fingerprint(batch, closed_at, requests, charges)
+    fingerprint = _fingerprint(batch, requests, charges)
     if session.get(AuctionBatch, batch.batch_id) is None:
         accounts = lock_accounts(session, {r.user for r in requests})
         # Checked again under the locks: a concurrent settlement of this batch locks the same
@@ -134,15 +135,13 @@ def _validate_request(batch_id: str, request: RequestRecord, n: int) -> None:
 
 
 def _fingerprint(
-    batch: BatchRecord,
-    closed_at: datetime,
-    requests: Sequence[RequestRecord],
-    charges: Mapping[str, int],
+    batch: BatchRecord, requests: Sequence[RequestRecord], charges: Mapping[str, int]
 ) -> str:
+    # Everything the auction decides, but not `closed_at`: a caller retrying a settlement may
+    # stamp the batch again, and the time of closing moves no money.
     content = {
         "batch": [
             batch.batch_id,
-            time_key(closed_at),
             batch.revenue_micros,
             batch.welfare_micros,
             *(getattr(batch, name) for name in _COUNTS),

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 from rich.console import Console
@@ -117,10 +117,6 @@ def open_engine(database_url: str | None) -> Iterator[Engine]:
         engine.dispose()
 
 
-def _console() -> Console:
-    return Console()
-
-
 def _json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=_jsonable))
 
@@ -141,8 +137,18 @@ def _record(item: Any) -> dict[str, Any]:
 
 
 def _emit(rows: Sequence[Any], fmt: str, columns: Sequence[tuple[str, str]], title: str) -> None:
+    """Print records as a table, JSON or CSV."""
+    _emit_records([_record(row) for row in rows], fmt, columns, title)
+
+
+def _emit_records(
+    records: list[dict[str, Any]],
+    fmt: str,
+    columns: Sequence[tuple[str, str]],
+    title: str,
+    out: TextIO | None = None,
+) -> None:
     # `columns` pairs a record field with its table heading; *_micros fields print as credits.
-    records = [_record(row) for row in rows]
     if fmt == "json":
         _json(records)
     elif fmt == "csv":
@@ -161,7 +167,7 @@ def _emit(rows: Sequence[Any], fmt: str, columns: Sequence[tuple[str, str]], tit
             table.add_column(heading, justify="right" if field.endswith("_micros") else "left")
         for record in records:
             table.add_row(*(_cell(field, record[field]) for field, _ in columns))
-        _console().print(table)
+        Console(file=out).print(table)
 
 
 def _cell(field: str, value: Any) -> str:
@@ -343,7 +349,7 @@ def ledger() -> None:
 
 @ledger.command("balance")
 @click.argument("name")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@click.option("--format", "fmt", type=TABLE_FORMATS, default="table", show_default=True)
 @database_option
 def show_balance(name: str, fmt: str, database_url: str | None) -> None:
     """Show NAME's balance, held and available funds and this period's spend."""
@@ -352,7 +358,7 @@ def show_balance(name: str, fmt: str, database_url: str | None) -> None:
     if fmt == "json":
         _json(_record(view))
         return
-    _emit([view], "table", BALANCE_COLUMNS, f"Balance of {name}")
+    _emit([view], fmt, BALANCE_COLUMNS, f"Balance of {name}")
 
 
 BALANCE_COLUMNS = [
@@ -447,9 +453,7 @@ def show_summary(
 
 @ledger.command("export")
 @click.argument("name", required=False)
-@click.option(
-    "--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True
-)
+@click.option("--format", "fmt", type=TABLE_FORMATS, default="csv", show_default=True)
 @click.option("--since", callback=_moment, metavar="TIME", default=None)
 @click.option("--until", callback=_moment, metavar="TIME", default=None)
 @click.option("--output", "-o", type=click.File("w", encoding="utf-8"), default="-")
@@ -460,12 +464,18 @@ def export_entries(
     fmt: str,
     since: datetime | None,
     until: datetime | None,
-    output: io.TextIOBase,
+    output: TextIO,
     database_url: str | None,
 ) -> None:
-    """Export NAME's entries (every user's without NAME) as CSV or JSON."""
+    """Export NAME's entries (every user's without NAME), oldest first."""
     with open_ledger(database_url) as book:
-        output.write(book.export(name, fmt, since, until))
+        text = book.export(name, "json" if fmt == "table" else fmt, since, until)
+    if fmt != "table":
+        output.write(text)
+        return
+    title = f"Entries of {name}" if name else "All entries"
+    columns = [*ENTRY_COLUMNS[:2], ("user", "user"), *ENTRY_COLUMNS[2:]]
+    _emit_records(json.loads(text), "table", columns, title, out=output)
 
 
 @ledger.command("adjust")

@@ -94,6 +94,7 @@ def test_entries_summary_and_export_formats(run: Invoke, ledger: Ledger) -> None
     assert exported.startswith("id,created_at,user,kind,amount_micros")
     assert len(exported.splitlines()) == 5
     assert "0.250000" in run("ledger", "entries", "alice").output
+    assert "-0.250000" in run("ledger", "export", "alice", "--format", "table").output
 
 
 def test_reconcile_exits_non_zero_and_names_the_drifted_accounts(

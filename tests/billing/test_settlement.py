@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 
 import pytest
 
@@ -60,6 +61,9 @@ def test_replaying_a_batch_changes_nothing(funded: Ledger, ledger_db: MigratedDa
     before = snapshot(ledger_db.engine)
     again = funded.settle_batch(*batch_of("b1", BIDS, {"alice": 250}))  # a zero charge omitted
     assert again == first and again.replayed and not first.replayed
+    batch, requests, charges = batch_of("b1", BIDS, CHARGES)
+    restamped = dataclasses.replace(batch, closed_at=batch.closed_at + timedelta(seconds=3))
+    assert funded.settle_batch(restamped, requests, charges) == first
     assert snapshot(ledger_db.engine) == before
 
 
@@ -231,3 +235,10 @@ def test_many_batches_keep_the_books_balanced(ledger: Ledger) -> None:
     for name in ("alice", "bob"):
         assert entries_total(ledger, name) == ledger.balance(name).balance_micros
     assert ledger.reconcile().ok
+
+
+def test_a_user_disabled_after_holding_is_still_settled(funded: Ledger) -> None:
+    funded.disable_user("alice")
+    result = funded.settle_batch(*batch_of("b1", BIDS, CHARGES))
+    assert result.charges_micros["alice"] == 250
+    assert funded.balance("alice").balance_micros == 750
