@@ -54,6 +54,12 @@ class Metrics:
             buckets=_SECONDS,
             registry=r,
         )
+        self.overhead = Histogram(
+            "inference_auction_overhead_seconds",
+            "Arrival to dispatch minus the batching wait: the auction layer's own time",
+            buckets=_SECONDS,
+            registry=r,
+        )
         self.engine_ttft = Histogram(
             "inference_auction_engine_ttft_seconds",
             "Dispatch to first token, as the engine reports it",

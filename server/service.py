@@ -19,7 +19,7 @@ import json
 import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -84,6 +84,8 @@ class AuctionService:
         self.pool: BatchPool[Ticket] = BatchPool(policy, self._clear, lambda: self.inflight)
         self.metrics = Metrics(queue_length=lambda: len(self.pool), inflight=lambda: self.inflight)
         self.inflight = 0
+        # Recent per-request overheads of the auction layer, for benchmarks and debugging.
+        self.overheads: deque[float] = deque(maxlen=100_000)
         self._sequence = 0
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -137,6 +139,7 @@ class AuctionService:
         self._remember(key, ticket)
         try:
             await self._hold(ticket)
+            ticket.queued = time.monotonic()
             self.pool.submit(ticket)
         except (QueueFull, PoolClosed) as error:
             await self._release(ticket, "not queued: " + str(error))
@@ -278,6 +281,9 @@ class AuctionService:
             assert ticket.clearance is not None
             ticket.dispatched = now
             self.metrics.dispatch_lag.observe(now - ticket.arrived)
+            if ticket.overhead is not None:
+                self.metrics.overhead.observe(ticket.overhead)
+                self.overheads.append(ticket.overhead)
             requests.append(
                 EngineRequest(
                     rid=ticket.ledger_rid,

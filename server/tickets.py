@@ -62,8 +62,17 @@ class Ticket:
     sampling_params: dict[str, Any]
     fingerprint: str  # of the payload, so a retry can be told from a conflicting reuse
     arrived: float = field(default_factory=time.monotonic)
+    queued: float | None = None  # when it joined the pool, its hold placed
     closed: float | None = None  # when its batch closed
     dispatched: float | None = None  # when it was sent to the engine
+
+    @property
+    def overhead(self) -> float | None:
+        """Seconds the auction layer itself took: arrival to dispatch minus the batching wait."""
+        if self.queued is None or self.closed is None or self.dispatched is None:
+            return None
+        return (self.queued - self.arrived) + (self.dispatched - self.closed)
+
     clearance: Clearance | None = None
     chunks: list[Chunk] = field(default_factory=list)
     error: ServiceError | None = None
