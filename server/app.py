@@ -12,7 +12,7 @@ from billing import Ledger
 from billing.jobs import start_scheduler
 from billing.migrate import upgrade
 from server.api import admin_routes, ledger_routes, openai_routes, ops_routes, sglang_routes
-from server.api.deps import AppState, RateLimiter
+from server.api.deps import AppState, AuthenticationCache, RateLimiter
 from server.api.error_handlers import install_error_handlers
 from server.engine.base import Engine
 from server.engine.factory import make_engine
@@ -33,7 +33,9 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         await backend.start()
         service = AuctionService(settings, ledger, backend)
         limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
-        app.state.services = AppState(service=service, ledger=ledger, limiter=limiter)
+        app.state.services = AppState(
+            service=service, ledger=ledger, limiter=limiter, keys=AuthenticationCache()
+        )
         scheduler = start_scheduler(ledger, settings) if settings.run_jobs else None
         await service.start()
         log.info(

@@ -26,6 +26,7 @@ from typing import Any
 
 from billing import Ledger
 from billing.errors import LedgerError
+from billing.models import HoldState
 from billing.records import BatchRecord, RequestRecord
 from server.auction import AuctionOutcome, AuctionRequest, run_auction
 from server.batching import BatchingPolicy, BatchPool, PoolClosed, QueueFull
@@ -84,8 +85,8 @@ class AuctionService:
         self.pool: BatchPool[Ticket] = BatchPool(policy, self._clear, lambda: self.inflight)
         self.metrics = Metrics(queue_length=lambda: len(self.pool), inflight=lambda: self.inflight)
         self.inflight = 0
-        # Recent per-request overheads of the auction layer, for benchmarks and debugging.
-        self.overheads: deque[float] = deque(maxlen=100_000)
+        # Recent (overhead, batching wait) of each request, for benchmarks and operators.
+        self.timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._sequence = 0
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -151,15 +152,8 @@ class AuctionService:
         return ticket
 
     async def _hold(self, ticket: Ticket) -> None:
-        settled = await asyncio.to_thread(self.ledger.find_request, ticket.ledger_rid)
-        if settled is not None:
-            raise IdempotencyConflict(
-                f"request id {ticket.rid!r} was already served in batch {settled.batch_id}; "
-                "use a new rid for a new request",
-                param="rid",
-            )
         try:
-            await asyncio.to_thread(
+            hold = await asyncio.to_thread(
                 self.ledger.place_hold, ticket.user, ticket.ledger_rid, ticket.bid_micros
             )
         except LedgerError as error:
@@ -169,6 +163,14 @@ class AuctionService:
             raise Unavailable(
                 "the ledger is unavailable; retry shortly", headers={"Retry-After": "1"}
             ) from None
+        if hold.state != HoldState.OPEN:
+            # The hold of this rid was settled or released before (this process forgot the
+            # ticket, e.g. after a restart): its result is gone, so a replay cannot be served.
+            raise IdempotencyConflict(
+                f"request id {ticket.rid!r} was already {hold.state} in batch {hold.batch_id}; "
+                "use a new rid for a new request",
+                param="rid",
+            )
 
     async def abandon(self, ticket: Ticket) -> None:
         """The client went away: if its batch has not closed, take it back and free its hold."""
@@ -281,9 +283,9 @@ class AuctionService:
             assert ticket.clearance is not None
             ticket.dispatched = now
             self.metrics.dispatch_lag.observe(now - ticket.arrived)
-            if ticket.overhead is not None:
+            if ticket.overhead is not None and ticket.batching_wait is not None:
                 self.metrics.overhead.observe(ticket.overhead)
-                self.overheads.append(ticket.overhead)
+                self.timings.append((ticket.overhead, ticket.batching_wait))
             requests.append(
                 EngineRequest(
                     rid=ticket.ledger_rid,

@@ -73,6 +73,13 @@ class Ticket:
             return None
         return (self.queued - self.arrived) + (self.dispatched - self.closed)
 
+    @property
+    def batching_wait(self) -> float | None:
+        """Seconds it waited in the pool for its batch to close."""
+        if self.queued is None or self.closed is None:
+            return None
+        return self.closed - self.queued
+
     clearance: Clearance | None = None
     chunks: list[Chunk] = field(default_factory=list)
     error: ServiceError | None = None

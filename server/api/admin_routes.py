@@ -144,3 +144,26 @@ async def reconcile(_: AdminUser, state: State) -> dict[str, Any]:
         for d in report.drifts
     ]
     return {"ok": report.ok, "accounts_checked": report.accounts_checked, "drifts": drifts}
+
+
+@router.get("/timings")
+async def timings(_: AdminUser, state: State) -> dict[str, Any]:
+    """Percentiles of the auction layer's overhead and of the batching wait (recent requests)."""
+    samples = list(state.service.timings)
+
+    def percentiles(values: list[float]) -> dict[str, float | None]:
+        ordered = sorted(values)
+
+        def pick(q: float) -> float | None:
+            if not ordered:
+                return None
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
+
+        keys = {"p50_ms": 0.5, "p90_ms": 0.9, "p99_ms": 0.99, "max_ms": 1.0}
+        return {name: pick(q) for name, q in keys.items()}
+
+    return {
+        "requests": len(samples),
+        "overhead": percentiles([overhead for overhead, _ in samples]),
+        "batching_wait": percentiles([wait for _, wait in samples]),
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -39,6 +40,36 @@ class RateLimiter:
         self._buckets[user] = (tokens - 1, now)
 
 
+class AuthenticationCache:
+    """Recently authenticated keys, so a busy client costs no database read per request.
+
+    Keyed by the SHA-256 of the key (the key itself is never kept). A disabled user or a
+    rotated key takes effect within `ttl` seconds.
+    """
+
+    def __init__(self, ttl: float = 2.0, size: int = 10_000) -> None:
+        self._ttl = ttl
+        self._size = size
+        self._entries: dict[str, tuple[float, UserInfo]] = {}
+
+    def get(self, key: str) -> UserInfo | None:
+        """The user of `key` if it was authenticated less than `ttl` seconds ago."""
+        entry = self._entries.get(_digest(key))
+        if entry is None or entry[0] < time.monotonic():
+            return None
+        return entry[1]
+
+    def put(self, key: str, user: UserInfo) -> None:
+        """Remember that `key` belongs to `user`."""
+        if len(self._entries) >= self._size:
+            self._entries.clear()  # crude but bounded; a full cache only costs reads
+        self._entries[_digest(key)] = (time.monotonic() + self._ttl, user)
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class AppState:
     """What the routes need, stored on `app.state.services`."""
@@ -46,6 +77,7 @@ class AppState:
     service: AuctionService
     ledger: Ledger
     limiter: RateLimiter
+    keys: AuthenticationCache
 
 
 def get_state(request: Request) -> AppState:
@@ -66,7 +98,12 @@ async def current_user(request: Request, state: State) -> UserInfo:
             "send your API key as 'Authorization: Bearer <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    user = await asyncio.to_thread(state.ledger.authenticate, key.strip())
+    key = key.strip()
+    user = state.keys.get(key)
+    if user is None:
+        user = await asyncio.to_thread(state.ledger.authenticate, key)
+        if user is not None:
+            state.keys.put(key, user)
     if user is None:
         raise Unauthenticated("the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
     if user.disabled:
