@@ -21,10 +21,16 @@ def main() -> None:
 
 def _register() -> None:
     # Imported here so that `main` exists before the command modules attach to it.
-    from server.cli import auction_command, ledger_commands, serve_command
+    from server.cli import (  # noqa: PLC0415
+        auction_command,
+        emulate_command,
+        ledger_commands,
+        serve_command,
+    )
 
     main.add_command(auction_command.auction)
     main.add_command(serve_command.serve)
+    main.add_command(emulate_command.emulate_sglang)
     for group in ledger_commands.GROUPS:
         main.add_command(group)
 

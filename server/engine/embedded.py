@@ -1,0 +1,111 @@
+"""The embedded engine: the SGLang emulator in this process, used when no engine URL is given.
+
+Requests go straight to a `LiveSimulator` (no HTTP), in dispatch order and all at once: the
+simulator orders them by priority, then arrival, as SGLang's priority scheduling would. The
+outputs are the same dicts the emulator's `/generate` returns. Prompts are tokenized with the
+default tokenizer (`server.tokenizer`), which the emulator's `/tokenize` uses too.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from server.engine.base import EngineChunk, EngineResult
+from server.engine.cost_model import CostModel
+from server.engine.errors import EngineError, EngineFailed, EngineRejected, EngineUnavailable
+from server.engine.generation import EngineBase, Generation
+from server.engine.live import DEFAULT_MODEL_NAME, LiveRequest, LiveSimulator
+from server.engine.sglang_request import parse_sampling_params
+from server.engine.simulator import DEFAULT_CACHE_TOKENS, EngineSimulator
+from server.tokenizer import encode
+
+__all__ = ["EmbeddedEngine"]
+
+
+def _abort_error(reason: dict[str, object]) -> EngineError:
+    message = str(reason.get("message") or "the request was aborted")
+    status = reason.get("status_code")
+    if status == HTTPStatus.SERVICE_UNAVAILABLE:
+        return EngineUnavailable(message, engine_status=HTTPStatus.SERVICE_UNAVAILABLE)
+    return EngineFailed(message, engine_status=status if isinstance(status, int) else None)
+
+
+class EmbeddedEngine(EngineBase):
+    """The emulated SGLang server, in process (see the module docstring)."""
+
+    name = "embedded"
+
+    def __init__(
+        self,
+        live: LiveSimulator | None = None,
+        *,
+        cache_tokens: int = DEFAULT_CACHE_TOKENS,
+        cost_model: CostModel | None = None,
+        time_scale: float = 1.0,
+        model_name: str = DEFAULT_MODEL_NAME,
+    ) -> None:
+        super().__init__()
+        if live is None:
+            simulator = EngineSimulator(cache_tokens=cache_tokens, cost_model=cost_model)
+            live = LiveSimulator(simulator, time_scale=time_scale, model_name=model_name)
+        self.live = live
+
+    async def start(self) -> None:
+        """Start the emulated engine's clock."""
+        await self.live.start()
+
+    async def close(self) -> None:
+        """Cancel running generations and stop the emulated engine."""
+        await self._cancel_all()
+        await self.live.close()
+
+    async def health(self) -> bool:
+        """True while the emulated engine runs."""
+        return self.live.running
+
+    async def tokenize(self, text: str) -> list[int]:
+        """Token ids from the default tokenizer."""
+        return encode(text)
+
+    def _send(self, generations: list[Generation]) -> None:
+        capacity = self.live.simulator.cache.capacity
+        # One arrival time for the whole batch: the engine then queues it as one and serves it
+        # by priority, as a saturated SGLang server would.
+        arrival = self.live.model_now() if self.live.running else None
+        for generation in generations:
+            request = generation.request
+            try:
+                options = parse_sampling_params(request.sampling_params)
+                submitted = self.live.submit(
+                    request.input_ids,
+                    max_new_tokens=capacity
+                    if options.max_new_tokens is None
+                    else options.max_new_tokens,
+                    rid=request.rid,
+                    priority=request.priority,
+                    stream=request.stream,
+                    sampling_seed=options.sampling_seed,
+                    arrival=arrival,
+                )
+            except ValueError as error:
+                generation.fail(EngineRejected(str(error), engine_status=HTTPStatus.BAD_REQUEST))
+                continue
+            except RuntimeError as error:
+                generation.fail(EngineUnavailable(str(error)))
+                continue
+            generation.admit()
+            # A generation cancelled or failed early frees the engine's memory.
+            generation.on_end(submitted.abort)
+            generation.start(self._relay(generation, submitted))
+
+    async def _relay(self, generation: Generation, submitted: LiveRequest) -> None:
+        async for output in submitted.outputs():
+            chunk = EngineChunk(
+                generation.rid, output["text"], output["output_ids"], output["meta_info"]
+            )
+            reason = chunk.finish_reason
+            if reason is not None and reason.get("type") == "abort":
+                raise _abort_error(reason)
+            generation.emit(chunk)
+            if chunk.finished:
+                generation.finish(EngineResult.from_chunk(chunk))

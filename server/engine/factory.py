@@ -1,0 +1,44 @@
+"""Choosing the engine: a real SGLang server when a URL is given, else the embedded emulator."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from server.engine.base import DispatchMode, Engine
+from server.engine.cost_model import CostModel
+from server.engine.embedded import EmbeddedEngine
+from server.engine.live import DEFAULT_MODEL_NAME
+from server.engine.sglang_http import SGLangHTTPEngine
+from server.engine.simulator import DEFAULT_CACHE_TOKENS
+
+__all__ = ["make_engine"]
+
+
+def make_engine(
+    engine_url: str | None,
+    mode: str = "priority",
+    *,
+    timeout: float = 600.0,
+    cache_tokens: int = DEFAULT_CACHE_TOKENS,
+    time_scale: float = 1.0,
+    cost_model: CostModel | None = None,
+    model_name: str = DEFAULT_MODEL_NAME,
+    api_key: str | None = None,
+) -> Engine:
+    """The SGLang backend at `engine_url` in `mode`, or the embedded emulator without a URL.
+
+    `timeout` bounds one request at SGLang; the emulator options apply only without a URL,
+    and the emulator ignores `mode` (it honours priorities itself).
+    """
+    if mode not in ("priority", "ordered"):
+        raise ValueError(f"engine mode must be 'priority' or 'ordered', got {mode!r}")
+    if engine_url is None:
+        return EmbeddedEngine(
+            cache_tokens=cache_tokens,
+            cost_model=cost_model,
+            time_scale=time_scale,
+            model_name=model_name,
+        )
+    return SGLangHTTPEngine(
+        engine_url, mode=cast(DispatchMode, mode), request_timeout=timeout, api_key=api_key
+    )

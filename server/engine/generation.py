@@ -1,0 +1,200 @@
+"""A request in flight at an engine, and the bookkeeping every engine shares.
+
+A `Generation` is produced by an engine's background task and consumed by the server: the
+producer reports admission, chunks, and the end (a result or an `EngineError`); the consumer
+awaits `admitted()`, iterates `chunks()` or awaits `result()`. Chunks are buffered, so a
+consumer that only wants the result can ignore them.
+
+`EngineBase` gives every engine the same `generate`, `stream` and `close` on top of its own
+`dispatch`, and cancels what is still running when the engine closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any
+
+from server.engine.base import EngineChunk, EngineRequest, EngineResult
+from server.engine.errors import EngineError, EngineUnavailable
+
+__all__ = ["EngineBase", "Generation"]
+
+
+class Generation:
+    """One request handed to an engine (see the module docstring)."""
+
+    def __init__(self, request: EngineRequest) -> None:
+        self.request = request
+        self._chunks: asyncio.Queue[EngineChunk | EngineError] = asyncio.Queue()
+        self._admitted = asyncio.Event()
+        self._done = asyncio.Event()
+        self._result: EngineResult | None = None
+        self._error: EngineError | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._finished_chunk = False
+        self._cleanups: list[Callable[[], object]] = []
+
+    @property
+    def rid(self) -> str:
+        """The request id."""
+        return self.request.rid
+
+    def done(self) -> bool:
+        """True once it has a result or an error."""
+        return self._done.is_set()
+
+    async def admitted(self) -> None:
+        """Wait until the engine has taken the request (or it already ended); never raises."""
+        await self._admitted.wait()
+
+    async def result(self) -> EngineResult:
+        """The final result; raises the `EngineError` that ended it."""
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    async def chunks(self) -> AsyncIterator[EngineChunk]:
+        """Its chunks as they come, the last finished; raises the `EngineError` that ended it.
+
+        A request that was not streamed yields one chunk: its result.
+        """
+        while True:
+            item = await self._chunks.get()
+            if isinstance(item, EngineError):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+    def cancel(self, reason: str = "the generation was cancelled") -> None:
+        """Stop the request (the engine aborts it); waiters get `EngineUnavailable`."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self.fail(EngineUnavailable(reason))
+
+    # The producer's side, called by engines.
+
+    def start(self, producer: Coroutine[Any, Any, None]) -> None:
+        """Run `producer` as this generation's task; an exception it raises ends it."""
+        self._task = asyncio.create_task(producer, name=f"generation-{self.rid}")
+        self._task.add_done_callback(self._producer_done)
+
+    def on_end(self, cleanup: Callable[[], object]) -> None:
+        """Call `cleanup` when the generation ends, however it ends (even if never started)."""
+        if self.done():
+            cleanup()
+        else:
+            self._cleanups.append(cleanup)
+
+    def admit(self) -> None:
+        """Report that the engine has taken the request."""
+        self._admitted.set()
+
+    def emit(self, chunk: EngineChunk) -> None:
+        """Report a chunk; a finished one is not the end until `finish` is called."""
+        self.admit()
+        self._finished_chunk = chunk.finished
+        self._chunks.put_nowait(chunk)
+
+    def finish(self, result: EngineResult) -> None:
+        """Report the result; it is also the last chunk unless a finished one was emitted."""
+        if self.done():
+            return
+        if not self._finished_chunk:
+            self.emit(EngineChunk(result.rid, result.text, result.output_ids, result.meta_info))
+        self._result = result
+        self._end()
+
+    def fail(self, error: EngineError) -> None:
+        """Report the failure that ended the request."""
+        if self.done():
+            return
+        self._error = error
+        self._chunks.put_nowait(error)
+        self._end()
+
+    async def wait_task(self) -> None:
+        """Wait for the producer task to end (used when an engine closes)."""
+        if self._task is not None:
+            await asyncio.wait([self._task])
+
+    def _end(self) -> None:
+        self._admitted.set()
+        self._done.set()
+        cleanups, self._cleanups = self._cleanups, []
+        for cleanup in cleanups:
+            cleanup()
+
+    def _producer_done(self, task: asyncio.Task[None]) -> None:
+        # A callback rather than a wrapper coroutine: a task cancelled before it ever ran
+        # still ends its generation.
+        if task.cancelled():
+            self.fail(EngineUnavailable("the generation was cancelled"))
+            return
+        error = task.exception()
+        if isinstance(error, EngineError):
+            self.fail(error)
+        elif error is not None:  # a bug in a producer must still end the request
+            self.fail(EngineError(f"unexpected engine failure: {error!r}"))
+        elif not self.done():
+            self.fail(EngineError("the engine ended the request without a result"))
+
+
+class EngineBase:
+    """`generate`, `stream` and cancellation on close, shared by every engine.
+
+    A subclass implements `_send(generations)`, which starts each generation in order.
+    """
+
+    name = "engine"
+
+    def __init__(self) -> None:
+        self._generations: set[Generation] = set()
+        self._closed = False
+
+    def dispatch(self, requests: Sequence[EngineRequest]) -> list[Generation]:
+        """Send `requests` in this order, in the background; one `Generation` each."""
+        generations = [Generation(request) for request in requests]
+        if self._closed:
+            for generation in generations:
+                generation.fail(EngineUnavailable(f"the {self.name} engine is closed"))
+            return generations
+        self._generations = {g for g in self._generations if not g.done()}
+        self._generations.update(generations)
+        self._send(generations)
+        return generations
+
+    async def generate(self, request: EngineRequest) -> EngineResult:
+        """Run one request to its end (raises `EngineError`)."""
+        generation = self.dispatch([request])[0]
+        try:
+            return await generation.result()
+        finally:
+            if not generation.done():
+                generation.cancel()
+
+    async def stream(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Run one request, yielding its chunks; the last has a finish reason."""
+        generation = self.dispatch([request])[0]
+        try:
+            async for chunk in generation.chunks():
+                yield chunk
+        finally:
+            if not generation.done():
+                generation.cancel()
+
+    def _send(self, generations: list[Generation]) -> None:
+        raise NotImplementedError
+
+    async def _cancel_all(self) -> None:
+        """Mark the engine closed and cancel every generation still running."""
+        self._closed = True
+        running = [g for g in self._generations if not g.done()]
+        for generation in running:
+            generation.cancel(f"the {self.name} engine was closed")
+        for generation in running:
+            await generation.wait_task()
+        self._generations.clear()

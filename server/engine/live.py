@@ -1,0 +1,254 @@
+"""The emulated engine in real time: an asyncio driver over `EngineSimulator`.
+
+One background task keeps the simulator's clock in step with the event loop's: model time is
+wall time since `start()` divided by `time_scale`, so with `time_scale=0.01` a 100 ms prefill
+takes 1 ms. A submitted request arrives at the current model time; each step the simulator ends
+is turned into SGLang-shaped outputs (`server.engine.sglang_output`) on the request's queue:
+one per token for a streamed request, the final one only otherwise.
+
+Reported latencies are model time, so they read as the modelled GPU's whatever the scale. Both
+the SGLang-compatible emulator app and the embedded engine consume these outputs, so they
+return the same bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from http import HTTPStatus
+from typing import Any
+
+from server.engine.emulator_metrics import EmulatorMetrics
+from server.engine.output_text import Completion, completion
+from server.engine.sglang_output import abort_reason, generate_output
+from server.engine.simulator import EngineSimulator, SimRequest, Step
+
+__all__ = ["DEFAULT_MODEL_NAME", "LiveRequest", "LiveSimulator"]
+
+
+DEFAULT_MODEL_NAME = "emulated-32b-h100"
+
+
+class LiveRequest:
+    """A request submitted to a `LiveSimulator`: its outputs as they come."""
+
+    def __init__(
+        self, owner: LiveSimulator, rid: str, stream: bool, completion: Completion
+    ) -> None:
+        self.rid = rid
+        self.stream = stream
+        self.completion = completion
+        self._owner = owner
+        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._done = False
+        self.tokens = 0  # tokens delivered so far
+
+    @property
+    def done(self) -> bool:
+        """True once the final output has been queued."""
+        return self._done
+
+    async def outputs(self) -> AsyncIterator[dict[str, Any]]:
+        """SGLang output dicts, cumulative; the last has a non-null `finish_reason`."""
+        while True:
+            output = await self._queue.get()
+            yield output
+            if output["meta_info"]["finish_reason"] is not None:
+                return
+
+    def abort(self) -> None:
+        """Stop the request (as a client disconnect does); a no-op once it has finished."""
+        if not self._done:
+            self._owner.abort(self.rid)
+
+    def _put(self, output: dict[str, Any]) -> None:
+        if output["meta_info"]["finish_reason"] is not None:
+            self._done = True
+        self._queue.put_nowait(output)
+
+
+class LiveSimulator:
+    """Runs an `EngineSimulator` on the event loop's clock (see the module docstring)."""
+
+    def __init__(
+        self,
+        simulator: EngineSimulator | None = None,
+        *,
+        time_scale: float = 1.0,
+        model_name: str = DEFAULT_MODEL_NAME,
+    ) -> None:
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.simulator = simulator or EngineSimulator()
+        self.time_scale = time_scale
+        self.model_name = model_name
+        self.metrics = EmulatorMetrics(self.simulator, model_name)
+        self._requests: dict[str, LiveRequest] = {}
+        self._aborted: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._start_loop_time = 0.0
+        self._start_model_time = 0.0
+        self.epoch = time.time()
+
+    @property
+    def running(self) -> bool:
+        """True between `start()` and `close()`, unless the driver task died."""
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        """Start the clock and the driver task."""
+        if self._task is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._start_loop_time = loop.time()
+        self._start_model_time = self.simulator.now
+        self.epoch = time.time() - self.simulator.now
+        self._task = asyncio.create_task(self._drive(), name="emulated-engine")
+
+    async def close(self) -> None:
+        """Stop the driver; requests still in flight end with an abort."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for rid in list(self._requests):
+            self.simulator.abort(rid)
+            self._finish_aborted(rid, "The engine was shut down.", HTTPStatus.SERVICE_UNAVAILABLE)
+
+    def model_now(self) -> float:
+        """The model time that corresponds to now on the event loop."""
+        elapsed = asyncio.get_running_loop().time() - self._start_loop_time
+        return max(self.simulator.now, self._start_model_time + elapsed / self.time_scale)
+
+    def submit(
+        self,
+        input_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        rid: str | None = None,
+        priority: int | None = None,
+        stream: bool = False,
+        sampling_seed: int | None = None,
+        arrival: float | None = None,
+    ) -> LiveRequest:
+        """Add a request arriving now, or at `arrival` (model time, not in the past).
+
+        Raises ValueError for a duplicate rid or a prompt that cannot fit. Requests submitted
+        with one `arrival` are queued together, so the engine orders them by priority even
+        when it is idle.
+        """
+        if not self.running:
+            raise RuntimeError("the emulated engine is not running")
+        rid = rid or uuid.uuid4().hex
+        if rid in self._requests:
+            raise ValueError(f"Duplicate request ID detected: {rid}")
+        limit = max(0, self.simulator.cache.capacity - len(input_ids))
+        length = min(max_new_tokens, limit)
+        text = completion(input_ids, length, sampling_seed)
+        self.simulator.submit(
+            SimRequest(
+                rid=rid,
+                input_ids=input_ids,
+                max_new_tokens=length,
+                priority=priority,
+                arrival=self.model_now() if arrival is None else arrival,
+                output_ids=text.token_ids,
+            )
+        )
+        request = LiveRequest(self, rid, stream, text)
+        self._requests[rid] = request
+        self._wake.set()  # the driver takes the arrival in at the next step boundary
+        return request
+
+    def active_rids(self) -> list[str]:
+        """The ids of requests submitted and not finished."""
+        return list(self._requests)
+
+    def abort(self, rid: str) -> bool:
+        """Abort an unfinished request; its stream ends with an abort output."""
+        if rid not in self._requests:
+            return False
+        self.simulator.abort(rid)
+        self._aborted.add(rid)
+        self._finish_aborted(rid, "Abort before finishing.", HTTPStatus.BAD_REQUEST)
+        self._wake.set()
+        return True
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache unless requests are waiting or running."""
+        return self.simulator.flush_cache()
+
+    def loads(self) -> dict[str, Any]:
+        """One rank's load, as in SGLang's `/v1/loads`."""
+        simulator = self.simulator
+        capacity = simulator.cache.capacity
+        return {
+            "dp_rank": 0,
+            "num_running_reqs": simulator.num_running,
+            "num_waiting_reqs": simulator.num_waiting,
+            "num_used_tokens": simulator.used_tokens,
+            "max_total_num_tokens": capacity,
+            "token_usage": simulator.used_tokens / capacity,
+            "cache_hit_rate": simulator.stats.cache_hit_rate,
+        }
+
+    async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._deliver(self.simulator.advance_to(self.model_now()))
+            next_time = self.simulator.next_event_time()
+            delay = None
+            if next_time is not None:
+                wall = self._start_loop_time + (next_time - self._start_model_time) * (
+                    self.time_scale
+                )
+                delay = max(0.0, wall - loop.time())
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+
+    def _deliver(self, steps: list[Step]) -> None:
+        for step in steps:
+            finished = set(step.finished)
+            for rid in step.rids:
+                request = self._requests.get(rid)
+                if request is None:
+                    continue
+                request.tokens += 1
+                if request.stream and rid not in finished:
+                    # Several steps may end in one call: show this step's state, not the last.
+                    now = replace(
+                        self.simulator.outcome(rid),
+                        completion_tokens=request.tokens,
+                        finished_at=None,
+                    )
+                    request._put(generate_output(now, request.completion, epoch=self.epoch))
+            for rid in step.finished:
+                request = self._requests.pop(rid, None)
+                if request is not None:
+                    outcome = self.simulator.outcome(rid)
+                    request._put(generate_output(outcome, request.completion, epoch=self.epoch))
+                    self.metrics.observe(outcome)
+                self.simulator.forget(rid)
+        # A request aborted mid-prefill is only released when its step ends.
+        for rid in list(self._aborted):
+            if self.simulator.outcome(rid).finished:
+                self.simulator.forget(rid)
+                self._aborted.discard(rid)
+
+    def _finish_aborted(self, rid: str, message: str, status: HTTPStatus) -> None:
+        request = self._requests.pop(rid, None)
+        if request is None:
+            return
+        reason = abort_reason(message, int(status))
+        outcome = self.simulator.outcome(rid)
+        request._put(
+            generate_output(outcome, request.completion, epoch=self.epoch, finish_reason=reason)
+        )

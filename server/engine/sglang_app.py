@@ -1,0 +1,353 @@
+"""An HTTP server that speaks SGLang 0.5.23's native API, backed by the emulated engine.
+
+It is an emulator, not SGLang: no model runs. Scheduling, the radix cache and time follow
+`server.engine.simulator`; completions are deterministic word sequences; token ids come from
+the default tokenizer. What matches SGLang is the contract a client sees (/work/shared/SGLANG.md
+and SGLang's own source): `/generate` streamed and not, with SGLang's `meta_info` (as with
+`--enable-metrics`), its three error shapes (a 400 `{"error": "<text>"}` for a body that breaks
+the JSON contract, such as an unknown `sampling_params` key; a 400 `{"error": {"message": ...}}`
+for bad input such as a duplicate in-flight rid, sent inside the stream for a streamed request;
+`{"object": "error", "message": ..., "code": ...}` for an abort with another status), and
+`/tokenize`, `/detokenize`, `/health`, `/health_generate`, `/ready`, `/v1/models`,
+`/model_info`, `/server_info`, `/flush_cache`, `/abort_request`, `/v1/loads` and `/metrics`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from http import HTTPStatus
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from server.engine.live import LiveRequest, LiveSimulator
+from server.engine.sglang_request import ContractError, GenerateInput, parse_generate_body
+from server.tokenizer import piece_id, pieces
+
+__all__ = ["create_sglang_app"]
+
+log = logging.getLogger(__name__)
+
+
+def _emulator_version() -> str:
+    try:
+        return f"{version('inference-auctions')}-emulator"
+    except PackageNotFoundError:
+        return "emulator"
+
+
+def _sse(data: Any) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _bad_request(message: str) -> JSONResponse:
+    """SGLang's answer to a ValueError raised while handling a request."""
+    return JSONResponse({"error": {"message": message}}, status_code=HTTPStatus.BAD_REQUEST)
+
+
+def _http_error(message: str, status: int) -> JSONResponse:
+    """SGLang's answer to an HTTPException (its ErrorResponse shape)."""
+    body = {"object": "error", "message": message, "type": str(status), "param": None}
+    return JSONResponse({**body, "code": status}, status_code=status)
+
+
+def _error_stream(message: str) -> StreamingResponse:
+    """A streamed request that failed before its first chunk, as SGLang streams it."""
+    error = {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}
+
+    async def events() -> AsyncIterator[bytes]:
+        yield _sse({"error": error})
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+class _PieceBook:
+    """Token id -> piece, for every piece this server has seen, so `/detokenize` can answer.
+
+    The default tokenizer hashes pieces to ids and cannot be inverted otherwise.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: dict[int, str] = {}
+
+    def learn(self, text: str) -> list[int]:
+        """Tokenize `text` and remember its pieces."""
+        ids = []
+        for piece in pieces(text):
+            token = piece_id(piece)
+            self._pieces.setdefault(token, piece)
+            ids.append(token)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of `ids`; an id never seen becomes U+FFFD."""
+        return "".join(self._pieces.get(token, "\ufffd") for token in ids)
+
+
+_INVALID = object()
+
+
+async def _body(request: Request) -> Any:
+    """The parsed JSON body, or `_INVALID`."""
+    try:
+        return await request.json()
+    except ValueError:
+        return _INVALID
+
+
+def _invalid_json() -> JSONResponse:
+    return _http_error("The request body is not valid JSON.", HTTPStatus.BAD_REQUEST)
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    ):
+        return value
+    return None
+
+
+class _Routes:
+    """The emulator's endpoints, as methods sharing the engine and the piece book."""
+
+    def __init__(self, live: LiveSimulator) -> None:
+        self.live = live
+        self.simulator = live.simulator
+        self.capacity = live.simulator.cache.capacity
+        self.book = _PieceBook()
+        self.started = int(time.time())
+
+    def table(self) -> list[tuple[str, Callable[..., Awaitable[Any]], list[str]]]:
+        """Every (path, endpoint, methods), SGLang's deprecated aliases included."""
+        get, post = ["GET"], ["POST"]
+        return [
+            ("/generate", self.generate, ["POST", "PUT"]),
+            ("/tokenize", self.tokenize, post),
+            ("/v1/tokenize", self.tokenize, post),
+            ("/detokenize", self.detokenize, post),
+            ("/v1/detokenize", self.detokenize, post),
+            ("/health", self.health, get),
+            ("/health_generate", self.health, get),
+            ("/ready", self.health, get),
+            ("/v1/models", self.models, get),
+            ("/model_info", self.model_info, get),
+            ("/get_model_info", self.model_info, get),
+            ("/server_info", self.server_info, get),
+            ("/get_server_info", self.server_info, get),
+            ("/flush_cache", self.flush_cache, ["GET", "POST"]),
+            ("/abort_request", self.abort_request, post),
+            ("/v1/loads", self.loads, get),
+            ("/metrics", self.metrics, get),
+        ]
+
+    @asynccontextmanager
+    async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
+        """Start the engine with the app, and say loudly that it is not SGLang."""
+        log.warning(
+            "This is an SGLang EMULATOR, not SGLang: no model runs. It models an H100 serving "
+            "a 32B model (cache %d tokens, time scale %g, %s).",
+            self.capacity,
+            self.live.time_scale,
+            self.simulator.cost_model,
+        )
+        await self.live.start()
+        try:
+            yield
+        finally:
+            await self.live.close()
+
+    async def generate(self, request: Request) -> Response:
+        """`/generate`: one prompt, streamed or not, with SGLang's errors."""
+        body = await _body(request)
+        if body is _INVALID:
+            return _invalid_json()
+        try:
+            parsed = parse_generate_body(body)
+        except ContractError as error:
+            return JSONResponse({"error": str(error)}, status_code=HTTPStatus.BAD_REQUEST)
+        except ValueError as error:
+            streamed = isinstance(body, dict) and body.get("stream") is True
+            return _error_stream(str(error)) if streamed else _bad_request(str(error))
+        try:
+            submitted = self._submit(parsed)
+        except ValueError as error:
+            return _error_stream(str(error)) if parsed.stream else _bad_request(str(error))
+        except RuntimeError as error:
+            return _http_error(str(error), HTTPStatus.SERVICE_UNAVAILABLE)
+        if parsed.stream:
+            return StreamingResponse(_stream(submitted), media_type="text/event-stream")
+        return await _answer(submitted)
+
+    def _submit(self, parsed: GenerateInput) -> LiveRequest:
+        if parsed.input_ids is not None:
+            input_ids = parsed.input_ids
+        else:
+            input_ids = self.book.learn(parsed.text or "")
+        max_new_tokens = parsed.sampling.max_new_tokens
+        submitted = self.live.submit(
+            input_ids,
+            max_new_tokens=self.capacity if max_new_tokens is None else max_new_tokens,
+            rid=parsed.rid,
+            priority=parsed.priority,
+            stream=parsed.stream,
+            sampling_seed=parsed.sampling.sampling_seed,
+        )
+        self.book.learn(submitted.completion.text())
+        return submitted
+
+    async def tokenize(self, request: Request) -> Response:
+        """`/tokenize`: a prompt or a list of prompts."""
+        body = await _body(request)
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        if isinstance(prompt, str):
+            tokens = self.book.learn(prompt)
+            return JSONResponse(
+                {"tokens": tokens, "count": len(tokens), "max_model_len": self.capacity}
+            )
+        if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            batch = [self.book.learn(p) for p in prompt]
+            counts = [len(t) for t in batch]
+            return JSONResponse({"tokens": batch, "count": counts, "max_model_len": self.capacity})
+        return _bad_request("The emulator tokenizes a `prompt` string or list of strings.")
+
+    async def detokenize(self, request: Request) -> Response:
+        """`/detokenize`: ids back to text, for pieces this server has seen."""
+        body = await _body(request)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        flat = _int_list(tokens)
+        if flat is not None:
+            return JSONResponse({"text": self.book.decode(flat)})
+        if isinstance(tokens, list) and all(_int_list(t) is not None for t in tokens):
+            return JSONResponse({"text": [self.book.decode(t) for t in tokens]})
+        return _bad_request("`tokens` must be a list of token ids or of lists of them.")
+
+    async def health(self) -> Response:
+        """`/health`, `/health_generate`, `/ready`: 200 while the engine runs."""
+        running = self.live.running
+        return Response(status_code=HTTPStatus.OK if running else HTTPStatus.SERVICE_UNAVAILABLE)
+
+    async def models(self) -> dict[str, Any]:
+        """`/v1/models`: the one emulated model."""
+        card = {
+            "id": self.live.model_name,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "sglang",
+            "root": self.live.model_name,
+            "parent": None,
+            "max_model_len": self.capacity,
+        }
+        return {"object": "list", "data": [card]}
+
+    async def model_info(self) -> dict[str, Any]:
+        """`/model_info`."""
+        return {
+            "model_path": self.live.model_name,
+            "served_model_name": self.live.model_name,
+            "tokenizer_path": "server.tokenizer",
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": None,
+            "architectures": None,
+        }
+
+    async def server_info(self) -> dict[str, Any]:
+        """`/server_info`: SGLang's scheduling settings as emulated, and the cost model."""
+        simulator = self.simulator
+        return {
+            "model_path": self.live.model_name,
+            "served_model_name": self.live.model_name,
+            "schedule_policy": "fcfs",
+            "enable_priority_scheduling": simulator.priority_scheduling,
+            "schedule_low_priority_values_first": simulator.low_priority_values_first,
+            "chunked_prefill_size": simulator.chunked_prefill_size,
+            "max_running_requests": simulator.max_running_requests,
+            "max_total_num_tokens": self.capacity,
+            "enable_metrics": True,
+            "version": _emulator_version(),
+            "emulator": {
+                "time_scale": self.live.time_scale,
+                "cost_model": dataclasses.asdict(simulator.cost_model),
+            },
+            "internal_states": [self.live.loads()],
+        }
+
+    async def flush_cache(self) -> PlainTextResponse:
+        """`/flush_cache`: empties the cache only when nothing waits or runs."""
+        if self.live.flush_cache():
+            return PlainTextResponse("Cache flushed.\n")
+        return PlainTextResponse(
+            "Cache not flushed: requests are running or waiting.\n",
+            status_code=HTTPStatus.BAD_REQUEST,
+        )
+
+    async def abort_request(self, request: Request) -> Response:
+        """`/abort_request`: one rid, or all with `abort_all`."""
+        body = await _body(request)
+        if isinstance(body, dict) and body.get("abort_all"):
+            for rid in self.live.active_rids():
+                self.live.abort(rid)
+        elif isinstance(body, dict) and isinstance(body.get("rid"), str):
+            self.live.abort(body["rid"])
+        return Response(status_code=HTTPStatus.OK)
+
+    async def loads(self) -> dict[str, Any]:
+        """`/v1/loads`: one rank."""
+        return {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "version": _emulator_version(),
+            "accelerator": "emulated H100",
+            "num_accelerators": 1,
+            "loads": [self.live.loads()],
+        }
+
+    async def metrics(self) -> Response:
+        """`/metrics`: the `sglang:*` series."""
+        return Response(self.live.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _stream(submitted: LiveRequest) -> AsyncIterator[bytes]:
+    try:
+        async for output in submitted.outputs():
+            yield _sse(output)
+        yield b"data: [DONE]\n\n"
+    finally:
+        submitted.abort()  # the client went away before the end: free the engine
+
+
+async def _answer(submitted: LiveRequest) -> Response:
+    final: dict[str, Any] = {}
+    try:
+        async for output in submitted.outputs():
+            final = output
+    finally:
+        submitted.abort()
+    reason = final["meta_info"]["finish_reason"]
+    if reason.get("type") == "abort":
+        status = reason.get("status_code") or HTTPStatus.INTERNAL_SERVER_ERROR
+        if status == HTTPStatus.BAD_REQUEST:
+            return _bad_request(reason["message"])
+        return _http_error(reason["message"], status)
+    return JSONResponse(final)
+
+
+def create_sglang_app(live: LiveSimulator) -> FastAPI:
+    """The SGLang-compatible app around `live`, which it starts and stops with the app."""
+    routes = _Routes(live)
+    app = FastAPI(title="SGLang emulator", lifespan=routes.lifespan)
+    for path, endpoint, methods in routes.table():
+        app.add_api_route(path, endpoint, methods=methods)
+    return app

@@ -1,0 +1,352 @@
+"""The SGLang backend: an unmodified SGLang server reached over HTTP.
+
+Requests go out in dispatch order, across batches, from one sender. Two ways to keep the
+auction's order (`mode`):
+
+* `priority` (the default) sends each request with `priority` = its global schedule sequence
+  number, and sends the next as soon as this one's body is on the wire, so a whole batch
+  reaches SGLang at once and in order. The SGLang server must run with `--schedule-policy fcfs
+  --enable-priority-scheduling --schedule-low-priority-values-first`; it then admits waiting
+  requests by that number, so a later batch never overtakes an earlier one.
+* `ordered` serves a server started without priority scheduling: request k+1 is sent only once
+  request k's stream has produced its first event (SGLang admitted it and ran its prefill). It
+  always streams internally, and sends no `priority`.
+
+Prompts are tokenized with the server's `/tokenize`, cached per distinct text in a bounded LRU,
+with concurrent calls for one text sharing a single request. Failures map to the
+`server.engine.errors` hierarchy: no connection or a 503 -> `EngineUnavailable`, a deadline ->
+`EngineTimeout`, a 4xx -> `EngineRejected`, a 5xx or an abort -> `EngineFailed`, an unreadable
+body or a stream cut before its last chunk -> `EngineProtocolError`. SGLang 0.5.23 answers bad
+input in three shapes (`{"error": "text"}` from its JSON contract check, `{"error": {"message":
+...}}`, and `{"message": ...}` or `{"detail": ...}` for HTTP exceptions); all are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
+import httpx
+
+from server.engine.base import DispatchMode, EngineChunk, EngineResult
+from server.engine.errors import (
+    EngineError,
+    EngineFailed,
+    EngineProtocolError,
+    EngineRejected,
+    EngineTimeout,
+    EngineUnavailable,
+)
+from server.engine.generation import EngineBase, Generation
+
+__all__ = ["SGLangHTTPEngine"]
+
+
+def _error_message(body: bytes, status: int) -> str:
+    """The message in any of SGLang's error shapes, else the body's start."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        for candidate in (error, data.get("message"), data.get("detail")):
+            if isinstance(candidate, str) and candidate:
+                return candidate
+    text = body.decode("utf-8", "replace").strip()
+    return text[:500] or f"HTTP {status}"
+
+
+def _status_error(status: int, message: str) -> EngineError:
+    """The engine error for an SGLang status code."""
+    text = f"SGLang answered {status}: {message}"
+    if status == HTTPStatus.SERVICE_UNAVAILABLE:
+        return EngineUnavailable(text, engine_status=status)
+    if 400 <= status < 500:
+        return EngineRejected(text, engine_status=status)
+    if status >= 500:
+        return EngineFailed(text, engine_status=status)
+    return EngineProtocolError(text, engine_status=status)
+
+
+def _chunk(data: Any, rid: str) -> EngineChunk:
+    """Read one `/generate` output; anything malformed is an `EngineProtocolError`."""
+    if not isinstance(data, dict):
+        raise EngineProtocolError(f"SGLang sent a non-object output for {rid!r}")
+    text, output_ids, meta_info = data.get("text"), data.get("output_ids"), data.get("meta_info")
+    if not isinstance(text, str) or not isinstance(meta_info, dict):
+        raise EngineProtocolError(f"SGLang's output for {rid!r} lacks text or meta_info")
+    if not isinstance(output_ids, list) or not all(isinstance(t, int) for t in output_ids):
+        raise EngineProtocolError(f"SGLang's output for {rid!r} has malformed output_ids")
+    chunk = EngineChunk(rid, text, output_ids, meta_info)
+    reason = chunk.finish_reason
+    if reason is not None and reason.get("type") == "abort":
+        status = reason.get("status_code")
+        message = str(reason.get("message") or "aborted")
+        raise _status_error(status if isinstance(status, int) else 500, f"aborted: {message}")
+    return chunk
+
+
+def _stream_error(error: Any) -> EngineError:
+    """The engine error for a `data: {"error": ...}` event."""
+    if isinstance(error, Mapping):
+        message = str(error.get("message") or error)
+        code = error.get("code")
+        status = code if isinstance(code, int) and 400 <= code < 600 else HTTPStatus.BAD_REQUEST
+    else:
+        message, status = str(error), HTTPStatus.BAD_REQUEST
+    return _status_error(status, message)
+
+
+class SGLangHTTPEngine(EngineBase):
+    """An SGLang server at `base_url` (see the module docstring)."""
+
+    name = "sglang"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        mode: DispatchMode = "priority",
+        request_timeout: float = 600.0,
+        connect_timeout: float = 5.0,
+        control_timeout: float = 30.0,
+        tokenize_cache_size: int = 65_536,
+        add_special_tokens: bool = True,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__()
+        if mode not in ("priority", "ordered"):
+            raise ValueError(f"mode must be 'priority' or 'ordered', got {mode!r}")
+        self.base_url = base_url.rstrip("/")
+        self.mode: DispatchMode = mode
+        self.request_timeout = request_timeout
+        self.connect_timeout = connect_timeout
+        self.control_timeout = control_timeout
+        self.add_special_tokens = add_special_tokens
+        self._api_key = api_key
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._tokens: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._tokenize_cache_size = tokenize_cache_size
+        self._tokenizing: dict[str, asyncio.Task[tuple[int, ...]]] = {}
+        self.tokenize_hits = 0
+        self.tokenize_misses = 0
+        self._queue: asyncio.Queue[Generation] = asyncio.Queue()
+        self._sender: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Open the connection pool and start the sender."""
+        if self._client is not None:
+            return
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(self.control_timeout, connect=self.connect_timeout),
+            # A whole batch is in flight at once; waiting for a pooled connection would add
+            # a second queue in front of SGLang's.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            transport=self._transport,
+        )
+        self._sender = asyncio.create_task(self._send_in_order(), name="sglang-sender")
+
+    async def close(self) -> None:
+        """Cancel running generations and close the connection pool."""
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.wait([self._sender])
+            self._sender = None
+        await self._cancel_all()
+        for task in self._tokenizing.values():
+            task.cancel()
+        if self._tokenizing:
+            await asyncio.wait(list(self._tokenizing.values()))
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def health(self) -> bool:
+        """True if SGLang's `/health` answers 200."""
+        if self._client is None:
+            return False
+        try:
+            response = await self._client.get("/health")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == HTTPStatus.OK
+
+    async def tokenize(self, text: str) -> list[int]:
+        """SGLang's token ids for `text`, from the cache or its `/tokenize`."""
+        cached = self._tokens.get(text)
+        if cached is not None:
+            self._tokens.move_to_end(text)
+            self.tokenize_hits += 1
+            return list(cached)
+        task = self._tokenizing.get(text)
+        if task is None:
+            self.tokenize_misses += 1
+            task = asyncio.create_task(self._fetch_tokens(text))
+            self._tokenizing[text] = task
+            task.add_done_callback(lambda _: self._tokenizing.pop(text, None))
+        else:
+            self.tokenize_hits += 1
+        # Shielded: one caller giving up must not cancel the request the others wait on.
+        tokens = await asyncio.shield(task)
+        return list(tokens)
+
+    def tokenize_cache_info(self) -> dict[str, int]:
+        """Hits, misses and size of the tokenize cache."""
+        return {
+            "hits": self.tokenize_hits,
+            "misses": self.tokenize_misses,
+            "size": len(self._tokens),
+        }
+
+    def _send(self, generations: list[Generation]) -> None:
+        for generation in generations:
+            if self._client is None:
+                generation.fail(EngineUnavailable("the SGLang engine is not started"))
+            else:
+                self._queue.put_nowait(generation)
+
+    async def _send_in_order(self) -> None:
+        """Start each generation once the one before it is admitted (see the docstring)."""
+        while True:
+            generation = await self._queue.get()
+            if generation.done() or self._client is None:
+                continue
+            generation.start(self._generate(generation, self._client))
+            await generation.admitted()
+
+    async def _fetch_tokens(self, text: str) -> tuple[int, ...]:
+        if self._client is None:
+            raise EngineUnavailable("the SGLang engine is not started")
+        body = {"prompt": text, "add_special_tokens": self.add_special_tokens}
+        try:
+            response = await self._client.post("/tokenize", json=body)
+        except httpx.TimeoutException as error:
+            raise EngineTimeout(f"SGLang /tokenize timed out: {error!r}") from error
+        except httpx.HTTPError as error:
+            raise EngineUnavailable(f"SGLang /tokenize unreachable: {error!r}") from error
+        if response.status_code != HTTPStatus.OK:
+            status = response.status_code
+            raise _status_error(status, _error_message(response.content, status))
+        try:
+            tokens = response.json().get("tokens")
+        except (ValueError, AttributeError) as error:
+            raise EngineProtocolError("SGLang /tokenize sent a malformed body") from error
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise EngineProtocolError("SGLang /tokenize sent no token list")
+        result = tuple(tokens)
+        self._tokens[text] = result
+        if len(self._tokens) > self._tokenize_cache_size:
+            self._tokens.popitem(last=False)
+        return result
+
+    async def _generate(self, generation: Generation, client: httpx.AsyncClient) -> None:
+        request = generation.request
+        stream = request.stream or self.mode == "ordered"
+        body: dict[str, Any] = {
+            "input_ids": request.input_ids,
+            "sampling_params": request.sampling_params,
+            "rid": request.rid,
+            "stream": stream,
+        }
+        if self.mode == "priority":
+            body["priority"] = request.priority
+        # Queueing at SGLang can take minutes, so there is no read timeout: one deadline
+        # covers the whole request.
+        options: dict[str, Any] = {"timeout": httpx.Timeout(None, connect=self.connect_timeout)}
+        if self.mode == "priority":
+
+            async def on_event(event: str, _: dict[str, Any]) -> None:
+                if event.endswith("send_request_body.complete"):
+                    generation.admit()  # on the wire: the next request may follow
+
+            options["extensions"] = {"trace": on_event}
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                if stream:
+                    await self._generate_streamed(generation, client, body, options)
+                else:
+                    await self._generate_once(generation, client, body, options)
+        except TimeoutError as error:
+            raise EngineTimeout(
+                f"SGLang did not finish {request.rid!r} within {self.request_timeout} s"
+            ) from error
+        except httpx.TimeoutException as error:
+            raise EngineTimeout(f"SGLang timed out on {request.rid!r}: {error!r}") from error
+        except httpx.HTTPError as error:
+            raise EngineUnavailable(f"SGLang unreachable for {request.rid!r}: {error!r}") from error
+
+    async def _generate_once(
+        self,
+        generation: Generation,
+        client: httpx.AsyncClient,
+        body: dict[str, Any],
+        options: dict[str, Any],
+    ) -> None:
+        response = await client.post("/generate", json=body, **options)
+        status = response.status_code
+        if status != HTTPStatus.OK:
+            raise _status_error(status, _error_message(response.content, status))
+        try:
+            data = response.json()
+        except ValueError as error:
+            raise EngineProtocolError("SGLang sent a body that is not JSON") from error
+        chunk = _chunk(data, generation.rid)
+        if not chunk.finished:
+            raise EngineProtocolError(f"SGLang's answer for {generation.rid!r} is not finished")
+        generation.finish(EngineResult.from_chunk(chunk))
+
+    async def _generate_streamed(
+        self,
+        generation: Generation,
+        client: httpx.AsyncClient,
+        body: dict[str, Any],
+        options: dict[str, Any],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        first_chunk: float | None = None
+        last: EngineChunk | None = None
+        async with client.stream("POST", "/generate", json=body, **options) as response:
+            status = response.status_code
+            if status != HTTPStatus.OK:
+                raise _status_error(status, _error_message(await response.aread(), status))
+            try:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[len("data:") :].strip()
+                    if payload == "[DONE]":
+                        break
+                    try:
+                        data = json.loads(payload)
+                    except ValueError as error:
+                        raise EngineProtocolError(
+                            "SGLang streamed an event that is not JSON"
+                        ) from error
+                    if isinstance(data, dict) and "error" in data:
+                        raise _stream_error(data["error"])
+                    last = _chunk(data, generation.rid)
+                    if first_chunk is None:
+                        first_chunk = loop.time() - sent
+                    generation.emit(last)
+            except httpx.HTTPError as error:
+                raise EngineProtocolError(
+                    f"SGLang's stream for {generation.rid!r} broke: {error!r}"
+                ) from error
+        if last is None or not last.finished:
+            raise EngineProtocolError(
+                f"SGLang's stream for {generation.rid!r} ended before the request finished"
+            )
+        generation.finish(EngineResult.from_chunk(last, client_ttft=first_chunk))

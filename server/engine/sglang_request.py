@@ -1,0 +1,224 @@
+"""Reading an SGLang `/generate` body the way SGLang 0.5.23 does, for the emulated engine.
+
+SGLang checks a body in two stages, and the emulator keeps both so that a client sees the same
+status and the same error shape from either:
+
+* the JSON contract (`sglang.api.v1`): wrong types and unknown `sampling_params` keys are a
+  `ContractError`, which SGLang answers with 400 `{"error": "<text>"}` before it starts a
+  stream; the texts follow the contract's serde-style wording ("unknown field `x`, expected one
+  of ...");
+* request semantics (no prompt, a batch, out-of-range values): a plain `ValueError`, answered
+  with 400 `{"error": {"message": ...}}`, or inside the stream for a streamed request.
+
+Unknown top-level keys are ignored, as in SGLang. Batches (a list of prompts) are refused: the
+emulator serves one request per call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "SAMPLING_PARAM_NAMES",
+    "ContractError",
+    "GenerateInput",
+    "SamplingOptions",
+    "parse_generate_body",
+    "parse_sampling_params",
+]
+
+DEFAULT_MAX_NEW_TOKENS = 128
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+class ContractError(ValueError):
+    """The body breaks SGLang's JSON contract (400 with a plain-text `error`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """The sampling parameters the emulator acts on; the others are checked and ignored."""
+
+    max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS
+    sampling_seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateInput:
+    """One single-prompt `/generate` request, checked."""
+
+    rid: str | None
+    text: str | None
+    input_ids: list[int] | None
+    sampling: SamplingOptions
+    stream: bool
+    priority: int | None
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean `{'true' if value else 'false'}`"
+    if isinstance(value, int):
+        return f"integer `{value}`"
+    if isinstance(value, float):
+        return f"floating point `{value}`"
+    if isinstance(value, str):
+        return f'string "{value}"'
+    if isinstance(value, list):
+        return "sequence"
+    if isinstance(value, dict):
+        return "map"
+    return type(value).__name__
+
+
+def _invalid(value: Any, expected: str) -> ContractError:
+    return ContractError(f"invalid type: {_describe(value)}, expected {expected}")
+
+
+def _unknown_field(key: str) -> ContractError:
+    listed = ", ".join(f"`{name}`" for name in SAMPLING_PARAM_NAMES)
+    return ContractError(f"unknown field `{key}`, expected one of {listed}")
+
+
+def _int64(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid(value, "i64")
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise ContractError(f"invalid value: integer `{value}`, expected i64")
+    return value
+
+
+def _check_float(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _invalid(value, "f64")
+
+
+def _check_bool(value: Any) -> None:
+    if not isinstance(value, bool):
+        raise _invalid(value, "a boolean")
+
+
+def _check_str(value: Any) -> None:
+    if not isinstance(value, str):
+        raise _invalid(value, "a string")
+
+
+def _check_str_or_list(value: Any) -> None:
+    if not isinstance(value, str | list):
+        raise _invalid(value, "a value or an array of values for StringOrList")
+
+
+def _check_token_list(value: Any) -> None:
+    if not isinstance(value, list):
+        raise _invalid(value, "a sequence")
+    for token in value:
+        _int64(token)
+
+
+def _check_map(value: Any) -> None:
+    if not isinstance(value, dict):
+        raise _invalid(value, "a map")
+
+
+def _check_nothing(value: Any) -> None:
+    pass
+
+
+# How each sampling parameter's JSON type is checked (null always passes), in the contract's
+# order, which is the order its unknown-field message lists them in.
+_PARAM_CHECKS: dict[str, Callable[[Any], object]] = {
+    "max_new_tokens": _int64,
+    "stop": _check_str_or_list,
+    "stop_token_ids": _check_token_list,
+    "stop_regex": _check_str_or_list,
+    "temperature": _check_float,
+    "top_p": _check_float,
+    "top_k": _int64,
+    "min_p": _check_float,
+    "frequency_penalty": _check_float,
+    "presence_penalty": _check_float,
+    "repetition_penalty": _check_float,
+    "min_new_tokens": _int64,
+    "n": _int64,
+    "json_schema": _check_str,
+    "regex": _check_str,
+    "ebnf": _check_str,
+    "structural_tag": _check_str,
+    "ignore_eos": _check_bool,
+    "skip_special_tokens": _check_bool,
+    "spaces_between_special_tokens": _check_bool,
+    "no_stop_trim": _check_bool,
+    "stream_interval": _int64,
+    "logit_bias": _check_map,
+    "sampling_seed": _int64,
+    "custom_params": _check_nothing,
+    "beam_width": _int64,
+    "watermark": _check_nothing,
+    "choice": _check_nothing,
+}
+SAMPLING_PARAM_NAMES = tuple(_PARAM_CHECKS)
+
+
+def parse_sampling_params(params: Any) -> SamplingOptions:
+    """Check `sampling_params` as SGLang does; unknown keys are a `ContractError`."""
+    if params is None:
+        return SamplingOptions()
+    if isinstance(params, list):
+        raise ValueError("Batch requests are not supported by this engine.")
+    if not isinstance(params, Mapping):
+        raise _invalid(params, "struct SamplingParams")
+    for key, value in params.items():
+        check = _PARAM_CHECKS.get(key)
+        if check is None:
+            raise _unknown_field(str(key))
+        if value is not None:
+            check(value)
+    max_new_tokens = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    if max_new_tokens is not None and max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
+    temperature = params.get("temperature")
+    if temperature is not None and (not math.isfinite(temperature) or temperature < 0):
+        raise ValueError(f"temperature must be a non-negative finite number, got {temperature}.")
+    top_p = params.get("top_p")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+    if params.get("n") not in (None, 1):
+        raise ValueError("Parallel sampling (n > 1) is not supported by this engine.")
+    return SamplingOptions(max_new_tokens, params.get("sampling_seed"))
+
+
+def parse_generate_body(body: Any) -> GenerateInput:
+    """Check a parsed `/generate` JSON body (see the module docstring for the two errors)."""
+    if not isinstance(body, dict):
+        raise _invalid(body, "struct GenerateRequest")
+    rid, text, input_ids = body.get("rid"), body.get("text"), body.get("input_ids")
+    if rid is not None and not isinstance(rid, str | list):
+        raise _invalid(rid, "a value or an array of values for StringOrList")
+    if text is not None and not isinstance(text, str | list):
+        raise _invalid(text, "a value or an array of values for StringOrList")
+    if input_ids is not None:
+        if not isinstance(input_ids, list):
+            raise _invalid(input_ids, "a value or an array of values for TokenIdsOrList")
+        if input_ids and isinstance(input_ids[0], list):
+            raise ValueError("Batch requests are not supported by this engine.")
+        input_ids = [_int64(token) for token in input_ids]
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid(stream, "a boolean")
+    priority = body.get("priority")
+    if priority is not None:
+        priority = _int64(priority)
+    sampling = parse_sampling_params(body.get("sampling_params"))
+    if isinstance(rid, list) or isinstance(text, list):
+        raise ValueError("Batch requests are not supported by this engine.")
+    if (text is None) == (input_ids is None):
+        raise ValueError("Either text, input_ids or input_embeds should be provided.")
+    if input_ids is not None and not input_ids:
+        raise ValueError("The input_ids must not be empty.")
+    return GenerateInput(rid, text, input_ids, sampling, bool(stream), priority)

@@ -1,0 +1,77 @@
+"""Real servers for the engine tests: an ASGI app under uvicorn on a free local port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+from server.engine.live import LiveSimulator
+from server.engine.sglang_app import create_sglang_app
+from server.engine.simulator import EngineSimulator
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class PathCounter:
+    """ASGI middleware that counts the HTTP requests per path."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.paths: Counter[str] = Counter()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.paths[scope["path"]] += 1
+        await self.app(scope, receive, send)
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """Run `app` under uvicorn in a thread; yields its base URL and stops it on exit."""
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        http="h11",
+        ws="none",
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "the test server did not stop"
+
+
+@contextmanager
+def emulator(time_scale: float = 0.01, **simulator: Any) -> Iterator[tuple[str, PathCounter]]:
+    """The SGLang emulator app on a free port, with its per-path request counts."""
+    live = LiveSimulator(EngineSimulator(**simulator), time_scale=time_scale)
+    app = PathCounter(create_sglang_app(live))
+    with serve(app) as url:
+        yield url, app

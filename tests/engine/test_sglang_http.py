@@ -1,0 +1,202 @@
+"""The SGLang backend over real HTTP, against the emulator served by uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from itertools import pairwise
+from typing import Any
+
+import pytest
+
+from server.engine.base import EngineRequest, EngineResult
+from server.engine.errors import EngineRejected
+from server.engine.sglang_http import SGLangHTTPEngine
+from server.tokenizer import encode
+from tests.engine.conftest import emulator
+
+
+def _request(
+    rid: str, seed: int, *, tokens: int = 200, max_new: int = 2, priority: int = 0, **more: Any
+) -> EngineRequest:
+    rng = random.Random(seed)
+    prompt = [rng.randrange(1, 1 << 20) for _ in range(tokens)]
+    params = {"max_new_tokens": max_new, **more.pop("params", {})}
+    return EngineRequest(rid, prompt, params, priority, **more)
+
+
+@asynccontextmanager
+async def _engine(url: str, **options: Any) -> AsyncIterator[SGLangHTTPEngine]:
+    engine = SGLangHTTPEngine(url, **options)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+def _first_token_order(results: list[EngineResult]) -> list[str]:
+    return [r.rid for r in sorted(results, key=lambda r: r.meta_info["prefill_finished_time"])]
+
+
+def test_priority_mode_serves_a_batch_in_priority_order() -> None:
+    priorities = [7, 3, 9, 1, 5, 2]
+
+    async def run(url: str) -> list[EngineResult]:
+        async with _engine(url) as engine:
+            # One request at a time: the rest queue behind the long first one and are then
+            # admitted strictly by priority, whatever order they arrived in.
+            blocker = _request("blocker", 0, max_new=400, priority=0)  # 10 s model, 0.5 s wall
+            batch = [_request(f"r{p}", p, priority=p) for p in priorities]
+            generations = engine.dispatch([blocker, *batch])
+            return [await generation.result() for generation in generations]
+
+    with emulator(time_scale=0.05, max_running_requests=1) as (url, _):
+        results = asyncio.run(run(url))
+    expected = ["blocker"] + [f"r{p}" for p in sorted(priorities)]
+    assert _first_token_order(results) == expected
+    assert all(r.meta_info["queue_time"] > 0 for r in results[1:])  # they did wait
+
+
+def test_priority_mode_admits_a_request_once_it_is_sent() -> None:
+    async def run(url: str) -> None:
+        async with _engine(url) as engine:
+            (generation,) = engine.dispatch([_request("long", 1, max_new=5000)])
+            await asyncio.wait_for(generation.admitted(), timeout=5)
+            assert not generation.done()  # admitted on sending, long before its end
+            generation.cancel()
+
+    with emulator() as (url, _):
+        asyncio.run(run(url))
+
+
+def test_ordered_mode_sends_each_request_after_the_previous_one_started() -> None:
+    async def run(url: str) -> list[EngineResult]:
+        async with _engine(url, mode="ordered") as engine:
+            batch = [_request(f"r{p}", p, priority=p, max_new=3) for p in (7, 3, 9, 1)]
+            generations = engine.dispatch(batch)
+            return [await generation.result() for generation in generations]
+
+    with emulator(time_scale=0.02, priority_scheduling=False) as (url, _):
+        results = asyncio.run(run(url))
+    assert _first_token_order(results) == ["r7", "r3", "r9", "r1"]
+    for earlier, later in pairwise(results):
+        received = later.meta_info["request_received_ts"]
+        assert received >= earlier.meta_info["prefill_finished_time"]
+    # Streamed internally, so the client measured a time to first token too.
+    assert all(r.client_ttft is not None and r.client_ttft > 0 for r in results)
+    assert all(r.usage.completion_tokens == 3 for r in results)
+
+
+def test_streaming_yields_cumulative_chunks_ending_with_the_result() -> None:
+    async def run(url: str) -> tuple[list[Any], EngineResult]:
+        async with _engine(url) as engine:
+            streamed = [c async for c in engine.stream(_request("s", 1, max_new=6, stream=True))]
+            plain = await engine.generate(_request("p", 1, max_new=6))
+            return streamed, plain
+
+    with emulator() as (url, _):
+        chunks, plain = asyncio.run(run(url))
+    assert [c.meta_info["completion_tokens"] for c in chunks] == [1, 2, 3, 4, 5, 6]
+    assert all(not c.finished for c in chunks[:-1]) and chunks[-1].finished
+    assert all(later.text.startswith(earlier.text) for earlier, later in pairwise(chunks))
+    assert chunks[-1].text == plain.text and chunks[-1].output_ids == plain.output_ids
+    assert encode(plain.text) == plain.output_ids
+    assert plain.finish_reason == {"type": "length", "length": 6}
+
+
+def test_results_report_usage_cache_hits_and_ttft() -> None:
+    async def run(url: str) -> tuple[EngineResult, EngineResult]:
+        async with _engine(url) as engine:
+            first = await engine.generate(_request("a", 5, tokens=300))
+            again = await engine.generate(_request("b", 5, tokens=300))
+            return first, again
+
+    with emulator() as (url, _):
+        first, again = asyncio.run(run(url))
+    assert (first.usage.prompt_tokens, first.usage.cached_tokens) == (300, 0)
+    assert again.usage.cached_tokens == 299
+    assert first.usage.completion_tokens == 2
+    assert first.ttft == pytest.approx(0.005 + 300 * 1e-4)  # meta_info, in model seconds
+    assert again.ttft is not None and first.ttft is not None and again.ttft < first.ttft
+    for key in ("queue_time", "e2e_latency", "request_received_ts", "request_finished_ts"):
+        assert key in first.meta_info
+
+
+def test_tokenize_is_cached_per_prompt_and_shared_between_concurrent_callers() -> None:
+    async def run(url: str) -> list[list[int]]:
+        async with _engine(url) as engine:
+            texts = ["Hello world", "Hello world", "An article. Question?"]
+            concurrent = await asyncio.gather(*(engine.tokenize(t) for t in texts))
+            again = await engine.tokenize("Hello world")
+            assert engine.tokenize_cache_info() == {"hits": 2, "misses": 2, "size": 2}
+            return [*concurrent, again]
+
+    with emulator() as (url, counts):
+        tokens = asyncio.run(run(url))
+        assert counts.paths["/tokenize"] == 2
+    assert tokens[0] == tokens[1] == tokens[3] == encode("Hello world")
+    assert tokens[2] == encode("An article. Question?")
+
+
+def test_the_tokenize_cache_is_bounded() -> None:
+    async def run(url: str) -> None:
+        async with _engine(url, tokenize_cache_size=2) as engine:
+            for text in ("a", "b", "c", "a"):
+                await engine.tokenize(text)
+            assert engine.tokenize_cache_info() == {"hits": 0, "misses": 4, "size": 2}
+
+    with emulator() as (url, _):
+        asyncio.run(run(url))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_unknown_sampling_parameter_is_rejected(stream: bool) -> None:
+    async def run(url: str) -> EngineRejected:
+        async with _engine(url) as engine:
+            request = _request("x", 1, stream=stream, params={"temperatur": 0.5})
+            with pytest.raises(EngineRejected) as caught:
+                await engine.generate(request)
+            return caught.value
+
+    with emulator() as (url, _):
+        error = asyncio.run(run(url))
+    assert error.engine_status == 400
+    assert error.http_status == 502
+    assert "unknown field `temperatur`" in error.message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_duplicate_rid_in_flight_is_rejected(stream: bool) -> None:
+    async def run(url: str) -> EngineResult | BaseException:
+        async with _engine(url) as engine:
+            (first,) = engine.dispatch([_request("same", 1, max_new=5000, stream=True)])
+            async for _ in first.chunks():
+                break  # the first is now running at the engine
+            (duplicate,) = engine.dispatch([_request("same", 2, stream=stream)])
+            (outcome,) = await asyncio.gather(duplicate.result(), return_exceptions=True)
+            assert not first.done()
+            first.cancel()
+            return outcome
+
+    with emulator() as (url, _):
+        error = asyncio.run(run(url))
+    assert isinstance(error, EngineRejected)
+    assert "Duplicate request ID" in error.message
+    assert error.engine_status == 400
+
+
+def test_health_and_a_closed_engine() -> None:
+    async def run(url: str) -> None:
+        engine = SGLangHTTPEngine(url)
+        assert not await engine.health()  # not started
+        await engine.start()
+        assert await engine.health()
+        await engine.close()
+        with pytest.raises(Exception, match="closed"):
+            await engine.generate(_request("late", 1))
+
+    with emulator() as (url, _):
+        asyncio.run(run(url))
