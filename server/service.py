@@ -215,10 +215,16 @@ class AuctionService:
             self.metrics.settle_seconds.observe(time.perf_counter() - started)
         except Exception as error:
             log.error("settling batch %s failed; its requests fail unserved: %s", batch_id, error)
-            failure = Unavailable("the ledger could not settle the batch; nothing was charged")
+            failure = Unavailable(
+                "the ledger could not settle the batch; nothing was charged",
+                headers={"Retry-After": "1"},
+            )
             for ticket in tickets:
                 await self._release(ticket, "batch could not be settled")
                 await ticket.finish(failure)
+                # A retry of the rid is admitted afresh (reusing the hold if it is still open)
+                # instead of replaying this failure.
+                self._forget((ticket.user, ticket.rid))
             return
         self.metrics.batches.inc()
         self.metrics.batch_size.observe(len(tickets))

@@ -1,0 +1,260 @@
+"""Database faults against the real auction server: the ledger is locked, or unreachable.
+
+SQLite: another connection holds `BEGIN EXCLUSIVE`. Shorter than the busy timeout, requests
+just wait; longer, they get a 503. PostgreSQL: the server's login role is refused new
+connections and its open ones are terminated, then it may log in again. In every case a client
+gets its result or a clear 503 (never a 500 or a traceback), nothing is half-written, the
+server serves again once the database is back, and the ledger reconciles.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+import billing.database
+from billing import Ledger
+from server.settings import ServerSettings
+from tests.db_fixtures import MigratedDatabase, migrated_database
+from tests.server.harness import TEST_SETTINGS, serve_app
+
+GRANT = 10_000_000
+BID = "0.3"
+
+
+def _wait_until(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def _generate(
+    url: str, key: str, rid: str, text_: str = "a question", **extra: Any
+) -> httpx.Response:
+    body = {"text": text_, "bid": BID, "rid": rid, "sampling_params": {"max_new_tokens": 4}}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        return client.post(
+            "/generate", headers={"Authorization": f"Bearer {key}"}, json=body | extra
+        )
+
+
+def _assert_unavailable(reply: httpx.Response, fragment: str) -> None:
+    """A clear 503: the JSON error shape, a message that names the ledger, no traceback."""
+    assert reply.status_code == 503, reply.text
+    error = reply.json()["error"]
+    assert error["type"] == "unavailable"
+    assert fragment in error["message"]
+    assert "Traceback" not in reply.text
+
+
+@contextmanager
+def _server(
+    database_url: str, test_engine_db: MigratedDatabase, **overrides: Any
+) -> Iterator[tuple[str, Ledger]]:
+    settings = ServerSettings(database_url=database_url, **{**TEST_SETTINGS, **overrides})
+    ledger = Ledger(test_engine_db.new_engine())
+    with serve_app(settings) as url:
+        yield url, ledger
+
+
+# SQLite: a lock held by another connection
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Iterator[MigratedDatabase]:
+    with migrated_database("sqlite", tmp_path) as db:
+        yield db
+
+
+@contextmanager
+def _exclusive_lock(db: MigratedDatabase) -> Iterator[None]:
+    """Another process's write transaction: no writer gets in until the block ends."""
+    path = make_url(db.url).database
+    assert path is not None
+    connection = sqlite3.connect(path, isolation_level=None, timeout=5)
+    try:
+        connection.execute("BEGIN EXCLUSIVE")
+        yield
+        connection.execute("ROLLBACK")
+    finally:
+        connection.close()
+
+
+def test_a_briefly_locked_sqlite_ledger_only_delays_requests(sqlite_db: MigratedDatabase) -> None:
+    with _server(sqlite_db.url, sqlite_db, batch_size=2, max_wait_ms=2_000) as (url, ledger):
+        keys = {u: ledger.create_user(u, budget_micros=GRANT).api_key for u in ("ann", "ben")}
+        with ThreadPoolExecutor(2) as pool:
+            with _exclusive_lock(sqlite_db):
+                started = time.monotonic()
+                replies = [pool.submit(_generate, url, keys[u], f"{u}-1") for u in keys]
+                time.sleep(0.6)
+                assert not any(r.done() for r in replies), "the writers wait for the lock"
+            results = [r.result(timeout=30) for r in replies]
+        assert [r.status_code for r in results] == [200, 200], [r.text for r in results]
+        assert time.monotonic() - started >= 0.6
+        assert results[0].json()["meta_info"]["auction"]["batch_size"] == 2
+        for user in keys:
+            assert ledger.balance(user).held_micros == 0
+        assert ledger.reconcile().ok
+
+
+def test_a_sqlite_lock_past_the_busy_timeout_is_503_and_writes_nothing(
+    sqlite_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server waits this long for the lock (30 s by default) before giving up.
+    monkeypatch.setattr(billing.database, "SQLITE_BUSY_TIMEOUT_S", 0.4)
+    with _server(sqlite_db.url, sqlite_db, batch_size=2, max_wait_ms=1_500) as (url, ledger):
+        keys = {u: ledger.create_user(u, budget_micros=GRANT).api_key for u in ("ann", "ben")}
+        with ThreadPoolExecutor(2) as pool:
+            # ann's hold is placed; her request waits in the pool for a second request.
+            caught = pool.submit(_generate, url, keys["ann"], "caught")
+            _wait_until(lambda: ledger.get_hold("ann/caught") is not None)
+            with _exclusive_lock(sqlite_db):
+                # ben cannot place a hold; ann's batch closes alone and cannot be settled.
+                refused = _generate(url, keys["ben"], "refused")
+                settle_failed = caught.result(timeout=30)
+        _assert_unavailable(refused, "ledger is unavailable")
+        assert refused.headers["retry-after"] == "1"
+        _assert_unavailable(settle_failed, "could not settle the batch; nothing was charged")
+
+        # Nothing of either request was written: no hold for ben, no batch, no charge.
+        assert ledger.get_hold("ben/refused") is None
+        assert ledger.find_request("ann/caught") is None
+        hold = ledger.get_hold("ann/caught")
+        assert hold is not None and str(hold.state) == "open"  # releasing it failed as well
+        assert ledger.balance("ann").held_micros == 300_000
+        assert [e.kind for e in ledger.entries("ann").entries] == ["grant", "hold"]
+        assert ledger.reconcile().ok
+
+        # The lock is gone: new requests are served, and ann's retry uses its open hold.
+        with ThreadPoolExecutor(2) as pool:
+            retry = pool.submit(_generate, url, keys["ann"], "caught")
+            fresh = pool.submit(_generate, url, keys["ben"], "fresh", "another question")
+            assert retry.result(timeout=30).status_code == 200, retry.result().text
+            assert fresh.result(timeout=30).status_code == 200, fresh.result().text
+        for user in keys:
+            balance = ledger.balance(user)
+            assert balance.held_micros == 0
+            assert balance.balance_micros <= GRANT
+        assert str(ledger.get_hold("ann/caught").state) == "settled"  # type: ignore[union-attr]
+        holds = [e for e in ledger.entries("ann").entries if e.kind == "hold"]
+        assert len(holds) == 1, "the retry reused the hold placed before the lock"
+        assert ledger.reconcile().ok
+
+
+# PostgreSQL: the server cannot connect
+
+
+@pytest.fixture
+def postgres_db(tmp_path: Path) -> Iterator[MigratedDatabase]:
+    with migrated_database("postgres", tmp_path) as db:
+        yield db
+
+
+@pytest.fixture
+def server_role(postgres_db: MigratedDatabase) -> Iterator[str]:
+    """A login role of the server's own, with what the ledger needs on the test's schema."""
+    role = f"fault_{secrets.token_hex(4)}"
+    options = make_url(postgres_db.url).query["options"]
+    schema = str(options).split("=", 1)[1]
+    with postgres_db.engine.begin() as connection:
+        connection.execute(text(f"CREATE ROLE {role} LOGIN"))
+        connection.execute(text(f"GRANT USAGE ON SCHEMA {schema} TO {role}"))
+        connection.execute(
+            text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+        )
+        connection.execute(
+            text(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {role}")
+        )
+    try:
+        yield role
+    finally:
+        with postgres_db.engine.begin() as connection:
+            connection.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"),
+                {"r": role},
+            )
+            connection.execute(text(f"DROP OWNED BY {role}"))
+            connection.execute(text(f"DROP ROLE {role}"))
+
+
+@contextmanager
+def _unreachable(db: MigratedDatabase, role: str) -> Iterator[None]:
+    """The role may not log in and its sessions are gone, until the block ends."""
+    with db.engine.begin() as connection:
+        connection.execute(text(f"ALTER ROLE {role} NOLOGIN"))
+        connection.execute(
+            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"),
+            {"r": role},
+        )
+    try:
+        yield
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(text(f"ALTER ROLE {role} LOGIN"))
+
+
+def test_an_unreachable_postgres_ledger_is_503_until_it_is_back(
+    postgres_db: MigratedDatabase, server_role: str
+) -> None:
+    server_url = make_url(postgres_db.url).set(username=server_role).render_as_string(False)
+    with _server(server_url, postgres_db, batch_size=2, max_wait_ms=1_500) as (url, ledger):
+        keys = {u: ledger.create_user(u, budget_micros=GRANT).api_key for u in ("ann", "ben", "cy")}
+        with ThreadPoolExecutor(2) as pool:
+            warm = [
+                pool.submit(_generate, url, keys[u], "warm", f"hello {u}") for u in ("ann", "ben")
+            ]
+            assert [w.result(timeout=30).status_code for w in warm] == [200, 200]
+            caught = pool.submit(_generate, url, keys["ben"], "caught")
+            _wait_until(lambda: ledger.get_hold("ben/caught") is not None)
+            with _unreachable(postgres_db, server_role):
+                # cy's key was never seen, so reading it fails; ann's may still be cached, so
+                # her hold fails instead. Either way: a 503.
+                during = {
+                    "ann": _generate(url, keys["ann"], "during"),
+                    "cy": _generate(url, keys["cy"], "during"),
+                }
+                with httpx.Client(base_url=url, timeout=30) as client:
+                    balance = client.get(
+                        "/v1/ledger/balance", headers={"Authorization": f"Bearer {keys['ann']}"}
+                    )
+                settle_failed = caught.result(timeout=30)
+        for reply in [*during.values(), balance, settle_failed]:
+            assert reply.headers["retry-after"] == "1"
+        for reply in during.values():
+            _assert_unavailable(reply, "ledger")
+        _assert_unavailable(balance, "ledger")
+        _assert_unavailable(settle_failed, "could not settle the batch; nothing was charged")
+
+        # Nothing was half-written: no hold for the refused requests, no batch for ben's.
+        assert ledger.get_hold("ann/during") is None and ledger.get_hold("cy/during") is None
+        assert ledger.find_request("ben/caught") is None
+        assert str(ledger.get_hold("ben/caught").state) == "open"  # type: ignore[union-attr]
+        assert ledger.reconcile().ok
+
+        # Back: the same requests are served, ben's retry with its open hold.
+        with ThreadPoolExecutor(3) as pool:
+            again = [
+                pool.submit(_generate, url, keys["ann"], "during"),
+                pool.submit(_generate, url, keys["cy"], "during"),
+                pool.submit(_generate, url, keys["ben"], "caught"),
+            ]
+            assert [a.result(timeout=30).status_code for a in again] == [200, 200, 200]
+        for user in keys:
+            assert ledger.balance(user).held_micros == 0
+        ben_holds = [e for e in ledger.entries("ben").entries if e.kind == "hold"]
+        assert len(ben_holds) == 2, "warm and caught, the retry reusing the open hold"
+        assert ledger.reconcile().ok
