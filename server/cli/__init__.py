@@ -33,6 +33,9 @@ def _register() -> None:
     main.add_command(emulate_command.emulate_sglang)
     for group in ledger_commands.GROUPS:
         main.add_command(group)
+    from server.cli.experiment_command import experiment  # noqa: PLC0415  (as above)
+
+    main.add_command(experiment)
 
 
 _register()

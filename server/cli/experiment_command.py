@@ -1,0 +1,125 @@
+"""`inference-auction experiment`: reproduce the paper's figures on the emulated engine.
+
+The experiments live in the `bench.experiments` package, imported only when the command runs so
+that every other command starts without numpy, matplotlib and the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+TARGETS = ("figure1", "figure2", "figure3", "figure4", "all")
+# Figures 3 and 4 need the generators' cluster and user structure; a file has neither.
+FILE_FIGURES = ("figure1", "figure2")
+
+
+class _RichTracker:
+    """Progress bars: one per sweep, ticking once per point and trial."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+
+    def start(self, description: str, total: int) -> Callable[[], None]:
+        task = self._progress.add_task(description, total=total)
+        return lambda: self._progress.advance(task)
+
+
+@click.command()
+@click.argument("target", type=click.Choice(TARGETS))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("results"),
+    show_default=True,
+    help="Directory for the PNG plots, results.json and results.md.",
+)
+@click.option(
+    "--quick", is_flag=True, help="Q = 512, a coarser grid and T = 20 auctions: under a minute."
+)
+@click.option("--trials", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random draw.")
+@click.option(
+    "--workload",
+    "workload_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Your own queue as JSON lines (see below) in place of the synthetic workloads.",
+)
+@click.option(
+    "--orders",
+    default="dfs-bid,dfs-uniform,bid-sort,no-sort",
+    show_default=True,
+    help="Comma-separated orders to compare.",
+)
+def experiment(
+    target: str,
+    out: Path,
+    quick: bool,
+    trials: int,
+    seed: int,
+    workload_file: Path | None,
+    orders: str,
+) -> None:
+    """Reproduce the paper's experiments on the emulated SGLang engine (simulated clock).
+
+    TARGET is figure1 (stars: batch size, sharing fraction, value correlation), figure2 (tree
+    topologies), figure3 (one cluster bids), figure4 (pacing autobidders) or all. Each figure
+    is written as a PNG, and every number goes to results.json and results.md in --out.
+
+    With --workload FILE, figure1 sweeps the batch size over your queue and figure2 compares
+    the orders on it whole. FILE has one query per line, in arrival order:
+
+    \b
+      {"prompt": "Summarize ...", "value": "0.25"}
+      {"tokens": [101, 7, 42], "value": 1.5, "max_new_tokens": 32}
+
+    `value` (credits) is the truthful bid; without it a value is drawn from 1 + Pareto(1.5).
+    Text prompts go through the default offline tokenizer.
+    """
+    # Imported here, not at the top: the rest of the CLI should not wait for numpy and matplotlib.
+    from bench.experiments.orders import ORDERS  # noqa: PLC0415
+    from bench.experiments.plan import FULL, QUICK  # noqa: PLC0415
+    from bench.experiments.suite import FIGURES, Config, run  # noqa: PLC0415
+
+    chosen = tuple(name.strip() for name in orders.split(",") if name.strip())
+    unknown = [name for name in chosen if name not in ORDERS]
+    if unknown or not chosen:
+        raise click.BadParameter(f"choose from {', '.join(ORDERS)}", param_hint="--orders")
+    figures: tuple[str, ...] = FIGURES if target == "all" else (target,)
+    if workload_file is not None:
+        if target != "all" and target not in FILE_FIGURES:
+            raise click.UsageError(
+                f"{target} needs the synthetic workloads; use figure1 or figure2"
+            )
+        figures = tuple(f for f in figures if f in FILE_FIGURES)
+    config = Config(
+        figures=figures,
+        out=out,
+        scale=QUICK if quick else FULL,
+        trials=trials,
+        seed=seed,
+        orders=chosen,
+        workload_file=workload_file,
+    )
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        results = run(config, _RichTracker(progress))
+    table = Table(title="Headline numbers: paper vs this run")
+    for column in ("figure", "claim", "paper", "ours"):
+        table.add_column(column, overflow="fold")
+    for headline in results.headlines():
+        table.add_row(headline.figure, headline.claim, headline.paper, headline.ours)
+    console.print(table)
+    written = sorted(path.name for path in out.iterdir() if path.suffix in (".png", ".json", ".md"))
+    console.print(f"Wrote {', '.join(written)} to {out} in {sum(results.elapsed.values()):.0f} s.")
