@@ -12,6 +12,7 @@ consumer that only wants the result can ignore them.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -59,7 +60,7 @@ class Generation:
     async def chunks(self) -> AsyncIterator[EngineChunk]:
         """Its chunks as they come, the last finished; raises the `EngineError` that ended it.
 
-        A request that was not streamed yields one chunk: its result.
+        A request that was not streamed yields one chunk: its result. Iterate it once.
         """
         while True:
             item = await self._chunks.get()
@@ -95,6 +96,8 @@ class Generation:
 
     def emit(self, chunk: EngineChunk) -> None:
         """Report a chunk; a finished one is not the end until `finish` is called."""
+        if self.done():
+            return  # cancelled meanwhile: its consumer has had its error
         self.admit()
         self._finished_chunk = chunk.finished
         self._chunks.put_nowait(chunk)
@@ -143,7 +146,7 @@ class Generation:
             self.fail(EngineError("the engine ended the request without a result"))
 
 
-class EngineBase:
+class EngineBase(ABC):
     """`generate`, `stream` and cancellation on close, shared by every engine.
 
     A subclass implements `_send(generations)`, which starts each generation in order.
@@ -186,8 +189,9 @@ class EngineBase:
             if not generation.done():
                 generation.cancel()
 
+    @abstractmethod
     def _send(self, generations: list[Generation]) -> None:
-        raise NotImplementedError
+        """Start `generations` in this order (each ends by `finish` or `fail`)."""
 
     async def _cancel_all(self) -> None:
         """Mark the engine closed and cancel every generation still running."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -28,6 +29,8 @@ from server.engine.sglang_output import abort_reason, generate_output
 from server.engine.simulator import EngineSimulator, SimRequest, Step
 
 __all__ = ["DEFAULT_MODEL_NAME", "LiveRequest", "LiveSimulator"]
+
+log = logging.getLogger(__name__)
 
 
 DEFAULT_MODEL_NAME = "emulated-32b-h100"
@@ -115,8 +118,7 @@ class LiveSimulator:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait([task])  # a driver that failed has logged why already
         for rid in list(self._requests):
             self.simulator.abort(rid)
             self._finish_aborted(rid, "The engine was shut down.", HTTPStatus.SERVICE_UNAVAILABLE)
@@ -199,6 +201,16 @@ class LiveSimulator:
         }
 
     async def _drive(self) -> None:
+        try:
+            await self._follow_the_clock()
+        except Exception:
+            # Without a driver nothing would ever finish: fail what is in flight, loudly.
+            log.exception("the emulated engine stopped")
+            for rid in list(self._requests):
+                status = HTTPStatus.INTERNAL_SERVER_ERROR
+                self._finish_aborted(rid, "The emulated engine stopped.", status)
+
+    async def _follow_the_clock(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             self._deliver(self.simulator.advance_to(self.model_now()))

@@ -11,9 +11,9 @@ import pytest
 
 from server.engine import EmbeddedEngine, SGLangHTTPEngine, make_engine
 from server.engine.base import EngineRequest, EngineResult
-from server.engine.errors import EngineRejected, EngineUnavailable
+from server.engine.errors import EngineFailed, EngineRejected, EngineUnavailable
 from server.engine.live import LiveSimulator
-from server.engine.simulator import EngineSimulator
+from server.engine.simulator import EngineSimulator, Step
 from server.tokenizer import encode
 
 
@@ -126,3 +126,33 @@ def test_make_engine_picks_by_url() -> None:
     assert (sglang.mode, sglang.request_timeout) == ("ordered", 5.0)
     with pytest.raises(ValueError, match="mode"):
         make_engine(None, mode="fastest")
+
+
+class _FailingSimulator(EngineSimulator):
+    """A simulator whose clock breaks on demand."""
+
+    broken = False
+
+    def advance_to(self, time: float) -> list[Step]:
+        if self.broken:
+            raise RuntimeError("the clock broke")
+        return super().advance_to(time)
+
+
+def test_a_driver_failure_fails_what_is_in_flight() -> None:
+    async def run() -> BaseException | EngineResult:
+        simulator = _FailingSimulator()
+        engine = EmbeddedEngine(LiveSimulator(simulator, time_scale=0.01))
+        await engine.start()
+        try:
+            (generation,) = engine.dispatch([_request("doomed", [1, 2, 3], 1000)])
+            simulator.broken = True
+            (outcome,) = await asyncio.gather(generation.result(), return_exceptions=True)
+            assert not await engine.health()
+            return outcome
+        finally:
+            await engine.close()
+
+    outcome = asyncio.run(run())
+    assert isinstance(outcome, EngineFailed)
+    assert outcome.engine_status == 500
