@@ -14,6 +14,7 @@ for bad input such as a duplicate in-flight rid, sent inside the stream for a st
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -186,7 +187,7 @@ class _Routes:
             return _http_error(str(error), HTTPStatus.SERVICE_UNAVAILABLE)
         if parsed.stream:
             return StreamingResponse(_stream(submitted), media_type="text/event-stream")
-        return await _answer(submitted)
+        return await _answer(submitted, request)
 
     def _submit(self, parsed: GenerateInput) -> LiveRequest:
         if parsed.input_ids is not None:
@@ -328,12 +329,21 @@ async def _stream(submitted: LiveRequest) -> AsyncIterator[bytes]:
         submitted.abort()  # the client went away before the end: free the engine
 
 
-async def _answer(submitted: LiveRequest) -> Response:
+async def _abort_on_disconnect(request: Request, submitted: LiveRequest) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    submitted.abort()
+
+
+async def _answer(submitted: LiveRequest, request: Request) -> Response:
+    # As SGLang does, a client that goes away while it waits aborts its request.
+    watcher = asyncio.create_task(_abort_on_disconnect(request, submitted))
     final: dict[str, Any] = {}
     try:
         async for output in submitted.outputs():
             final = output
     finally:
+        watcher.cancel()
         submitted.abort()
     reason = final["meta_info"]["finish_reason"]
     if reason.get("type") == "abort":

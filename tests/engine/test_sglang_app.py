@@ -127,6 +127,16 @@ def test_a_client_that_goes_away_aborts_its_request(client: httpx.Client) -> Non
         time.sleep(0.01)
 
 
+def test_a_client_that_stops_waiting_for_a_plain_answer_aborts_it(client: httpx.Client) -> None:
+    body = {"input_ids": [3, 5], "sampling_params": {"max_new_tokens": 5000}}
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/generate", json=body, timeout=httpx.Timeout(10, read=0.1))
+    deadline = time.monotonic() + 5
+    while client.get("/v1/loads").json()["loads"][0]["num_running_reqs"]:
+        assert time.monotonic() < deadline, "the abandoned request still runs"
+        time.sleep(0.01)
+
+
 def test_abort_request_ends_a_stream_with_an_abort(client: httpx.Client) -> None:
     body = {"input_ids": [8], "sampling_params": {"max_new_tokens": 5000}, "stream": True}
     with client.stream("POST", "/generate", json={**body, "rid": "stop-me"}) as response:
