@@ -207,6 +207,7 @@ def _unreachable(db: MigratedDatabase, role: str) -> Iterator[None]:
             connection.execute(text(f"ALTER ROLE {role} LOGIN"))
 
 
+@pytest.mark.postgres
 def test_an_unreachable_postgres_ledger_is_503_until_it_is_back(
     postgres_db: MigratedDatabase, server_role: str
 ) -> None:

@@ -1,0 +1,263 @@
+"""SIGKILL in the middle of settling a batch, then a restart on the same PostgreSQL ledger.
+
+`inference-auction serve` runs as a process of its own. Three users' requests fill a batch; the
+test holds a row lock on two of their holds, so the server's settlement transaction blocks
+halfway, after it has written the batch row. The server is killed there. The batch must not
+have settled at all, the holds must still be open (nothing charged, nothing lost), and after a
+restart the hold-expiry job must release them, leaving every balance at its grant, the ledger
+reconciled, and the server serving again.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from billing import Ledger
+from tests.db_fixtures import MigratedDatabase, migrated_database
+from tests.faults.faulty_sglang import free_port
+
+GRANT = 10_000_000
+BIDS = {"alice": "0.5", "bob": "0.3", "carol": "0.2"}
+CLI = [sys.executable, "-c", "from server.cli import main; main()"]
+
+
+def _wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within {timeout} s")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def postgres_db(tmp_path: Path) -> Iterator[MigratedDatabase]:
+    with migrated_database("postgres", tmp_path) as db:
+        yield db
+
+
+def _environment(database_url: str, port: int, **settings: object) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERENCE_AUCTION_")}
+    env["INFERENCE_AUCTION_DATABASE_URL"] = database_url
+    env["INFERENCE_AUCTION_PORT"] = str(port)
+    env["INFERENCE_AUCTION_EMULATOR_TIME_SCALE"] = "0.002"
+    for name, value in settings.items():
+        env[f"INFERENCE_AUCTION_{name.upper()}"] = str(value)
+    return env
+
+
+@contextmanager
+def _serve(env: dict[str, str], log: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`inference-auction serve` in its own process, until the block ends (or it is killed)."""
+    url = f"http://127.0.0.1:{env['INFERENCE_AUCTION_PORT']}"
+    with log.open("ab") as output:
+        process = subprocess.Popen(
+            [*CLI, "serve", "--log-level", "warning"], env=env, stdout=output, stderr=output
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start:\n{log.read_text()}")
+            time.sleep(0.1)
+        yield url, process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        process.wait(30)
+
+
+def _post(url: str, key: str, rid: str, bid: str) -> httpx.Response:
+    body = {
+        "text": f"{rid} prompt of its own",
+        "bid": bid,
+        "rid": rid,
+        "sampling_params": {"max_new_tokens": 4},
+    }
+    with httpx.Client(base_url=url, timeout=30) as client:
+        return client.post("/generate", headers={"Authorization": f"Bearer {key}"}, json=body)
+
+
+def _blocked_statement(ledger: Ledger, application_name: str, lock_pid: int) -> str | None:
+    """The statement of a server backend that waits on `lock_pid` inside a transaction that
+    has already written (it has a transaction id), if there is one.
+
+    Asked on a connection of its own: within a transaction, pg_stat_activity does not change.
+    """
+    with ledger.engine.connect() as connection:
+        row = connection.execute(
+            text(
+                "SELECT query FROM pg_stat_activity WHERE application_name = :app"
+                " AND backend_xid IS NOT NULL AND :lock = ANY(pg_blocking_pids(pid))"
+            ),
+            {"app": application_name, "lock": lock_pid},
+        ).first()
+    return None if row is None else str(row[0])
+
+
+def _written_tables(ledger: Ledger, application_name: str) -> set[str]:
+    """Tables the server's open transactions have inserted into or updated."""
+    with ledger.engine.connect() as connection:
+        rows = connection.execute(
+            text(
+                "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE a.application_name = :app AND l.mode = 'RowExclusiveLock'"
+            ),
+            {"app": application_name},
+        ).all()
+    return {str(row[0]) for row in rows}
+
+
+def _server_backends(ledger: Ledger, application_name: str) -> int:
+    with ledger.engine.connect() as connection:
+        count = connection.scalar(
+            text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :app"),
+            {"app": application_name},
+        )
+    return int(count or 0)
+
+
+def _count(ledger: Ledger, table: str) -> int:
+    with ledger.engine.connect() as connection:
+        return int(connection.scalar(text(f"SELECT count(*) FROM {table}")) or 0)
+
+
+@pytest.mark.postgres
+def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
+    postgres_db: MigratedDatabase, tmp_path: Path
+) -> None:
+    application_name = f"crash-{secrets.token_hex(4)}"
+    server_url = (
+        make_url(postgres_db.url)
+        .update_query_dict({"application_name": application_name})
+        .render_as_string(hide_password=False)
+    )
+    ledger = Ledger(postgres_db.engine)
+    keys = {user: ledger.create_user(user, budget_micros=GRANT).api_key for user in BIDS}
+    rids = {user: f"{user}/crash" for user in BIDS}
+    log = tmp_path / "server.log"
+
+    # 1. A batch closes at three requests. alice's and bob's holds are placed; then the test
+    # locks those two hold rows, and carol's request closes the batch.
+    env = _environment(server_url, free_port(), batch_size=3, max_wait_ms=60_000, run_jobs="false")
+    with _serve(env, log) as (url, process), ThreadPoolExecutor(3) as pool:
+        replies = {
+            user: pool.submit(_post, url, keys[user], "crash", BIDS[user])
+            for user in ("alice", "bob")
+        }
+        _wait_until(
+            lambda: all(ledger.get_hold(rids[u]) is not None for u in ("alice", "bob")),
+            10,
+            "holds of alice and bob",
+        )
+        with postgres_db.engine.connect() as lock:
+            transaction = lock.begin()
+            locked = lock.execute(
+                text("SELECT rid FROM holds WHERE rid IN (:a, :b) FOR UPDATE NOWAIT"),
+                {"a": rids["alice"], "b": rids["bob"]},
+            ).all()
+            assert len(locked) == 2
+            lock_pid = lock.scalar(text("SELECT pg_backend_pid()"))
+            replies["carol"] = pool.submit(_post, url, keys["carol"], "crash", BIDS["carol"])
+            _wait_until(
+                lambda: _blocked_statement(ledger, application_name, lock_pid),
+                15,
+                "the settlement blocked after its first writes",
+            )
+            # It has written the batch and its request rows, and waits to close the holds.
+            blocked = _blocked_statement(ledger, application_name, lock_pid)
+            assert blocked is not None and blocked.startswith("UPDATE holds"), blocked
+            written = _written_tables(ledger, application_name)
+            assert {"auction_batches", "auction_requests", "balances"} <= written, written
+
+            # 2. SIGKILL while the settlement transaction is open, then let go of the lock.
+            os.kill(process.pid, signal.SIGKILL)
+            assert process.wait(10) == -signal.SIGKILL
+            transaction.rollback()
+        for user, reply in replies.items():
+            with pytest.raises(httpx.TransportError):
+                reply.result(timeout=30)  # the connection dropped without an answer
+            assert ledger.get_hold(rids[user]) is not None
+
+    # PostgreSQL ends the dead server's sessions and rolls their transactions back.
+    _wait_until(
+        lambda: _server_backends(ledger, application_name) == 0, 15, "the server's sessions gone"
+    )
+
+    # 3. All or nothing: no batch, no request row, no charge; every hold is still open.
+    assert _count(ledger, "auction_batches") == 0
+    assert _count(ledger, "auction_requests") == 0
+    for user, bid in BIDS.items():
+        hold = ledger.get_hold(rids[user])
+        assert hold is not None and str(hold.state) == "open" and hold.batch_id is None
+        assert [e.kind for e in ledger.entries(user).entries] == ["grant", "hold"]
+        balance = ledger.balance(user)
+        assert (balance.balance_micros, balance.held_micros) == (GRANT, int(float(bid) * 1e6))
+    assert ledger.reconcile().ok
+
+    # 4. Restart on the same ledger: the hold-expiry job releases the stale holds.
+    env = _environment(
+        server_url,
+        free_port(),
+        batch_size=8,
+        max_wait_ms=20,
+        run_jobs="true",
+        hold_max_age_seconds=2,
+        hold_expiry_interval_seconds=0.5,
+    )
+    with _serve(env, log) as (url, process):
+        _wait_until(
+            lambda: all(ledger.balance(u).held_micros == 0 for u in BIDS),
+            15,
+            "the stale holds released",
+        )
+        for user in BIDS:
+            hold = ledger.get_hold(rids[user])
+            assert hold is not None and str(hold.state) == "released"
+            release = ledger.entries(user).entries[-1]
+            assert release.kind == "release" and (release.reason or "").startswith("expired")
+            assert ledger.balance(user).balance_micros == GRANT
+        assert ledger.reconcile().ok
+        checked = subprocess.run(
+            [*CLI, "ledger", "reconcile", "--database-url", postgres_db.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert checked.returncode == 0, checked.stderr
+        assert "agree with their entries" in checked.stdout
+
+        # The old request id is spent (its hold was released); a new one is served.
+        retried = _post(url, keys["alice"], "crash", BIDS["alice"])
+        assert retried.status_code == 409, retried.text
+        assert "use a new rid" in retried.json()["error"]["message"]
+        served = _post(url, keys["alice"], "after-restart", BIDS["alice"])
+        assert served.status_code == 200, served.text
+        charge = served.json()["meta_info"]["auction"]["charge_micros"]
+        assert ledger.balance("alice").balance_micros == GRANT - charge
+        assert ledger.balance("alice").held_micros == 0
+        assert ledger.reconcile().ok
+        # A graceful stop this time: uvicorn drains, then exits by the signal it got.
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) in (0, -signal.SIGTERM)
+    assert "Traceback" not in log.read_text()
