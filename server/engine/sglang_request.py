@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_NEW_TOKENS = 128
-_INT64 = (-(2**63), 2**63 - 1)
+_INT64_LIMIT = 2**63
 
 
 class ContractError(ValueError):
@@ -87,11 +87,25 @@ def _unknown_field(key: str) -> ContractError:
 
 
 def _int64(value: Any) -> int:
+    # The contract checks the JSON type only, not the range.
     if isinstance(value, bool) or not isinstance(value, int):
         raise _invalid(value, "i64")
-    if not _INT64[0] <= value <= _INT64[1]:
-        raise ContractError(f"invalid value: integer `{value}`, expected i64")
     return value
+
+
+def _token_ids(value: Any) -> tuple[list[int], bool]:
+    """Contract-check `input_ids`: the ids, and whether it was a batch (a list of lists)."""
+    if not isinstance(value, list):
+        raise _invalid(value, "a value or an array of values for TokenIdsOrList")
+    # As the contract decodes it: a list whose first item is not a number is a batch.
+    if value and (isinstance(value[0], bool) or not isinstance(value[0], int | float)):
+        for item in value:
+            if not isinstance(item, list):
+                raise _invalid(item, "a sequence")
+            for token in item:
+                _int64(token)
+        return [], True
+    return [_int64(token) for token in value], False
 
 
 def _check_float(value: Any) -> None:
@@ -112,6 +126,21 @@ def _check_str(value: Any) -> None:
 def _check_str_or_list(value: Any) -> None:
     if not isinstance(value, str | list):
         raise _invalid(value, "a value or an array of values for StringOrList")
+    if isinstance(value, list):
+        for item in value:
+            _check_str(item)
+
+
+def _check_str_list(value: Any) -> None:
+    if not isinstance(value, list):
+        raise _invalid(value, "a sequence")
+    for item in value:
+        _check_str(item)
+
+
+def _check_watermark(value: Any) -> None:
+    if not isinstance(value, dict):
+        raise _invalid(value, "struct WatermarkRequestConfig")
 
 
 def _check_token_list(value: Any) -> None:
@@ -159,18 +188,23 @@ _PARAM_CHECKS: dict[str, Callable[[Any], object]] = {
     "sampling_seed": _int64,
     "custom_params": _check_nothing,
     "beam_width": _int64,
-    "watermark": _check_nothing,
-    "choice": _check_nothing,
+    "watermark": _check_watermark,
+    "choice": _check_str_list,
 }
 SAMPLING_PARAM_NAMES = tuple(_PARAM_CHECKS)
 
 
-def parse_sampling_params(params: Any) -> SamplingOptions:
-    """Check `sampling_params` as SGLang does; unknown keys are a `ContractError`."""
-    if params is None:
-        return SamplingOptions()
+def _check_sampling_contract(params: Any) -> None:
     if isinstance(params, list):
-        raise ValueError("Batch requests are not supported by this engine.")
+        for item in params:
+            _check_sampling_fields(item)
+    elif isinstance(params, Mapping):
+        _check_sampling_fields(params)
+    else:
+        raise _invalid(params, "a value or an array of values for SamplingParamsOrList")
+
+
+def _check_sampling_fields(params: Any) -> None:
     if not isinstance(params, Mapping):
         raise _invalid(params, "struct SamplingParams")
     for key, value in params.items():
@@ -179,6 +213,10 @@ def parse_sampling_params(params: Any) -> SamplingOptions:
             raise _unknown_field(str(key))
         if value is not None:
             check(value)
+
+
+def _sampling_options(params: Mapping[str, Any]) -> SamplingOptions:
+    """The semantic checks SGLang makes once the contract holds."""
     max_new_tokens = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
     if max_new_tokens is not None and max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
@@ -193,32 +231,44 @@ def parse_sampling_params(params: Any) -> SamplingOptions:
     return SamplingOptions(max_new_tokens, params.get("sampling_seed"))
 
 
+def parse_sampling_params(params: Any) -> SamplingOptions:
+    """Check `sampling_params` as SGLang does; unknown keys are a `ContractError`."""
+    if params is None:
+        return SamplingOptions()
+    _check_sampling_contract(params)
+    if isinstance(params, list):
+        raise ValueError("Batch requests are not supported by this engine.")
+    return _sampling_options(params)
+
+
 def parse_generate_body(body: Any) -> GenerateInput:
     """Check a parsed `/generate` JSON body (see the module docstring for the two errors)."""
+    # The whole contract first, as SGLang checks it before anything else.
     if not isinstance(body, dict):
         raise _invalid(body, "struct GenerateRequest")
     rid, text, input_ids = body.get("rid"), body.get("text"), body.get("input_ids")
-    if rid is not None and not isinstance(rid, str | list):
-        raise _invalid(rid, "a value or an array of values for StringOrList")
-    if text is not None and not isinstance(text, str | list):
-        raise _invalid(text, "a value or an array of values for StringOrList")
-    if input_ids is not None:
-        if not isinstance(input_ids, list):
-            raise _invalid(input_ids, "a value or an array of values for TokenIdsOrList")
-        if input_ids and isinstance(input_ids[0], list):
-            raise ValueError("Batch requests are not supported by this engine.")
-        input_ids = [_int64(token) for token in input_ids]
+    for value in (rid, text):
+        if value is not None:
+            _check_str_or_list(value)
+    tokens, batch = _token_ids(input_ids) if input_ids is not None else (None, False)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid(stream, "a boolean")
     priority = body.get("priority")
     if priority is not None:
         priority = _int64(priority)
-    sampling = parse_sampling_params(body.get("sampling_params"))
-    if isinstance(rid, list) or isinstance(text, list):
+    params = body.get("sampling_params")
+    if params is not None:
+        _check_sampling_contract(params)
+    # Then what SGLang checks while handling the request.
+    if batch or isinstance(rid, list) or isinstance(text, list) or isinstance(params, list):
         raise ValueError("Batch requests are not supported by this engine.")
-    if (text is None) == (input_ids is None):
+    if (text is None) == (tokens is None):
         raise ValueError("Either text, input_ids or input_embeds should be provided.")
-    if input_ids is not None and not input_ids:
-        raise ValueError("The input_ids must not be empty.")
-    return GenerateInput(rid, text, input_ids, sampling, bool(stream), priority)
+    if tokens is not None:
+        if not tokens:
+            raise ValueError("The input_ids must not be empty.")
+        if any(not 0 <= token < _INT64_LIMIT for token in tokens):
+            raise ValueError("The input_ids must be token ids in [0, 2^63).")
+    sampling = SamplingOptions() if params is None else _sampling_options(params)
+    return GenerateInput(rid, text, tokens, sampling, bool(stream), priority)
