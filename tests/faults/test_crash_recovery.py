@@ -1,11 +1,15 @@
-"""SIGKILL in the middle of settling a batch, then a restart on the same PostgreSQL ledger.
+"""SIGKILL of `inference-auction serve`, then a restart on the same PostgreSQL ledger.
 
-`inference-auction serve` runs as a process of its own. Three users' requests fill a batch; the
-test holds a row lock on two of their holds, so the server's settlement transaction blocks
-halfway, after it has written the batch row. The server is killed there. The batch must not
-have settled at all, the holds must still be open (nothing charged, nothing lost), and after a
-restart the hold-expiry job must release them, leaving every balance at its grant, the ledger
-reconciled, and the server serving again.
+In the middle of settling: three users' requests fill a batch; the test holds a row lock on two
+of their holds, so the server's settlement transaction blocks halfway, after it has written the
+batch row. The server is killed there. The batch must not have settled at all, the holds must
+still be open (nothing charged, nothing lost), and after a restart the hold-expiry job must
+release them, leaving every balance at its grant, the ledger reconciled, and the server
+serving again.
+
+While requests are at the engine: their batch settled, so their users were charged, and the
+process that would have refunded a failure is gone. The charges stay and the requests stay
+`scheduled` until the recovery procedure of docs/OPERATIONS.md refunds them.
 """
 
 from __future__ import annotations
@@ -19,16 +23,18 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Exists, exists, select, text
 from sqlalchemy.engine import make_url
 
 from billing import Ledger
+from billing.models import AuctionRequest, LedgerEntry, User
 from tests.db_fixtures import MigratedDatabase, migrated_database
-from tests.faults.faulty_sglang import free_port
+from tests.faults.faulty_sglang import FaultySGLang, free_port
 
 GRANT = 10_000_000
 BIDS = {"alice": "0.5", "bob": "0.3", "carol": "0.2"}
@@ -211,7 +217,10 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
         assert hold is not None and str(hold.state) == "open" and hold.batch_id is None
         assert [e.kind for e in ledger.entries(user).entries] == ["grant", "hold"]
         balance = ledger.balance(user)
-        assert (balance.balance_micros, balance.held_micros) == (GRANT, int(float(bid) * 1e6))
+        assert (balance.balance_micros, balance.held_micros) == (
+            GRANT,
+            round(float(bid) * 1_000_000),
+        )
     assert ledger.reconcile().ok
 
     # 4. Restart on the same ledger: the hold-expiry job releases the stale holds.
@@ -261,3 +270,81 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) in (0, -signal.SIGTERM)
     assert "Traceback" not in log.read_text()
+
+
+def refund_unserved(ledger: Ledger, older_than: timedelta) -> int:
+    """The recovery procedure of docs/OPERATIONS.md: mark requests that stayed `scheduled`
+    longer than `older_than` failed, then refund each charge of a user in a batch where one of
+    their requests failed and no refund was recorded (a server records a failure only after
+    its refund attempt). Returns the refunds made."""
+    cutoff = datetime.now(UTC) - older_than
+    stale = select(AuctionRequest.rid).where(
+        AuctionRequest.status == "scheduled", AuctionRequest.updated_at < cutoff
+    )
+    with ledger.engine.connect() as connection:
+        rids = connection.scalars(stale).all()
+    for rid in rids:
+        ledger.complete_request(rid, "failed")
+
+    def entry(kind: str) -> Exists:
+        return exists().where(
+            LedgerEntry.kind == kind,
+            LedgerEntry.batch_id == AuctionRequest.batch_id,
+            LedgerEntry.user_id == AuctionRequest.user_id,
+        )
+
+    unrefunded = (
+        select(AuctionRequest.batch_id, User.name)
+        .join(User, User.id == AuctionRequest.user_id)
+        .where(AuctionRequest.status == "failed", entry("charge"), ~entry("refund"))
+        .distinct()
+    )
+    with ledger.engine.connect() as connection:
+        owed = connection.execute(unrefunded).all()
+    for batch_id, user in owed:
+        ledger.refund(batch_id, user, "not served: the server stopped while it was at the engine")
+    return len(owed)
+
+
+@pytest.mark.postgres
+def test_sigkill_while_requests_are_at_the_engine_keeps_charges_until_the_procedure(
+    postgres_db: MigratedDatabase, tmp_path: Path
+) -> None:
+    ledger = Ledger(postgres_db.engine)
+    keys = {user: ledger.create_user(user, budget_micros=GRANT).api_key for user in ("ann", "ben")}
+    faulty = FaultySGLang("hang")
+    with faulty.serve() as engine_url:
+        env = _environment(
+            postgres_db.url, free_port(), batch_size=2, max_wait_ms=60_000, run_jobs="false"
+        )
+        env["INFERENCE_AUCTION_ENGINE_URL"] = engine_url
+        with _serve(env, tmp_path / "server.log") as (url, process), ThreadPoolExecutor(2) as pool:
+            replies = [
+                pool.submit(_post, url, keys[u], "lost", b)
+                for u, b in (("ann", "0.4"), ("ben", "0.1"))
+            ]
+            _wait_until(lambda: len(faulty.received) == 2, 15, "both requests at the engine")
+            os.kill(process.pid, signal.SIGKILL)
+            assert process.wait(10) == -signal.SIGKILL
+            for reply in replies:
+                with pytest.raises(httpx.TransportError):
+                    reply.result(timeout=30)
+
+    # The batch settled before dispatch: charged, holds closed, requests still `scheduled`.
+    charged = {u: GRANT - ledger.balance(u).balance_micros for u in keys}
+    assert sum(charged.values()) > 0
+    for user in keys:
+        request = ledger.find_request(f"{user}/lost")
+        assert request is not None and str(request.status) == "scheduled"
+        assert ledger.balance(user).held_micros == 0
+        assert "refund" not in [e.kind for e in ledger.entries(user).entries]
+    assert ledger.reconcile().ok  # consistent, though the users paid for nothing
+
+    # The procedure refunds them, once.
+    assert refund_unserved(ledger, older_than=timedelta(0)) == sum(1 for c in charged.values() if c)
+    assert refund_unserved(ledger, older_than=timedelta(0)) == 0
+    for user in keys:
+        assert ledger.balance(user).balance_micros == GRANT
+        request = ledger.find_request(f"{user}/lost")
+        assert request is not None and str(request.status) == "failed"
+    assert ledger.reconcile().ok
