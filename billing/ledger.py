@@ -35,6 +35,7 @@ from billing.records import (
     HoldView,
     ReconcileReport,
     RefundResult,
+    RequestCompletion,
     RequestRecord,
     RequestView,
     RolloverResult,
@@ -305,6 +306,23 @@ class Ledger:
             lambda s: request_log.complete_request(
                 s, rid, status=status, cached_tokens=cached_tokens, ttft_ms=ttft_ms, now=now
             )
+        )
+
+    def complete_requests(self, completions: Sequence[RequestCompletion]) -> list[RequestView]:
+        """Record several requests' outcomes in one transaction (all or none)."""
+        now = self._now()
+        return self._write(
+            lambda s: [
+                request_log.complete_request(
+                    s,
+                    c.rid,
+                    status=c.status,
+                    cached_tokens=c.cached_tokens,
+                    ttft_ms=c.ttft_ms,
+                    now=now,
+                )
+                for c in completions
+            ]
         )
 
     def find_request(self, rid: str) -> RequestView | None:

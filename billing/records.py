@@ -41,6 +41,16 @@ class RequestRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestCompletion:
+    """How a settled request was served: `served` or `failed`, cached tokens, TTFT."""
+
+    rid: str
+    status: str
+    cached_tokens: int | None = None
+    ttft_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UserInfo:
     """A user and the budget the user is granted."""
 

@@ -19,7 +19,7 @@ import json
 import logging
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 from billing import Ledger
 from billing.errors import LedgerError
 from billing.models import HoldState
-from billing.records import BatchRecord, RequestRecord
+from billing.records import BatchRecord, RequestCompletion, RequestRecord
 from server.auction import AuctionOutcome, AuctionRequest, run_auction
 from server.batching import BatchingPolicy, BatchPool, PoolClosed, QueueFull
 from server.engine.base import Engine, EngineRequest
@@ -89,6 +89,7 @@ class AuctionService:
         self.timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._sequence = 0
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
+        self._completions: defaultdict[str, list[RequestCompletion]] = defaultdict(list)
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
 
@@ -356,13 +357,22 @@ class AuctionService:
                 int(meta.get("prompt_tokens", len(ticket.tokens))),
                 int(meta.get("cached_tokens", 0)),
             )
+        cached = meta.get("cached_tokens")
+        completion = RequestCompletion(
+            rid=ticket.ledger_rid,
+            status="failed" if error else "served",
+            cached_tokens=cached if isinstance(cached, int) else None,
+            ttft_ms=None if ttft is None else ttft * 1000,
+        )
+        assert ticket.clearance is not None
+        # One bookkeeping transaction per batch, written when its last request ends: a write
+        # per request would cost as much as the hold and the settlement together.
+        batch = self._completions[ticket.clearance.batch_id]
+        batch.append(completion)
+        if len(batch) < ticket.clearance.batch_size:
+            return
+        del self._completions[ticket.clearance.batch_id]
         try:
-            await asyncio.to_thread(
-                self.ledger.complete_request,
-                ticket.ledger_rid,
-                "failed" if error else "served",
-                meta.get("cached_tokens"),
-                None if ttft is None else ttft * 1000,
-            )
+            await asyncio.to_thread(self.ledger.complete_requests, batch)
         except Exception as failure:  # bookkeeping only: the money is already settled
-            log.warning("recording request %s failed: %s", ticket.ledger_rid, failure)
+            log.warning("recording batch %s failed: %s", ticket.clearance.batch_id, failure)

@@ -14,6 +14,7 @@ from billing import (
     InvalidInput,
     Ledger,
     RefundExceedsCharge,
+    RequestCompletion,
     RequestStatus,
     UnknownBatch,
     UnknownRequest,
@@ -222,6 +223,18 @@ def test_complete_request_records_the_outcome(funded: Ledger) -> None:
     with pytest.raises(UnknownRequest, match="no batch settled it"):
         funded.complete_request("r9", "failed")
     assert funded.find_request("r9") is None
+
+
+def test_complete_requests_records_a_batch_all_or_nothing(funded: Ledger) -> None:
+    funded.settle_batch(*batch_of("b1", BIDS, CHARGES))
+    done = [RequestCompletion("r1", "served", 3, 1.5), RequestCompletion("r2", "failed")]
+    views = funded.complete_requests(done)
+    assert [(v.rid, v.status) for v in views] == [("r1", "served"), ("r2", "failed")]
+    with pytest.raises(UnknownRequest):
+        funded.complete_requests(
+            [RequestCompletion("r1", "failed"), RequestCompletion("r9", "served")]
+        )
+    assert funded.find_request("r1").status == RequestStatus.SERVED  # type: ignore[union-attr]
 
 
 def test_many_batches_keep_the_books_balanced(ledger: Ledger) -> None:

@@ -61,6 +61,12 @@ def test_concurrent_users_are_charged_exactly_what_they_were_told(server: Runnin
         assert balance.held_micros == 0
         assert balance.balance_micros == 50_000_000 - reported >= 0
     assert server.ledger.reconcile().ok
+    # Every request's serving outcome is recorded next to its charge.
+    for response in responses:
+        meta = response["meta_info"]
+        view = server.ledger.find_request(f"{response['user']}/{meta['id']}")
+        assert view is not None and view.status == "served"
+        assert view.cached_tokens == meta["cached_tokens"] and view.ttft_ms is not None
     # Backpressure made batches of several requests, and the auction ordered them.
     sizes = {r["meta_info"]["auction"]["batch_size"] for r in responses}
     assert max(sizes) > 1
