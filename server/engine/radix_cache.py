@@ -3,8 +3,11 @@
 It behaves like SGLang's `RadixCache` with `page_size=1` and the `lru` policy: edges are
 compacted token runs, `match_prefix` splits a node when a match ends inside it, `insert` shares
 what is already cached, `lock`/`unlock` protect the path of a running request, and `evict` pops
-unlocked leaves oldest first (a parent that becomes an unlocked leaf joins the queue). Recency is
-a logical tick, not a wall clock, so two runs with the same operations evict the same tokens.
+unlocked leaves oldest first (a parent that becomes an unlocked leaf joins the queue). Recency
+follows SGLang's too: a walk touches every node it enters, the one it stops inside whole (its
+unmatched tail included), and a leaf an insert creates is newer than that walk. Recency is a
+logical tick, not a wall clock, so two runs with the same operations evict the same tokens; on
+random operation sequences this class and SGLang 0.5.23's own cache keep the same tokens.
 
 Unlike SGLang's, this cache owns its capacity: `size` never exceeds it, and `insert` evicts
 least recently used unlocked leaves to make room for the tokens it adds. It is pure: no I/O, no
@@ -141,7 +144,7 @@ class RadixCache:
     def insert(self, tokens: Sequence[int]) -> InsertResult:
         """Cache `tokens`, sharing what is cached already; evicts LRU leaves if it must."""
         key = tuple(tokens)
-        length, node, tick = self._walk(key)
+        length, node, _ = self._walk(key)
         new_tokens = len(key) - length
         if new_tokens == 0:
             return InsertResult(node, length, 0)
@@ -157,9 +160,9 @@ class RadixCache:
                     f"{new_tokens} tokens do not fit: {self.free} free, "
                     f"{self.evictable_size} evictable of {self.capacity}"
                 )
-        # The new leaf shares the walk's tick: a node is never more recent than its parent, so
-        # popping leaves oldest first evicts tokens in least-recently-used order.
-        leaf = RadixNode(key[length:], node, tick)
+        # Newer than the walk, as SGLang's new node is (its clock has moved on by then): the
+        # lower half of an edge this insert split is evicted before the new leaf.
+        leaf = RadixNode(key[length:], node, next(self._ticks))
         node.children[key[length]] = leaf
         self._size += new_tokens
         self.stats.inserted_tokens += new_tokens
@@ -222,7 +225,10 @@ class RadixCache:
         return sequences
 
     def _walk(self, key: tuple[int, ...]) -> tuple[int, RadixNode, int]:
-        """Follow `key` down the tree, touching each node; split where a match ends mid-edge."""
+        """Follow `key` down the tree, touching each node; split where a match ends mid-edge.
+
+        Returns the matched length, the node where the match ends, and the walk's tick.
+        """
         tick = next(self._ticks)
         node, position = self.root, 0
         while position < len(key):
@@ -234,8 +240,12 @@ class RadixCache:
                 child.last_access = tick
                 node, position = child, position + len(edge)
                 continue
-            # The child was found by its first token, so at least one token matches.
+            # The child was found by its first token, so at least one token matches. As in
+            # SGLang, the node is touched whole, its unmatched tail included, then split.
             matched = _common_prefix_length(edge, key, position)
+            child.last_access = tick
+            if not child.children:
+                self._push_leaf(child)
             node = self._split(child, matched, tick)
             position += matched
             break

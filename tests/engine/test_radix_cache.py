@@ -66,6 +66,26 @@ def test_eviction_takes_the_least_recently_used_leaf_first() -> None:
     assert cache.stats.evicted_tokens == 3
 
 
+def test_a_match_ending_inside_a_node_refreshes_the_whole_node() -> None:
+    # As SGLang: the node is touched before it is split, its unmatched tail included.
+    cache = RadixCache(100)
+    cache.insert([1, 2, 3, 4])
+    cache.insert([7, 7])
+    cache.match_prefix([1, 2])
+    assert cache.evict(1) == 2
+    assert cache.cached_sequences() == [(1, 2, 3, 4)]
+
+
+def test_a_new_leaf_is_newer_than_the_edge_its_insert_split() -> None:
+    cache = RadixCache(100)
+    cache.insert([1, 2, 3, 4])
+    cache.insert([1, 2, 3, 4, 9])
+    cache.insert([1, 2, 5])  # splits [1, 2, 3, 4] into [1, 2] and [3, 4], then adds [5]
+    assert cache.evict(1) == 1  # [9], the oldest leaf; now [3, 4] is a leaf
+    assert cache.evict(1) == 2  # [3, 4], touched by the insert just before [5] was made
+    assert cache.cached_sequences() == [(1, 2, 5)]
+
+
 def test_eviction_never_touches_locked_nodes_and_frees_parents_that_become_leaves() -> None:
     cache = RadixCache(100)
     cache.insert([1, 2, 3])

@@ -1,8 +1,8 @@
-"""The radix cache agrees with the reference model on every random sequence of operations.
+"""The radix cache agrees exactly with the reference model on random operation sequences.
 
-After each operation the cache's content must equal the model's, less tokens the cache evicted;
-an eviction must take only unlocked whole branches, oldest first, and free what was asked or
-everything it could. Match lengths and hit counts must equal the model's exactly.
+After every operation both hold the same tokens; matches, inserts, evictions and failed
+inserts give the same numbers; locks protect the same tokens. (The same operations were also
+replayed once against SGLang 0.5.23's own `RadixCache`, with the same results.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.engine.radix_cache import CacheFullError, RadixCache, RadixNode
-from tests.engine.reference_cache import ReferenceCache
+from tests.engine.reference_cache import ReferenceCache, ReferenceFull
 
 _sequences = st.lists(st.integers(0, 2), min_size=1, max_size=8)
 _operations = st.lists(
@@ -31,32 +31,10 @@ def _content(cache: RadixCache) -> set[tuple[int, ...]]:
     return {seq[:end] for seq in cache.cached_sequences() for end in range(1, len(seq) + 1)}
 
 
-def _check_evictions(reference: ReferenceCache, cache: RadixCache) -> int:
-    """Check what the cache dropped against the model, then drop it there too."""
-    content = _content(cache)
-    expected = set(reference.ticks)
-    assert content <= expected, "the cache holds tokens nobody inserted"
-    removed = expected - content
-    for prefix in removed:
-        assert reference.locks[prefix] == 0, "a locked token was evicted"
-    for prefix in content:
-        assert prefix[:-1] in content or len(prefix) == 1, "an inner token was evicted"
-    unlocked_leaves = {p for p in reference.leaves(content) if reference.locks[p] == 0}
-    if removed and unlocked_leaves:
-        newest_removed = max(reference.ticks[p] for p in removed)
-        oldest_kept = min(reference.ticks[p] for p in unlocked_leaves)
-        assert newest_removed <= oldest_kept, "a more recently used branch was evicted first"
-    for prefix in removed:
-        del reference.ticks[prefix]
-    assert cache.size == reference.size
-    assert cache.size <= cache.capacity
-    return len(removed)
-
-
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(capacity=st.integers(3, 24), operations=_operations)
 def test_the_cache_matches_the_reference_model(capacity: int, operations: list[Any]) -> None:
-    cache, reference = RadixCache(capacity), ReferenceCache()
+    cache, reference = RadixCache(capacity), ReferenceCache(capacity)
     held: list[tuple[RadixNode, tuple[int, ...]]] = []
     hit_tokens = 0
     for operation in operations:
@@ -64,19 +42,13 @@ def test_the_cache_matches_the_reference_model(capacity: int, operations: list[A
         if kind == "insert":
             tokens = tuple(operation[1])
             try:
-                result = cache.insert(tokens)
+                expected: int | None = reference.insert(tokens)
+            except ReferenceFull:
+                expected = None
+            try:
+                assert cache.insert(tokens).new_tokens == expected
             except CacheFullError:
-                reference.clock += 1  # the failed insert still walked its path
-                for end in range(1, reference.longest_prefix(tokens) + 1):
-                    reference.ticks[tokens[:end]] = reference.clock
-                _check_evictions(reference, cache)
-                on_path = {tokens[:end] for end in range(1, len(tokens) + 1)}
-                leaves = reference.leaves(set(reference.ticks))
-                assert all(reference.locks[p] or p in on_path for p in leaves)
-                continue
-            new = reference.insert(tokens)
-            assert result.new_tokens == new
-            _check_evictions(reference, cache)
+                assert expected is None
         elif kind == "match":
             tokens, lock = tuple(operation[1]), operation[2]
             match = cache.match_prefix(tokens)
@@ -91,10 +63,8 @@ def test_the_cache_matches_the_reference_model(capacity: int, operations: list[A
             cache.unlock(node)
             reference.unlock(tokens)
         elif kind == "evict":
-            evictable = cache.evictable_size
-            freed = cache.evict(operation[1])
-            assert freed == _check_evictions(reference, cache)
-            assert freed >= min(operation[1], 1 if evictable else 0)
-            assert freed >= operation[1] or cache.evictable_size == 0
-        assert cache.protected_size == sum(1 for p in reference.ticks if reference.locks[p])
+            assert cache.evict(operation[1]) == reference.evict(operation[1])
+        assert _content(cache) == set(reference.ticks)
+        assert cache.size == reference.size <= capacity
+        assert cache.protected_size == reference.protected_size
         assert cache.stats.hit_tokens == hit_tokens
