@@ -21,6 +21,7 @@ import secrets
 import time
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -92,6 +93,9 @@ class AuctionService:
         self._completions: defaultdict[str, list[RequestCompletion]] = defaultdict(list)
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
+        # Clearing has a thread of its own: in the shared pool it would queue behind the holds
+        # of the very requests that are waiting for it.
+        self._clearing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clearing")
 
     async def start(self) -> None:
         """Start closing batches."""
@@ -106,6 +110,7 @@ class AuctionService:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
+        self._clearing.shutdown(wait=True)
 
     # Admission
 
@@ -208,11 +213,12 @@ class AuctionService:
         requests = [AuctionRequest(t.ledger_rid, t.user, t.tokens, t.bid_micros) for t in tickets]
         started = time.perf_counter()
         # Large batches take tens of milliseconds: keep the event loop serving meanwhile.
-        outcome = await asyncio.to_thread(run_auction, requests)
+        loop = asyncio.get_running_loop()
+        outcome = await loop.run_in_executor(self._clearing, run_auction, requests)
         self.metrics.auction_seconds.observe(time.perf_counter() - started)
         try:
             started = time.perf_counter()
-            await asyncio.to_thread(self._settle, batch_id, outcome, by_rid)
+            await loop.run_in_executor(self._clearing, self._settle, batch_id, outcome, by_rid)
             self.metrics.settle_seconds.observe(time.perf_counter() - started)
         except Exception as error:
             log.error("settling batch %s failed; its requests fail unserved: %s", batch_id, error)
