@@ -20,7 +20,17 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
-from billing import grants, holds, queries, reconcile, refunds, request_log, settlement, users
+from billing import (
+    grants,
+    holds,
+    queries,
+    reconcile,
+    recovery,
+    refunds,
+    request_log,
+    settlement,
+    users,
+)
 from billing.database import READ_ONLY, create_ledger_engine
 from billing.errors import InvalidInput
 from billing.export import render
@@ -324,6 +334,14 @@ class Ledger:
                 for c in completions
             ]
         )
+
+    def refund_unserved(self, older_than: timedelta) -> list[RefundResult]:
+        """After a crash: fail requests `scheduled` for longer than `older_than` and refund the
+        charges of failed requests that were never refunded. Idempotent; safe while servers
+        run when `older_than` exceeds their engine timeout (see `billing.recovery`)."""
+        now = self._now()
+        self._write(lambda s: recovery.mark_stale_failed(s, now - older_than, now))
+        return self._write(lambda s: recovery.refund_failed(s, now))
 
     def find_request(self, rid: str) -> RequestView | None:
         """The settled request `rid`, or None if no batch settled it."""

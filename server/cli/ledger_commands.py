@@ -524,6 +524,32 @@ def expire_holds(max_age: float | None, database_url: str | None) -> None:
     click.echo(f"Released {released} holds older than {seconds:g} s.")
 
 
+@ledger.command("refund-unserved")
+@click.option(
+    "--older-than",
+    type=click.FloatRange(min=0),
+    required=True,
+    help="Seconds a request may stay scheduled before it counts as lost; above the servers' "
+    "engine timeout while servers run, any value (e.g. 0) when none does.",
+)
+@database_option
+def refund_unserved(older_than: float, database_url: str | None) -> None:
+    """After a crash: refund requests that were charged but never served.
+
+    Requests still `scheduled` for longer than --older-than seconds are marked failed, and
+    every user's charge in a batch where one of their requests failed without a refund is
+    refunded. Running it again refunds nothing more.
+    """
+    with open_ledger(database_url) as book:
+        refunded = book.refund_unserved(timedelta(seconds=older_than))
+    for result in refunded:
+        click.echo(
+            f"Refunded {format_micros(result.amount_micros)} credits to {result.user!r}"
+            f" in batch {result.batch_id}."
+        )
+    click.echo(f"{len(refunded)} refunds.")
+
+
 DRIFT_COLUMNS = [
     ("user", "user"),
     ("balance_micros", "balance"),

@@ -23,16 +23,15 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import Exists, exists, select, text
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from billing import Ledger
-from billing.models import AuctionRequest, LedgerEntry, User
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.faults.faulty_sglang import FaultySGLang, free_port
 
@@ -272,40 +271,6 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
     assert "Traceback" not in log.read_text()
 
 
-def refund_unserved(ledger: Ledger, older_than: timedelta) -> int:
-    """The recovery procedure of docs/OPERATIONS.md: mark requests that stayed `scheduled`
-    longer than `older_than` failed, then refund each charge of a user in a batch where one of
-    their requests failed and no refund was recorded (a server records a failure only after
-    its refund attempt). Returns the refunds made."""
-    cutoff = datetime.now(UTC) - older_than
-    stale = select(AuctionRequest.rid).where(
-        AuctionRequest.status == "scheduled", AuctionRequest.updated_at < cutoff
-    )
-    with ledger.engine.connect() as connection:
-        rids = connection.scalars(stale).all()
-    for rid in rids:
-        ledger.complete_request(rid, "failed")
-
-    def entry(kind: str) -> Exists:
-        return exists().where(
-            LedgerEntry.kind == kind,
-            LedgerEntry.batch_id == AuctionRequest.batch_id,
-            LedgerEntry.user_id == AuctionRequest.user_id,
-        )
-
-    unrefunded = (
-        select(AuctionRequest.batch_id, User.name)
-        .join(User, User.id == AuctionRequest.user_id)
-        .where(AuctionRequest.status == "failed", entry("charge"), ~entry("refund"))
-        .distinct()
-    )
-    with ledger.engine.connect() as connection:
-        owed = connection.execute(unrefunded).all()
-    for batch_id, user in owed:
-        ledger.refund(batch_id, user, "not served: the server stopped while it was at the engine")
-    return len(owed)
-
-
 @pytest.mark.postgres
 def test_sigkill_while_requests_are_at_the_engine_keeps_charges_until_the_procedure(
     postgres_db: MigratedDatabase, tmp_path: Path
@@ -340,9 +305,19 @@ def test_sigkill_while_requests_are_at_the_engine_keeps_charges_until_the_proced
         assert "refund" not in [e.kind for e in ledger.entries(user).entries]
     assert ledger.reconcile().ok  # consistent, though the users paid for nothing
 
-    # The procedure refunds them, once.
-    assert refund_unserved(ledger, older_than=timedelta(0)) == sum(1 for c in charged.values() if c)
-    assert refund_unserved(ledger, older_than=timedelta(0)) == 0
+    # The recovery command refunds them, once.
+    recover = [
+        *CLI,
+        "ledger",
+        "refund-unserved",
+        "--older-than",
+        "0",
+        "--database-url",
+        postgres_db.url,
+    ]
+    first = subprocess.run(recover, check=True, capture_output=True, text=True, timeout=60)
+    assert first.stdout.strip().endswith(f"{sum(1 for c in charged.values() if c)} refunds.")
+    assert ledger.refund_unserved(timedelta(0)) == []
     for user in keys:
         assert ledger.balance(user).balance_micros == GRANT
         request = ledger.find_request(f"{user}/lost")
