@@ -237,6 +237,25 @@ def test_complete_requests_records_a_batch_all_or_nothing(funded: Ledger) -> Non
     assert funded.find_request("r1").status == RequestStatus.SERVED  # type: ignore[union-attr]
 
 
+def test_refund_unserved_refunds_lost_requests_once(funded: Ledger) -> None:
+    funded.settle_batch(*batch_of("b1", BIDS, CHARGES))
+    # Recent scheduled requests may still be at an engine: left alone.
+    assert funded.refund_unserved(timedelta(hours=1)) == []
+    refunded = funded.refund_unserved(timedelta(0))
+    assert [(r.user, r.amount_micros) for r in refunded] == [("alice", 250)]  # bob paid 0
+    assert funded.refund_unserved(timedelta(0)) == []
+    assert funded.balance("alice").balance_micros == 1_000
+    assert funded.find_request("r1").status == RequestStatus.FAILED  # type: ignore[union-attr]
+    assert funded.reconcile().ok
+
+
+def test_refund_unserved_leaves_served_requests_charged(funded: Ledger) -> None:
+    funded.settle_batch(*batch_of("b1", BIDS, CHARGES))
+    funded.complete_requests([RequestCompletion(rid, "served") for rid, _, _ in BIDS])
+    assert funded.refund_unserved(timedelta(0)) == []
+    assert funded.balance("alice").balance_micros == 750
+
+
 def test_many_batches_keep_the_books_balanced(ledger: Ledger) -> None:
     ledger.create_user("alice", budget_micros=10_000)
     ledger.create_user("bob", budget_micros=10_000)
