@@ -21,17 +21,23 @@ from bench.experiments.plan import Sweep, WorkloadSpec
 from bench.experiments.workloads import Query, Workload
 from server.auction.tree import build_radix_tree
 from server.engine.cost_model import CostModel
-from server.engine.simulator import DEFAULT_CACHE_TOKENS, EngineSimulator, SimRequest
+from server.engine.simulator import (
+    DEFAULT_CACHE_TOKENS,
+    DEFAULT_CHUNKED_PREFILL_SIZE,
+    EngineSimulator,
+    SimRequest,
+)
 
 __all__ = ["Engine", "Measurement", "Served", "SweepResult", "measure", "run_sweep", "serve"]
 
 
 @dataclass(frozen=True, slots=True)
 class Engine:
-    """The emulated server: its KV cache size in tokens and its cost model."""
+    """The emulated server: KV cache size in tokens, cost model, prefill tokens per step."""
 
     cache_tokens: int = DEFAULT_CACHE_TOKENS
     cost_model: CostModel = field(default_factory=CostModel)
+    chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +86,11 @@ class SweepResult:
 
 def serve(queries: Sequence[Query], order: Sequence[int], engine: Engine) -> Served:
     """Run the queue through a fresh engine simulator with `order` as its priorities."""
-    simulator = EngineSimulator(cache_tokens=engine.cache_tokens, cost_model=engine.cost_model)
+    simulator = EngineSimulator(
+        cache_tokens=engine.cache_tokens,
+        cost_model=engine.cost_model,
+        chunked_prefill_size=engine.chunked_prefill_size,
+    )
     for rank, index in enumerate(order):
         query = queries[index]
         # Plain ints: the engine keys its radix cache on them.

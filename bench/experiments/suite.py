@@ -127,6 +127,7 @@ def _settings(config: Config, engine: Engine) -> dict[str, object]:
         "orders": list(config.orders),
         "workload_file": str(config.workload_file) if config.workload_file else None,
         "cache_tokens": engine.cache_tokens,
+        "chunked_prefill_size": engine.chunked_prefill_size,
         "max_new_tokens": MAX_NEW_TOKENS,
         "cost_model": {
             "prefill_seconds_per_token": cost.prefill_seconds_per_token,
