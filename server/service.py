@@ -147,13 +147,14 @@ class AuctionService:
         try:
             await self._hold(ticket)
             ticket.queued = time.monotonic()
-            self.pool.submit(ticket)
-        except (QueueFull, PoolClosed) as error:
-            await self._release(ticket, "not queued: " + str(error))
+            try:
+                self.pool.submit(ticket)
+            except (QueueFull, PoolClosed) as error:
+                await self._release(ticket, "not queued: " + str(error))
+                raise Unavailable(str(error), headers={"Retry-After": "1"}) from None
+        except ServiceError as error:
             self._forget(key)
-            raise Unavailable(str(error), headers={"Retry-After": "1"}) from None
-        except ServiceError:
-            self._forget(key)
+            await ticket.finish(error)  # a concurrent retry that joined gets the same answer
             raise
         return ticket
 

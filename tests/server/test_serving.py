@@ -294,3 +294,17 @@ def test_health_and_metrics(server: RunningServer) -> None:
     ):
         assert name in metrics, name
     assert "inference_auction_batches_total 1.0" in metrics
+
+
+def test_concurrent_retries_of_a_refused_request_all_get_the_refusal(server: RunningServer) -> None:
+    key = server.create_user("pat", budget=100_000)
+    body = {"text": "too expensive", "bid": "5", "rid": "pat-1"}
+
+    async def together() -> list[httpx.Response]:
+        async with server.async_client(key) as client:
+            return list(
+                await asyncio.gather(*(client.post("/generate", json=body) for _ in range(4)))
+            )
+
+    assert [r.status_code for r in asyncio.run(together())] == [402] * 4
+    assert server.ledger.balance("pat").held_micros == 0
