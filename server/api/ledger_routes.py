@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 from typing import Annotated, Any, Literal
 
@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query
 
 from billing.records import BalanceView, EntryView, SummaryRow
 from server.api.deps import CurrentUser, State
+from server.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1/ledger", tags=["ledger"])
 
@@ -54,6 +55,19 @@ def summary_json(row: SummaryRow) -> dict[str, Any]:
     }
 
 
+def _in_utc(moment: datetime | None, field: str) -> datetime | None:
+    """An aware `since`/`until` in UTC (a naive one goes on, for the ledger to refuse by name);
+    400 when it has no UTC form, as 0001-01-01T00:00:00+01:00 has not."""
+    if moment is None or moment.tzinfo is None:
+        return moment
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise InvalidRequest(
+            f"{field}: {moment.isoformat()} is out of range", param=field
+        ) from None
+
+
 @router.get("/balance", summary="My balance")
 async def balance(user: CurrentUser, state: State) -> dict[str, Any]:
     """Balance, held, available and this period's spend."""
@@ -68,14 +82,16 @@ async def entries(
     until: datetime | None = None,
     kind: Literal["grant", "hold", "release", "charge", "refund", "adjustment"] | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    # An entry id as returned in `next_cursor`: ASCII digits that fit the id column (the
+    # ledger's own parser takes any Unicode digit, and a bigint overflow is a database error).
+    cursor: Annotated[str | None, Query(max_length=18, pattern=r"^[0-9]+$")] = None,
 ) -> dict[str, Any]:
     """A page of entries, oldest first; pass `next_cursor` back as `cursor`."""
     query = partial(
         state.ledger.entries,
         user.name,
-        since=since,
-        until=until,
+        since=_in_utc(since, "since"),
+        until=_in_utc(until, "until"),
         kind=kind,
         limit=limit,
         cursor=cursor,
@@ -93,5 +109,6 @@ async def summary(
     until: datetime | None = None,
 ) -> dict[str, Any]:
     """Totals per calendar period in the budget's time zone."""
+    since, until = _in_utc(since, "since"), _in_utc(until, "until")
     rows = await asyncio.to_thread(state.ledger.summary, user.name, by, since, until)
     return {"by": by, "rows": [summary_json(row) for row in rows]}

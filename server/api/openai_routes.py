@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.api.body import parse_body
+from server.api.body import json_body_schema, parse_body
 from server.api.deps import CurrentUser, State
 from server.api.generation import (
     admit,
@@ -32,8 +32,7 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 
 
 def _schema(model: type[CompletionBody] | type[ChatBody]) -> dict[str, Any]:
-    content = {"application/json": {"schema": model.model_json_schema()}}
-    return {"requestBody": {"required": True, "content": content}}
+    return json_body_schema(model)
 
 
 @router.get("/models", summary="List models")

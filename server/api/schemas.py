@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, field_validator
 
 # A rid is the client's idempotency key; it also reaches the ledger and the engine.
 RequestId = Annotated[
     str, StringConstraints(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9._:@+=-]+$")
 ]
 TokenId = Annotated[StrictInt, Field(ge=0, lt=2**31)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _engine_json(value: Any) -> Any:
+    """Free-form JSON as the engine's JSON encoder can send it: the exact reader's decimals
+    become floats, and a non-finite number (which no JSON encoder sends) is refused."""
+    if isinstance(value, Decimal):
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"numbers must be finite floats, got {value}")
+        return number
+    if isinstance(value, list):
+        return [_engine_json(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _engine_json(item) for key, item in value.items()}
+    return value
 
 
 class SamplingParams(BaseModel):
@@ -38,8 +56,13 @@ class SamplingParams(BaseModel):
     json_schema: str | None = None
     ebnf: str | None = None
     sampling_seed: StrictInt | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, FiniteFloat] | None = None
     custom_params: dict[str, Any] | None = None
+
+    @field_validator("custom_params")
+    @classmethod
+    def _sendable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else _engine_json(value)
 
     def for_engine(self) -> dict[str, Any]:
         """Only what the client set, so the engine keeps its own defaults for the rest."""

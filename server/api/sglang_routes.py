@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.api.body import parse_body
+from server.api.body import json_body_schema, parse_body
 from server.api.deps import CurrentUser, State
 from server.api.generation import (
     admit,
@@ -24,12 +24,7 @@ from server.tickets import Chunk, Clearance
 
 router = APIRouter(tags=["sglang"])
 
-_BODY_SCHEMA = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": GenerateBody.model_json_schema()}},
-    }
-}
+_BODY_SCHEMA = json_body_schema(GenerateBody)
 
 
 @router.post("/generate", openapi_extra=_BODY_SCHEMA, summary="Generate (SGLang-native)")
