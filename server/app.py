@@ -11,7 +11,14 @@ from fastapi import FastAPI
 from billing import Ledger
 from billing.jobs import start_scheduler
 from billing.migrate import upgrade
-from server.api import admin_routes, ledger_routes, openai_routes, ops_routes, sglang_routes
+from server.api import (
+    admin_routes,
+    engine_routes,
+    ledger_routes,
+    openai_routes,
+    ops_routes,
+    sglang_routes,
+)
 from server.api.deps import AppState, AuthenticationCache, RateLimiter
 from server.api.error_handlers import install_error_handlers
 from server.engine.base import Engine
@@ -57,7 +64,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for module in (sglang_routes, openai_routes, ledger_routes, admin_routes, ops_routes):
+    routes = (sglang_routes, engine_routes, openai_routes, ledger_routes, admin_routes, ops_routes)
+    for module in routes:
         app.include_router(module.router)
     return app
 

@@ -147,6 +147,9 @@ class Engine(Protocol):
     async def tokenize(self, text: str) -> list[int]:
         """The engine's token ids for `text` (cached by prompt where that costs I/O)."""
 
+    async def flush_cache(self) -> bool:
+        """Empty the engine's prefix cache; False while requests run or wait (SGLang's rule)."""
+
     def dispatch(self, requests: Sequence[EngineRequest]) -> list[Generation]:
         """Send `requests` in this order, in the background; one `Generation` each."""
 

@@ -67,6 +67,10 @@ class EmbeddedEngine(EngineBase):
         """Token ids from the default tokenizer."""
         return encode(text)
 
+    async def flush_cache(self) -> bool:
+        """Empty the emulated prefix cache, unless requests run or wait."""
+        return self.live.flush_cache()
+
     def _send(self, generations: list[Generation]) -> None:
         capacity = self.live.simulator.cache.capacity
         # One arrival time for the whole batch: the engine then queues it as one and serves it

@@ -308,3 +308,16 @@ def test_concurrent_retries_of_a_refused_request_all_get_the_refusal(server: Run
 
     assert [r.status_code for r in asyncio.run(together())] == [402] * 4
     assert server.ledger.balance("pat").held_micros == 0
+
+
+def test_sglang_management_endpoints(server: RunningServer) -> None:
+    user = server.create_user("quinn")
+    admin = server.create_user("root", admin=True)
+    with server.client(user) as client:
+        assert client.get("/model_info").json()["model_path"] == server.settings.model_name
+        assert client.get("/server_info").json()["engine"] == "embedded"
+        assert client.post("/flush_cache").status_code == 403  # everyone's cache: admins only
+    with server.client(admin) as client:
+        flushed = client.post("/flush_cache")
+        assert flushed.status_code == 200 and "flushed" in flushed.text
+        assert client.get("/flush_cache").status_code == 200

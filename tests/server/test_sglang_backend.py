@@ -110,6 +110,12 @@ def test_batches_reach_sglang_in_auction_order(
         entries = server.ledger.entries("alice", limit=1000).entries
         assert sum(-e.amount_micros for e in entries if e.kind == "charge") == sum(charged.values())
         assert server.ledger.reconcile().ok
+        # Flushing goes through to SGLang's own /flush_cache (idle now, so it flushes).
+        admin = server.create_user("root", admin=True)
+        flushed = httpx.post(
+            server.url + "/flush_cache", headers={"Authorization": f"Bearer {admin}"}, timeout=30
+        )
+        assert flushed.status_code == 200, flushed.text
 
 
 def test_an_unreachable_engine_is_502_and_refunds(ledger_db: MigratedDatabase) -> None:

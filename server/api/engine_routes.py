@@ -1,0 +1,56 @@
+"""SGLang's management endpoints, as clients of SGLang expect them on this server.
+
+`/model_info` and `/server_info` describe this server (and the engine behind it); flushing
+the engine's prefix cache slows every user's next requests, so `/flush_cache` needs the
+admin key (SGLang's `bench_serving --flush-cache` must then run with it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+
+from server.api.deps import AdminUser, CurrentUser, State
+from server.engine.errors import EngineError
+from server.errors import EngineFailed
+
+router = APIRouter(tags=["sglang"])
+
+
+@router.get("/model_info", summary="Model information (SGLang-compatible)")
+async def model_info(_: CurrentUser, state: State) -> dict[str, Any]:
+    """The served model's name, as SGLang's `/model_info` gives it."""
+    name = state.service.settings.model_name
+    return {"model_path": name, "tokenizer_path": None, "is_generation": True}
+
+
+@router.get("/server_info", summary="Server information (SGLang-compatible)")
+async def server_info(_: CurrentUser, state: State) -> dict[str, Any]:
+    """This server's scheduling settings, in the spirit of SGLang's `/server_info`."""
+    settings = state.service.settings
+    return {
+        "model_path": settings.model_name,
+        "engine": state.service.engine.name,
+        "engine_mode": settings.engine_mode,
+        "batch_size": settings.batch_size,
+        "max_wait_ms": settings.max_wait_ms,
+        "max_inflight": settings.max_inflight,
+        "schedule_policy": "average-bid-dfs auction",
+    }
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"], summary="Flush the engine's cache")
+async def flush_cache(_: AdminUser, state: State) -> PlainTextResponse:
+    """Empty the engine's prefix cache: 200, or 400 while requests run or wait (as SGLang)."""
+    try:
+        flushed = await state.service.engine.flush_cache()
+    except EngineError as error:
+        raise EngineFailed(f"the engine could not flush its cache: {error}") from None
+    if flushed:
+        return PlainTextResponse("Cache flushed.\n")
+    return PlainTextResponse(
+        "Cache not flushed: requests are running or waiting. Retry when the engine is idle.\n",
+        status_code=400,
+    )
