@@ -24,20 +24,17 @@ and gives members of a group equal values at `rho = 1`.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from billing.errors import InvalidAmount
-from billing.money import MICROS_PER_CREDIT, parse_credits
-from server.tokenizer import encode
+from billing.money import MICROS_PER_CREDIT
+from server.jsonlines import RecordError, read_records, record_credits, record_tokens
 
 __all__ = [
     "MAX_NEW_TOKENS",
@@ -286,50 +283,19 @@ def load_workload(path: Path, rng: np.random.Generator) -> Workload:
 
 
 def _records(lines: Iterable[str], name: str) -> Iterable[tuple[Tokens, int | None, int]]:
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{name}:{number}"
-        try:
-            # Decimal keeps a JSON number like 0.1 exact until it becomes micro-credits.
-            record = json.loads(line, parse_float=Decimal)
-        except json.JSONDecodeError as error:
-            raise WorkloadFileError(f"{where}: not valid JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise WorkloadFileError(f"{where}: expected a JSON object per line")
-        yield _tokens(record, where), _value(record, where), _max_new(record, where)
-
-
-def _tokens(record: dict[str, Any], where: str) -> Tokens:
-    if ("prompt" in record) == ("tokens" in record):
-        raise WorkloadFileError(f"{where}: give exactly one of 'prompt' (text) or 'tokens' (ids)")
-    if "prompt" in record:
-        if not isinstance(record["prompt"], str) or not record["prompt"]:
-            raise WorkloadFileError(f"{where}: field 'prompt' must be a non-empty string")
-        return np.asarray(encode(record["prompt"]), dtype=np.int64)
-    tokens = record["tokens"]
-    if (
-        not isinstance(tokens, list)
-        or not tokens
-        or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**63 for t in tokens
-        )
-    ):
-        raise WorkloadFileError(f"{where}: field 'tokens' must be a non-empty list of ids >= 0")
-    return np.asarray(tokens, dtype=np.int64)
-
-
-def _value(record: dict[str, Any], where: str) -> int | None:
-    if "value" not in record:
-        return None
     try:
-        return parse_credits(record["value"], "value")
-    except InvalidAmount as error:
-        raise WorkloadFileError(f"{where}: {error}") from None
+        for where, record in read_records(lines, name):
+            tokens = record_tokens(record, where)
+            if not tokens:
+                raise RecordError(f"{where}: the prompt is empty")
+            value = record_credits(record, "value", where)
+            yield np.asarray(tokens, dtype=np.int64), value, _max_new(record, where)
+    except RecordError as error:
+        raise WorkloadFileError(str(error)) from None
 
 
 def _max_new(record: dict[str, Any], where: str) -> int:
     value = record.get("max_new_tokens", MAX_NEW_TOKENS)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise WorkloadFileError(f"{where}: field 'max_new_tokens' must be an int >= 0")
+        raise RecordError(f"{where}: field 'max_new_tokens' must be an int >= 0")
     return value

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -11,10 +10,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from billing.errors import InvalidAmount
-from billing.money import format_micros, parse_credits
+from billing.money import format_micros
 from server.auction import AuctionInputError, AuctionOutcome, AuctionRequest, run_auction
-from server.tokenizer import encode
+from server.jsonlines import RecordError, read_records, record_credits, record_tokens
 
 
 class BatchFileError(click.ClickException):
@@ -53,41 +51,21 @@ def auction(batch: TextIO, as_json: bool) -> None:
 
 def read_batch(lines: TextIO, name: str) -> list[AuctionRequest]:
     """Parse the JSON lines of a batch file into auction requests (blank lines are skipped)."""
-    requests: list[AuctionRequest] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{name}:{number}"
-        try:
-            # Decimal keeps a JSON number like 0.1 exact until it becomes micro-credits.
-            record = json.loads(line, parse_float=Decimal)
-        except json.JSONDecodeError as error:
-            raise BatchFileError(f"{where}: not valid JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise BatchFileError(f"{where}: expected a JSON object per line")
-        requests.append(_request(record, where, default_rid=f"line-{number}"))
-    return requests
+    try:
+        return [_request(record, where) for where, record in read_records(lines, name)]
+    except RecordError as error:
+        raise BatchFileError(str(error)) from None
 
 
-def _request(record: dict[str, Any], where: str, default_rid: str) -> AuctionRequest:
-    rid = record.get("rid", default_rid)
+def _request(record: dict[str, Any], where: str) -> AuctionRequest:
     user = record.get("user")
     if not isinstance(user, str) or not user:
-        raise BatchFileError(f"{where}: field 'user' must be a non-empty string")
-    if ("prompt" in record) == ("tokens" in record):
-        raise BatchFileError(f"{where}: give exactly one of 'prompt' (text) or 'tokens' (ids)")
-    if "prompt" in record:
-        if not isinstance(record["prompt"], str):
-            raise BatchFileError(f"{where}: field 'prompt' must be a string")
-        tokens: Any = encode(record["prompt"])
-    else:
-        tokens = record["tokens"]
-    if "bid" not in record:
-        raise BatchFileError(f"{where}: field 'bid' is missing (credits, e.g. \"0.25\")")
-    try:
-        bid = parse_credits(record["bid"], "bid")
-    except InvalidAmount as error:
-        raise BatchFileError(f"{where}: {error}") from None
+        raise RecordError(f"{where}: field 'user' must be a non-empty string")
+    tokens = record_tokens(record, where)
+    bid = record_credits(record, "bid", where)
+    if bid is None:
+        raise RecordError(f"{where}: field 'bid' is missing (credits, e.g. \"0.25\")")
+    rid = record.get("rid", "line-" + where.rpartition(":")[2])
     return AuctionRequest(rid=str(rid), user=user, tokens=tokens, bid=bid)
 
 

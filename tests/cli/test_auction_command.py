@@ -54,7 +54,7 @@ def test_table_output_names_the_payments() -> None:
         ('{"rid": "a", "user": "u", "tokens": [1], "bid": NaN}', "bid"),
         (
             '{"rid": "a", "user": "u", "tokens": [1.5], "bid": 1}',
-            "request 'a': tokens must all be ints",
+            "batch.jsonl:1: field 'tokens' must be a list of token ids",
         ),
         ('{"rid": "a", "user": "u", "bid": 1}', "exactly one of 'prompt'"),
         ('{"rid": "a", "tokens": [1], "bid": 1}', "field 'user'"),
