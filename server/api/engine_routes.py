@@ -41,7 +41,10 @@ async def server_info(_: CurrentUser, state: State) -> dict[str, Any]:
     }
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"], summary="Flush the engine's cache")
+# One route per method: a route with both would publish one operationId twice, which makes
+# the OpenAPI document invalid (FastAPI warns when it builds it).
+@router.get("/flush_cache", summary="Flush the engine's cache", operation_id="flush_cache_get")
+@router.post("/flush_cache", summary="Flush the engine's cache", operation_id="flush_cache_post")
 async def flush_cache(_: AdminUser, state: State) -> PlainTextResponse:
     """Empty the engine's prefix cache: 200, or 400 while requests run or wait (as SGLang)."""
     try:
