@@ -16,6 +16,9 @@ MICROS_PER_CREDIT = 1_000_000
 # signed 64-bit column.
 MAX_MICROS = 10**9 * MICROS_PER_CREDIT
 
+MAX_AMOUNT_CHARS = 64
+_MAX_BITS = 200
+
 _CREDITS = re.compile(r"(?P<int>[0-9]+)(?:\.(?P<frac>[0-9]+))?", re.ASCII)
 
 
@@ -24,10 +27,15 @@ def parse_credits(value: str | int | Decimal, field: str, maximum: int = MAX_MIC
     if isinstance(value, bool):
         raise InvalidAmount(field, f"expected an amount of credits, got {value!r}")
     if isinstance(value, int):
+        if abs(value).bit_length() > _MAX_BITS:  # str() of a huge int is itself refused
+            raise InvalidAmount(field, "is far above the maximum amount")
         text = str(value)
     elif isinstance(value, Decimal):
         if not value.is_finite():
             raise InvalidAmount(field, f"must be a finite number of credits, got {value}")
+        # Written out in full, 1E+999999999 would be a billion digits: refuse it by magnitude.
+        if value and abs(value.adjusted()) > MAX_AMOUNT_CHARS:
+            raise InvalidAmount(field, "is far outside the range of amounts of credits")
         text = format(value, "f")
     elif isinstance(value, str):
         text = value.strip()
@@ -44,6 +52,10 @@ def parse_credits(value: str | int | Decimal, field: str, maximum: int = MAX_MIC
 
 
 def _parse_text(text: str, field: str) -> int:
+    # Checked before any digit is converted: Python refuses to build an int of over 4,300
+    # digits, and no real amount needs more than a few dozen characters.
+    if len(text) > MAX_AMOUNT_CHARS:
+        raise InvalidAmount(field, f"{len(text):,} characters is too long for an amount of credits")
     if text.startswith("-"):
         raise InvalidAmount(field, f"must not be negative, got {text!r}")
     if text.lower().lstrip("+") in {"nan", "inf", "infinity", "snan"}:

@@ -103,7 +103,12 @@ def entries(
 def _parse_cursor(cursor: str | None) -> int | None:
     if cursor is None:
         return None
-    if not isinstance(cursor, str) or not cursor.isdigit():
+    # ASCII digits only (str.isdigit also accepts '²'), and short enough for a BIGINT id.
+    if (
+        not isinstance(cursor, str)
+        or not (cursor.isascii() and cursor.isdigit())
+        or len(cursor) > 18
+    ):
         raise InvalidInput("cursor", f"is not a cursor returned by a previous page: {cursor!r}")
     return int(cursor)
 

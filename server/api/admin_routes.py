@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from billing.money import parse_credits
 from billing.records import UserInfo
-from server.api.body import check_amount_text, parse_body
+from server.api.body import parse_body
 from server.api.deps import AdminUser, State
 from server.api.ledger_routes import balance_json
 
@@ -67,8 +67,6 @@ def user_json(user: UserInfo) -> dict[str, Any]:
 async def create_user(request: Request, _: AdminUser, state: State) -> dict[str, Any]:
     """Create a user; the response holds its API key, which is never shown again."""
     body = await parse_body(request, NewUser)
-    check_amount_text(body.budget, "budget")
-    check_amount_text(body.batch_cap, "batch_cap")
     budget = parse_credits(body.budget, "budget")
     cap = None if body.batch_cap is None else parse_credits(body.batch_cap, "batch_cap")
     created = await asyncio.to_thread(
@@ -112,7 +110,6 @@ async def set_budget(
 ) -> dict[str, Any]:
     """Change a user's budget."""
     body = await parse_body(request, BudgetChange)
-    check_amount_text(body.budget, "budget")
     budget = None if body.budget is None else parse_credits(body.budget, "budget")
     user = await asyncio.to_thread(
         partial(

@@ -32,7 +32,6 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_NUMBER_CHARS = 100
 MAX_NUMBER_EXPONENT = 400
 # Longer than any amount of credits written as a string (10 digits, a point, 6 decimals).
-MAX_AMOUNT_CHARS = 64
 # The JSON escape of a surrogate, \uD800 to \uDFFF: paired (an emoji) or not. Only a body
 # with one, or with non-ASCII bytes (Python's JSON decoder lets encoded surrogates through),
 # needs the slower check for unpaired ones.
@@ -98,16 +97,6 @@ async def read_json(request: Request) -> Any:
                 "not valid Unicode"
             ) from None
     return data
-
-
-def check_amount_text(value: Any, field: str) -> None:
-    """Refuse an amount string far longer than any amount before the money parser converts
-    its digits (Python refuses integers of over 4,300 digits with a ValueError: a 500)."""
-    if isinstance(value, str) and len(value) > MAX_AMOUNT_CHARS:
-        raise InvalidRequest(
-            f"{field}: {len(value):,} characters is too long for an amount of credits",
-            param=field,
-        )
 
 
 async def parse_body(request: Request, model: type[Model]) -> Model:

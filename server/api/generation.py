@@ -20,7 +20,6 @@ from fastapi.responses import StreamingResponse
 from billing.errors import InvalidAmount
 from billing.money import MICROS_PER_CREDIT, parse_credits
 from billing.records import UserInfo
-from server.api.body import check_amount_text
 from server.api.deps import AppState
 from server.engine.errors import EngineError, EngineTimeout
 from server.errors import EngineFailed, EngineTimedOut, InvalidRequest, ServiceError, Unavailable
@@ -46,7 +45,6 @@ def parse_bid(value: Any, state: AppState) -> int:
     limit = state.service.settings.max_bid_credits * MICROS_PER_CREDIT
     if isinstance(value, float):  # only reachable if a caller bypassed the exact JSON reader
         value = repr(value)
-    check_amount_text(value, "bid")
     try:
         return parse_credits(value, "bid", maximum=limit)
     except InvalidAmount as error:

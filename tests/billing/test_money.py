@@ -68,3 +68,13 @@ def test_format_micros_shows_six_decimals_and_sign() -> None:
     assert format_micros(1_500_000) == "1.500000"
     assert format_micros(-1) == "-0.000001"
     assert format_micros(0) == "0.000000"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [10**5000, "9" * 5000, Decimal("1E+999999999"), Decimal("1E-9999999")],
+    ids=["huge-int", "huge-text", "huge-exponent", "tiny-exponent"],
+)
+def test_absurd_amounts_are_refused_before_any_conversion(value: object) -> None:
+    with pytest.raises(InvalidAmount, match=r"^budget: .*(too long|far)"):
+        parse_credits(value, "budget")  # type: ignore[arg-type]

@@ -5,7 +5,9 @@ import io
 import json
 from datetime import UTC, datetime
 
-from billing import EntryKind, Ledger
+import pytest
+
+from billing import EntryKind, InvalidInput, Ledger
 from tests.billing.conftest import Clock
 from tests.billing.helpers import hold_and_settle
 
@@ -80,3 +82,10 @@ def test_balance_reports_the_period(timed_ledger: Ledger) -> None:
     view = timed_ledger.balance("alice")
     assert view.period.value == "month"
     assert view.period_start == datetime(2024, 12, 31, 23, tzinfo=UTC)
+
+
+def test_a_cursor_that_no_page_returned_is_refused_by_name(ledger: Ledger) -> None:
+    ledger.create_user("alice", budget_micros=10)
+    for cursor in ("²", "1" * 19, "-1", "abc"):
+        with pytest.raises(InvalidInput, match=r"^cursor: is not a cursor"):
+            ledger.entries("alice", cursor=cursor)
