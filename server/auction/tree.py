@@ -95,8 +95,8 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
             children.append([popped])
             request.append(NOT_A_REQUEST)
             depth_tokens.append(shared)
-            siblings = children[under]
-            siblings[siblings.index(popped)] = middle
+            # Prompts arrive sorted, so the path being split is always the newest child.
+            children[under][-1] = middle
             parent[popped] = middle
             stack.append(middle)
         if prompt.size > depth_tokens[stack[-1]]:
