@@ -64,7 +64,7 @@ inference-auction serving on {base}  (ledger: {settings.database_url})
 First steps, in another terminal:
   1. create a user with a budget of 10 credits (prints its API key once):
        .venv/bin/inference-auction users create alice --budget 10{db}
-  2. send a request with a bid of 0.05 credits:
+  2. put that key in KEY (KEY=iak_...) and send a request with a bid of 0.05 credits:
        curl -s {base}/generate -H "Authorization: Bearer $KEY" \\
             -d '{{"text": "Hello, auction!", "bid": "0.05"}}'
   3. see the charge:
