@@ -31,7 +31,6 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 # 1e308, money at 1e9 credits).
 MAX_NUMBER_CHARS = 100
 MAX_NUMBER_EXPONENT = 400
-# Longer than any amount of credits written as a string (10 digits, a point, 6 decimals).
 # The JSON escape of a surrogate, \uD800 to \uDFFF: paired (an emoji) or not. Only a body
 # with one, or with non-ASCII bytes (Python's JSON decoder lets encoded surrogates through),
 # needs the slower check for unpaired ones.
