@@ -19,6 +19,7 @@ import numpy.typing as npt
 from server.auction.request import TokenArray
 
 ROOT = 0
+_SHORT_TOKENS = 16
 NO_PARENT = -1
 NOT_A_REQUEST = -1
 
@@ -58,9 +59,7 @@ class RadixTree:
 def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
     """Build the request-augmented compacted trie of `prompts` (request i = prompts[i])."""
     n = len(prompts)
-    keys, word = _sort_keys(prompts)
-    # Stable sort: identical prompts keep their arrival order among their sibling leaves.
-    sorted_requests = sorted(range(n), key=keys.__getitem__)
+    order = _LexicographicOrder(prompts)
 
     parent = [NO_PARENT]
     children: list[list[int]] = [[]]
@@ -69,7 +68,7 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
     leaf_of = [0] * n
     # The path from the root to the previous prompt's end, as (node, depth in tokens).
     stack = [ROOT]
-    previous: npt.NDArray[Any] | None = None
+    previous = NOT_A_REQUEST
 
     def new_node(under: int, depth: int, request_index: int = NOT_A_REQUEST) -> int:
         node = len(parent)
@@ -80,10 +79,9 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
         children[under].append(node)
         return node
 
-    for index in sorted_requests:
-        # The packed words are half the memory of the int64 prompts: the LCP scan reads less.
-        prompt = np.frombuffer(keys[index], dtype=word)
-        shared = 0 if previous is None else _common_prefix_length(previous, prompt)
+    for index in order.requests:
+        size = int(prompts[index].size)
+        shared = 0 if previous == NOT_A_REQUEST else order.shared_prefix(previous, index)
         popped = NO_PARENT
         while depth_tokens[stack[-1]] > shared:
             popped = stack.pop()
@@ -99,25 +97,61 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
             children[under][-1] = middle
             parent[popped] = middle
             stack.append(middle)
-        if prompt.size > depth_tokens[stack[-1]]:
-            stack.append(new_node(stack[-1], int(prompt.size)))
-        leaf_of[index] = new_node(stack[-1], int(prompt.size), index)
-        previous = prompt
+        if size > depth_tokens[stack[-1]]:
+            stack.append(new_node(stack[-1], size))
+        leaf_of[index] = new_node(stack[-1], size, index)
+        previous = index
 
     preorder = _preorder(children)
     stats = _stats(prompts, parent, request, depth_tokens, preorder)
     return RadixTree(parent, children, request, leaf_of, preorder, stats)
 
 
-def _sort_keys(prompts: Sequence[TokenArray]) -> tuple[list[bytes], type[np.unsignedinteger[Any]]]:
-    """Big-endian fixed-width bytes: their memcmp order is the prompts' lexicographic order.
+class _LexicographicOrder:
+    """The prompts in lexicographic order, and the shared prefix of sorted neighbours.
 
-    Comparing bytes runs in C over whole buffers; comparing lists of Python ints would first
-    need every token boxed, which costs more than the rest of the auction together.
+    Prompts are packed as big-endian fixed-width bytes, whose memcmp order is the prompts'
+    lexicographic order, so the sort runs in C (comparing lists of Python ints would first box
+    every token, which costs more than the rest of the auction together). Most prompts differ
+    within their first tokens, so they are sorted by a short key of those first; only the runs
+    that tie on it are packed whole and sorted again. That keeps the memory this streams close
+    to the tokens that are actually shared.
     """
-    largest = max((int(prompt.max()) for prompt in prompts if prompt.size), default=0)
-    width, word = (">u4", np.uint32) if largest < 2**32 else (">u8", np.uint64)
-    return [prompt.astype(width).tobytes() for prompt in prompts], word
+
+    def __init__(self, prompts: Sequence[TokenArray]) -> None:
+        # 8-byte words always fit, and the short keys are too small for the width to matter.
+        self._short = [prompt[:_SHORT_TOKENS].astype(">u8").tobytes() for prompt in prompts]
+        self._whole: dict[int, npt.NDArray[Any]] = {}
+        # Stable: identical prompts keep their arrival order among their sibling leaves.
+        self.requests = sorted(range(len(prompts)), key=self._short.__getitem__)
+        start = 0
+        for end in range(1, len(self.requests) + 1):
+            if end == len(self.requests) or self._short_of(end) != self._short_of(start):
+                if end - start > 1:
+                    self._sort_run(prompts, start, end)
+                start = end
+
+    def _short_of(self, place: int) -> bytes:
+        return self._short[self.requests[place]]
+
+    def _sort_run(self, prompts: Sequence[TokenArray], start: int, end: int) -> None:
+        run = self.requests[start:end]
+        largest = max((int(prompts[i].max()) for i in run if prompts[i].size), default=0)
+        width, word = (">u4", np.uint32) if largest < 2**32 else (">u8", np.uint64)
+        whole = {i: prompts[i].astype(width).tobytes() for i in run}
+        run.sort(key=whole.__getitem__)
+        self.requests[start:end] = run
+        for i, packed in whole.items():
+            self._whole[i] = np.frombuffer(packed, dtype=word)
+
+    def shared_prefix(self, a: int, b: int) -> int:
+        """Tokens shared by the prompts of requests a and b, neighbours in the order."""
+        if self._short[a] != self._short[b]:
+            return _common_prefix_length(
+                np.frombuffer(self._short[a], dtype=">u8"),
+                np.frombuffer(self._short[b], dtype=">u8"),
+            )
+        return _common_prefix_length(self._whole[a], self._whole[b])
 
 
 def _common_prefix_length(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> int:

@@ -27,6 +27,26 @@ def batches(draw: st.DrawFn, max_size: int = 12) -> list[AuctionRequest]:
     ]
 
 
+# Blocks of 12 tokens: prompts made of them share prefixes that end before, at and beyond
+# the first 16 tokens, where the tree build switches from short sort keys to whole prompts.
+_BLOCKS = [list(range(b * 100, b * 100 + 12)) for b in range(3)]
+_LONG_PROMPT = st.builds(
+    lambda blocks, tail: [t for b in blocks for t in _BLOCKS[b]] + tail,
+    st.lists(st.integers(min_value=0, max_value=2), max_size=4),
+    st.lists(st.integers(min_value=0, max_value=2**40), max_size=3),
+)
+
+
+@st.composite
+def long_batches(draw: st.DrawFn, max_size: int = 20) -> list[AuctionRequest]:
+    """A batch of prompts up to ~50 tokens long that share long prefixes."""
+    size = draw(st.integers(min_value=0, max_value=max_size))
+    return [
+        AuctionRequest(rid=f"r{index}", user=draw(_USER), tokens=draw(_LONG_PROMPT), bid=draw(_BID))
+        for index in range(size)
+    ]
+
+
 @st.composite
 def misreports(draw: st.DrawFn, batch: list[AuctionRequest], user: str) -> list[AuctionRequest]:
     """The same batch with `user`'s bids replaced by arbitrary other bids."""

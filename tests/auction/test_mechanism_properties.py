@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from server.auction import AuctionOutcome, AuctionRequest, run_auction
 from server.auction.reference import all_dfs_orders, reference_order, reference_payments, welfare
-from tests.auction.strategies import batches, misreports
+from tests.auction.strategies import batches, long_batches, misreports
 
 
 def _indexes(outcome: AuctionOutcome, batch: list[AuctionRequest]) -> list[int]:
@@ -95,3 +95,13 @@ def test_large_batches_agree_with_the_oracle(batch: list[AuctionRequest]) -> Non
     outcome = run_auction(batch)
     assert _indexes(outcome, batch) == reference_order(batch, [r.bid for r in batch])
     assert outcome.exact_payments == reference_payments(batch)
+
+
+@settings(max_examples=150)
+@given(long_batches())
+def test_long_shared_prefixes_agree_with_the_oracle(batch: list[AuctionRequest]) -> None:
+    outcome = run_auction(batch)
+    assert _indexes(outcome, batch) == reference_order(batch, [r.bid for r in batch])
+    assert outcome.exact_payments == reference_payments(batch)
+    unique = {tuple(r.tokens[:k]) for r in batch for k in range(1, len(r.tokens) + 1)}
+    assert outcome.tree.unique_tokens == len(unique)
