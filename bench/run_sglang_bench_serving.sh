@@ -4,7 +4,7 @@
 #
 #   bench/run_sglang_bench_serving.sh [SGLANG_DIR] [EXTRA bench_serving ARGS...]
 #
-# SGLANG_DIR (default /work/sglang-ref) holds the separate SGLang virtualenv made by
+# SGLANG_DIR (default .sglang-ref in the repository) holds the separate SGLang virtualenv made by
 # bench/setup_sglang_reference.sh, in SGLANG_DIR/.venv. The project's own virtualenv (.venv at
 # the repository root, `make` creates it) runs the server.
 #
@@ -27,7 +27,8 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SGLANG_DIR="${1:-/work/sglang-ref}"
+# Absolute, because the run changes into a temporary folder.
+SGLANG_DIR="$(realpath -m "${1:-$REPO/.sglang-ref}")"
 shift $(( $# > 0 ? 1 : 0 ))
 EXTRA_ARGS=("$@")
 

@@ -4,13 +4,14 @@
 # against, never a dependency: this venv lives outside the repository and nothing in it is
 # committed.
 #
-# Usage: bench/setup_sglang_reference.sh [TARGET_DIR]   (default /work/sglang-ref)
+# Usage: bench/setup_sglang_reference.sh [TARGET_DIR]   (default .sglang-ref in the repository)
 # Then:  TARGET_DIR/.venv/bin/python bench/sglang_reference.py --input BATCH.npz --repeat 3
 #
 # Re-runnable: an existing venv is reused and pip skips what is already installed.
 set -euo pipefail
 
-TARGET="${1:-/work/sglang-ref}"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TARGET="$(realpath -m "${1:-$REPO/.sglang-ref}")"
 PYTHON="${PYTHON:-python3}"
 TORCH_VERSION="2.13.0"      # the CPU wheel that lies on the machine's disk (pip's find-links)
 SGLANG_VERSION="0.5.23"

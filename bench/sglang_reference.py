@@ -21,8 +21,8 @@ Python one because it runs without memory pools.
 It runs in the separate SGLang virtualenv made by ``bench/setup_sglang_reference.sh``, never
 in the project's own, and imports nothing from this repository::
 
-    bench/setup_sglang_reference.sh /work/sglang-ref
-    /work/sglang-ref/.venv/bin/python bench/sglang_reference.py --input BATCH.npz --repeat 3
+    bench/setup_sglang_reference.sh .sglang-ref
+    .sglang-ref/.venv/bin/python bench/sglang_reference.py --input BATCH.npz --repeat 3
 
 ``BATCH.npz`` holds the prompts as token ids: ``tokens`` (one concatenated int64 array) and
 ``offsets`` (int64, n + 1 start offsets). ``--synthetic N`` builds the standard test batch

@@ -2,8 +2,8 @@
 
 It is an emulator, not SGLang: no model runs. Scheduling, the radix cache and time follow
 `server.engine.simulator`; completions are deterministic word sequences; token ids come from
-the default tokenizer. What matches SGLang is the contract a client sees (/work/shared/SGLANG.md
-and SGLang's own source): `/generate` streamed and not, with SGLang's `meta_info` (as with
+the default tokenizer. What matches SGLang is the contract a client sees (as SGLang 0.5.23's
+source defines it): `/generate` streamed and not, with SGLang's `meta_info` (as with
 `--enable-metrics`), its three error shapes (a 400 `{"error": "<text>"}` for a body that breaks
 the JSON contract, such as an unknown `sampling_params` key; a 400 `{"error": {"message": ...}}`
 for bad input such as a duplicate in-flight rid, sent inside the stream for a streamed request;
