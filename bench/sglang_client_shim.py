@@ -25,47 +25,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.abc
-import importlib.machinery
 import runpy
 import sys
-import types
-from collections.abc import Sequence
 from pathlib import Path
+
+try:  # run as a module of the repository (type checks, tests)
+    from bench import torchvision_stub
+except ImportError:  # run as a script in SGLang's virtualenv, where bench/ is on sys.path
+    import torchvision_stub  # type: ignore[no-redef, import-not-found]
 
 # Vocabulary of the offline tokenizer: short made-up words (no network, no model download).
 VOCAB_SIZE = 8_000
 UNK = "[UNK]"
-
-
-class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Answer ``import torchvision`` (and its submodules) with empty modules.
-
-    ``from torchvision.x import Name`` also works: the import system then tries ``Name`` as a
-    submodule, which this finder answers too.
-    """
-
-    def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None = None,
-        target: types.ModuleType | None = None,
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "torchvision" and not fullname.startswith("torchvision."):
-            return None
-        # Frame 1 is importlib's _find_spec; frame 2 is the import machinery for an import
-        # statement and importlib.util.find_spec for an availability probe.
-        if sys._getframe(2).f_code.co_name != "_find_and_load_unlocked":
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        """Nothing to run: the stub module stays empty."""
 
 
 def _word(i: int) -> str:
@@ -109,7 +80,7 @@ def build_tokenizer(directory: Path) -> None:
 
 
 def run_bench_serving(args: list[str]) -> None:
-    sys.meta_path.insert(0, _TorchvisionStub())
+    torchvision_stub.install()
     sys.argv = ["sglang.bench_serving", *args]
     runpy.run_module("sglang.bench_serving", run_name="__main__", alter_sys=True)
 

@@ -35,12 +35,8 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
-import importlib.abc
-import importlib.machinery
 import json
-import sys
 import time
-import types
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +47,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+try:  # run as a module of the repository (type checks, tests)
+    from bench import torchvision_stub
+except ImportError:  # run as a script in SGLang's virtualenv, where bench/ is on sys.path
+    import torchvision_stub  # type: ignore[no-redef, import-not-found]
+
 TokenArray = npt.NDArray[np.int64]
 
 # Shape of the synthetic batch (see the module docstring).
@@ -58,38 +59,6 @@ GROUP_SIZE = 16
 ARTICLE_TOKENS = 900
 PROMPT_TOKENS = 1000
 VOCAB = 32_000
-
-
-class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Answer ``import torchvision`` with an empty module.
-
-    PyPI's torchvision cannot load beside the CPU torch build, and SGLang imports it only from
-    multimodal modules that the radix cache never calls. Only real import statements get the
-    stub: transformers probes ``importlib.util.find_spec("torchvision")`` to decide whether to
-    use torchvision's API, and must keep seeing that it is absent.
-    """
-
-    def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None = None,
-        target: types.ModuleType | None = None,
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "torchvision" and not fullname.startswith("torchvision."):
-            return None
-        # Frame 1 is importlib's _find_spec; frame 2 is the import machinery for an import
-        # statement and importlib.util.find_spec for an availability probe.
-        if sys._getframe(2).f_code.co_name != "_find_and_load_unlocked":
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        """Nothing to run: the stub module stays empty."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +76,7 @@ class SGLang:
 
 
 def load_sglang() -> SGLang:
-    sys.meta_path.insert(0, _TorchvisionStub())
+    torchvision_stub.install()
     radix = importlib.import_module("sglang.srt.mem_cache.radix_cache")
     base = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
     policy = importlib.import_module("sglang.srt.managers.schedule_policy")
