@@ -8,6 +8,7 @@ default tokenizer (`server.tokenizer`), which the emulator's `/tokenize` uses to
 
 from __future__ import annotations
 
+import asyncio
 from http import HTTPStatus
 
 from server.engine.base import EngineChunk, EngineResult
@@ -28,6 +29,10 @@ def _abort_error(reason: dict[str, object]) -> EngineError:
     if status == HTTPStatus.SERVICE_UNAVAILABLE:
         return EngineUnavailable(message, engine_status=HTTPStatus.SERVICE_UNAVAILABLE)
     return EngineFailed(message, engine_status=status if isinstance(status, int) else None)
+
+
+# Longer texts take milliseconds to tokenize: long enough to stall every other request.
+_INLINE_TOKENIZE_CHARS = 20_000
 
 
 class EmbeddedEngine(EngineBase):
@@ -64,7 +69,9 @@ class EmbeddedEngine(EngineBase):
         return self.live.running
 
     async def tokenize(self, text: str) -> list[int]:
-        """Token ids from the default tokenizer."""
+        """Token ids from the default tokenizer (a long text off the event loop)."""
+        if len(text) > _INLINE_TOKENIZE_CHARS:
+            return await asyncio.to_thread(encode, text)
         return encode(text)
 
     async def flush_cache(self) -> bool:

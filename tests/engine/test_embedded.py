@@ -156,3 +156,11 @@ def test_a_driver_failure_fails_what_is_in_flight() -> None:
     outcome = asyncio.run(run())
     assert isinstance(outcome, EngineFailed)
     assert outcome.engine_status == 500
+
+
+def test_long_and_short_texts_tokenize_alike() -> None:
+    # A long text is tokenized on a worker thread; the ids must not depend on where.
+    engine = EmbeddedEngine(time_scale=0.001)
+    long_text = "The quick brown fox jumps over the lazy dog. " * 2_000
+    assert asyncio.run(engine.tokenize(long_text)) == encode(long_text)
+    assert asyncio.run(engine.tokenize("short text")) == encode("short text")
