@@ -16,7 +16,7 @@ from functools import partial
 from types import TracebackType
 from typing import Self, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
@@ -389,6 +389,10 @@ class Ledger:
     ) -> str:
         """The user's entries (every user's when `name` is None) as `csv` or `json`."""
         return self._read(lambda s: render(queries.iter_entries(s, name, since, until), fmt))
+
+    def ping(self) -> None:
+        """Raise unless the database answers a trivial query (for health checks)."""
+        self._read(lambda s: s.execute(text("SELECT 1")))
 
     def reconcile(self) -> ReconcileReport:
         """Check every balance row against the sum of its entries."""

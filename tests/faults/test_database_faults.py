@@ -232,7 +232,12 @@ def test_an_unreachable_postgres_ledger_is_503_until_it_is_back(
                     balance = client.get(
                         "/v1/ledger/balance", headers={"Authorization": f"Bearer {keys['ann']}"}
                     )
+                    health = client.get("/health")
                 settle_failed = caught.result(timeout=30)
+        # The health check names what is down, so an orchestrator can route around it.
+        assert health.status_code == 503
+        assert health.json()["ledger"] == "unavailable"
+        assert health.json()["status"] == "ledger unavailable"
         for reply in [*during.values(), balance, settle_failed]:
             assert reply.headers["retry-after"] == "1"
         for reply in during.values():

@@ -280,6 +280,7 @@ def test_health_and_metrics(server: RunningServer) -> None:
         client.post("/generate", json={"text": "count me", "bid": "0.1"})
         health = client.get("/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"
+        assert health.json()["ledger"] == "ok"
         metrics = client.get("/metrics").text
     for name in (
         "inference_auction_queue_length",
