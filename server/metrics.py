@@ -78,6 +78,12 @@ class Metrics:
             registry=r,
         )
         self.cache_hit_rate.set_function(self._hit_rate)
+        self.ledger_errors = Counter(
+            "inference_auction_ledger_errors",
+            "Ledger operations that failed (database down or locked), by operation",
+            ["operation"],
+            registry=r,
+        )
         self.requests = Counter(
             "inference_auction_requests", "Requests by outcome", ["status"], registry=r
         )

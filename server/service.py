@@ -166,6 +166,7 @@ class AuctionService:
         except LedgerError as error:
             raise from_ledger_error(error) from None
         except Exception as error:  # the database is down or locked: nothing was written
+            self.metrics.ledger_errors.labels(operation="hold").inc()
             log.warning("placing a hold failed: %s", error)
             raise Unavailable(
                 "the ledger is unavailable; retry shortly", headers={"Retry-After": "1"}
@@ -190,6 +191,7 @@ class AuctionService:
         try:
             await asyncio.to_thread(self.ledger.release, ticket.ledger_rid, reason)
         except Exception as error:  # the stale-hold job frees it later
+            self.metrics.ledger_errors.labels(operation="release").inc()
             log.warning("releasing hold %s failed: %s", ticket.ledger_rid, error)
 
     def _remember(self, key: tuple[str, str], ticket: Ticket) -> None:
@@ -222,6 +224,7 @@ class AuctionService:
             await loop.run_in_executor(self._clearing, self._settle, batch_id, outcome, by_rid)
             self.metrics.settle_seconds.observe(time.perf_counter() - started)
         except Exception as error:
+            self.metrics.ledger_errors.labels(operation="settle").inc()
             log.error("settling batch %s failed; its requests fail unserved: %s", batch_id, error)
             failure = Unavailable(
                 "the ledger could not settle the batch; nothing was charged",
@@ -354,6 +357,7 @@ class AuctionService:
         except LedgerError as failure:  # already refunded for another request of the batch
             log.info("refund of %s in %s: %s", ticket.user, clearance.batch_id, failure)
         except Exception as failure:
+            self.metrics.ledger_errors.labels(operation="refund").inc()
             log.error("refund of %s in %s failed: %s", ticket.user, clearance.batch_id, failure)
 
     async def _record(self, ticket: Ticket, error: ServiceError | None, ttft: float | None) -> None:
@@ -382,4 +386,5 @@ class AuctionService:
         try:
             await asyncio.to_thread(self.ledger.complete_requests, batch)
         except Exception as failure:  # bookkeeping only: the money is already settled
+            self.metrics.ledger_errors.labels(operation="record").inc()
             log.warning("recording batch %s failed: %s", ticket.clearance.batch_id, failure)

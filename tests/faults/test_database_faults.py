@@ -234,6 +234,9 @@ def test_an_unreachable_postgres_ledger_is_503_until_it_is_back(
                     )
                     health = client.get("/health")
                 settle_failed = caught.result(timeout=30)
+        # The failed settlement is counted where an operator's alert can see it.
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+        assert 'inference_auction_ledger_errors_total{operation="settle"} 1.0' in metrics
         # The health check names what is down, so an orchestrator can route around it.
         assert health.status_code == 503
         assert health.json()["ledger"] == "unavailable"
