@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections import Counter
@@ -15,14 +14,7 @@ import uvicorn
 from server.engine.live import LiveSimulator
 from server.engine.sglang_app import create_sglang_app
 from server.engine.simulator import EngineSimulator
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from tests.processes import free_port
 
 
 class PathCounter:

@@ -11,7 +11,7 @@ import httpx
 from click.testing import CliRunner
 
 from server.cli import main
-from tests.engine.conftest import free_port
+from tests.processes import free_port
 
 
 def test_the_command_is_registered_and_documented() -> None:

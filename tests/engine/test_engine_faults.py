@@ -21,7 +21,7 @@ from server.engine.errors import (
     EngineUnavailable,
 )
 from server.engine.sglang_http import SGLangHTTPEngine
-from tests.engine.conftest import free_port
+from tests.processes import free_port
 
 REQUEST = EngineRequest("r1", [1, 2, 3], {"max_new_tokens": 2}, priority=1)
 

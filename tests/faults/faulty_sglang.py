@@ -40,14 +40,6 @@ HANG_LIMIT_SECONDS = 120.0
 ERROR_MESSAGE = "CUDA error: an illegal memory access was encountered"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def token_ids(text: str) -> list[int]:
     """A stable id per whitespace-separated word (this server has no real tokenizer)."""
     return [zlib.crc32(word.encode()) % 50_000 + 1 for word in text.split()]

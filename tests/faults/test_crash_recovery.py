@@ -33,7 +33,8 @@ from sqlalchemy.engine import make_url
 
 from billing import Ledger
 from tests.db_fixtures import MigratedDatabase, migrated_database
-from tests.faults.faulty_sglang import FaultySGLang, free_port
+from tests.faults.faulty_sglang import FaultySGLang
+from tests.processes import free_port, wait_until_healthy
 
 GRANT = 10_000_000
 BIDS = {"alice": "0.5", "bob": "0.3", "carol": "0.2"}
@@ -73,16 +74,10 @@ def _serve(env: dict[str, str], log: Path) -> Iterator[tuple[str, subprocess.Pop
             [*CLI, "serve", "--log-level", "warning"], env=env, stdout=output, stderr=output
         )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start:\n{log.read_text()}")
-            time.sleep(0.1)
+        try:
+            wait_until_healthy(url, process)
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}:\n{log.read_text()}") from None
         yield url, process
     finally:
         if process.poll() is None:

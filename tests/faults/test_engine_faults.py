@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from tests.db_fixtures import MigratedDatabase
-from tests.faults.faulty_sglang import FaultySGLang, Mode, free_port
+from tests.faults.faulty_sglang import FaultySGLang, Mode
+from tests.processes import free_port
 from tests.server.harness import RunningServer, running_server
 
 GRANT = 10_000_000

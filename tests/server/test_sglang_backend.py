@@ -7,10 +7,8 @@ contract a real SGLang server has, so the server's SGLang client code is exercis
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -19,19 +17,14 @@ import httpx
 import pytest
 
 from tests.db_fixtures import MigratedDatabase
+from tests.processes import free_port, wait_until_healthy
 from tests.server.harness import running_server
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def sglang_url() -> Iterator[str]:
     """An `emulate-sglang` process on a free loopback port."""
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable,
         "-c",
@@ -45,16 +38,7 @@ def sglang_url() -> Iterator[str]:
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("emulate-sglang did not start")
-            time.sleep(0.1)
+        wait_until_healthy(url, process)
         yield url
     finally:
         process.terminate()
@@ -119,7 +103,7 @@ def test_batches_reach_sglang_in_auction_order(
 
 
 def test_an_unreachable_engine_is_502_and_refunds(ledger_db: MigratedDatabase) -> None:
-    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there: connections are refused
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: connections are refused
     with running_server(ledger_db, engine_url=dead) as server:
         keys = [server.create_user(name, budget=5_000_000) for name in ("ann", "ben")]
 
