@@ -30,7 +30,7 @@ check: lint types test  ## Lint, type-check and test
 bench: $(STAMP)  ## Benchmark the auction core against the naive oracle
 	$(BIN)/python -m bench.auction_speed
 
-experiments: $(STAMP)  ## Reproduce the paper's experiments (about 10 minutes)
+experiments: $(STAMP)  ## Reproduce the paper's experiments (about 4 minutes on 2 cores)
 	$(BIN)/inference-auction experiment all --out results
 
 clean:

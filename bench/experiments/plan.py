@@ -9,14 +9,16 @@ size, and a `rho` sweep keeps prompts and draws fixed while only the correlation
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from bench.experiments.workloads import (
+    OUTPUT_TOKENS,
     Workload,
     chains,
+    check_output_tokens,
     load_workload,
     mixshare,
     one_cluster_bids,
@@ -30,16 +32,21 @@ KINDS = ("mixshare", "chains", "trees-short", "trees-long", "one-cluster", "file
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
-    """How to build a queue: a generator kind and its parameters, or a workload file."""
+    """How to build a queue: a generator kind and its parameters, or a workload file.
+
+    `outputs` is the range the queries' output lengths are drawn from.
+    """
 
     kind: str
     share: float = 50.0
     rho: float = 0.0
     path: str = ""
+    outputs: tuple[int, int] = OUTPUT_TOKENS
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown workload kind {self.kind!r}; choose from {KINDS}")
+        check_output_tokens(self.outputs)
 
     @property
     def label(self) -> str:
@@ -54,15 +61,17 @@ class WorkloadSpec:
         """The queue of this spec for `trial` (a file gives its own queue, whatever `queue`)."""
         key = [seed, trial, zlib.crc32(self.kind.encode()), round(self.share * 1000)]
         rng = np.random.default_rng(key)
+        outputs = self.outputs
         if self.kind == "mixshare":
-            return mixshare(self.share, queue, rng, rho=self.rho)
+            return mixshare(self.share, queue, rng, rho=self.rho, outputs=outputs)
         if self.kind == "chains":
-            return chains(queue, rng, rho=self.rho)
+            return chains(queue, rng, rho=self.rho, outputs=outputs)
         if self.kind in ("trees-short", "trees-long"):
-            return trees(self.kind.removeprefix("trees-"), queue, rng, rho=self.rho)
+            variant = self.kind.removeprefix("trees-")
+            return trees(variant, queue, rng, rho=self.rho, outputs=outputs)
         if self.kind == "one-cluster":
-            return one_cluster_bids(queue, rng)
-        return load_workload(Path(self.path), rng)
+            return one_cluster_bids(queue, rng, outputs=outputs)
+        return load_workload(Path(self.path), rng, outputs=outputs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +131,27 @@ QUICK = Scale(
 )
 
 
-def figure_sweeps(figure: str, scale: Scale, workload_file: Path | None = None) -> list[Sweep]:
-    """The sweeps behind `figure` ("figure1", "figure2" or "figure3")."""
+def figure_sweeps(
+    figure: str,
+    scale: Scale,
+    workload_file: Path | None = None,
+    outputs: tuple[int, int] = OUTPUT_TOKENS,
+) -> list[Sweep]:
+    """The sweeps behind `figure` ("figure1", "figure2" or "figure3"), with output lengths."""
+    check_output_tokens(outputs)
+    return [
+        replace(
+            sweep,
+            points=tuple(
+                replace(point, workload=replace(point.workload, outputs=outputs))
+                for point in sweep.points
+            ),
+        )
+        for sweep in _sweeps(figure, scale, workload_file)
+    ]
+
+
+def _sweeps(figure: str, scale: Scale, workload_file: Path | None) -> list[Sweep]:
     q = scale.queue
     if workload_file is not None:
         return _file_sweeps(figure, workload_file, scale)

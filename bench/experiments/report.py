@@ -150,7 +150,8 @@ def to_markdown(results: Results) -> str:
         "# Experiment results",
         "",
         f"Queue Q = {settings['queue']}, {settings['trials']} trials, seed {settings['seed']}, "
-        f"cache {settings['cache_tokens']:,} tokens, outputs {settings['max_new_tokens']} tokens. "
+        f"cache {settings['cache_tokens']:,} tokens, "
+        f"outputs {_range(settings['output_tokens'])} tokens. "
         f"Machine: {settings['machine']['cpu']}, {settings['machine']['cores']} cores. "
         f"Wall time: {sum(results.elapsed.values()):.0f} s "
         f"({', '.join(f'{k} {v:.0f} s' for k, v in results.elapsed.items())}).",
@@ -220,3 +221,8 @@ def _cell(samples: list[float], suffix: str = "") -> str:
     mean, error = mean_and_stderr(samples)
     digits = 0 if abs(mean) >= 100 else 1 if abs(mean) >= 10 else 2
     return f"{mean:.{digits}f}{suffix} ± {error:.{digits}f}"
+
+
+def _range(bounds: list[int]) -> str:
+    low, high = bounds
+    return str(low) if low == high else f"{low}-{high}"

@@ -14,7 +14,7 @@ from bench.experiments.orders import ORDERS
 from bench.experiments.plan import FULL, Scale, figure_sweeps
 from bench.experiments.report import Results, machine, write_report
 from bench.experiments.runner import Engine, run_sweep
-from bench.experiments.workloads import MAX_NEW_TOKENS
+from bench.experiments.workloads import OUTPUT_TOKENS
 
 __all__ = ["FIGURES", "Config", "Tracker", "run"]
 
@@ -46,6 +46,8 @@ class Config:
     seed: int = 0
     orders: Sequence[str] = ORDERS
     workload_file: Path | None = None
+    # Each query's output length is drawn from this inclusive range.
+    output_tokens: tuple[int, int] = OUTPUT_TOKENS
 
 
 def run(config: Config, tracker: Tracker | None = None) -> Results:
@@ -59,7 +61,7 @@ def run(config: Config, tracker: Tracker | None = None) -> Results:
             results.autobidding = _autobidding(config, tracker)
             plot_autobidding(results.autobidding, config.out / "figure4.png")
         else:
-            sweeps = figure_sweeps(figure, config.scale, config.workload_file)
+            sweeps = figure_sweeps(figure, config.scale, config.workload_file, config.output_tokens)
             measured = []
             for sweep in sweeps:
                 tick = _start(
@@ -128,7 +130,7 @@ def _settings(config: Config, engine: Engine) -> dict[str, object]:
         "workload_file": str(config.workload_file) if config.workload_file else None,
         "cache_tokens": engine.cache_tokens,
         "chunked_prefill_size": engine.chunked_prefill_size,
-        "max_new_tokens": MAX_NEW_TOKENS,
+        "output_tokens": list(config.output_tokens),
         "cost_model": {
             "prefill_seconds_per_token": cost.prefill_seconds_per_token,
             "prefill_seconds_per_step": cost.prefill_seconds_per_step,

@@ -16,6 +16,10 @@ workloads draw random token ids with the sizes of the paper's sources (Section 5
   the whole queue fits in a 23k-token cache). Long: a 3-5k-token article and ~100-token
   thoughts, depth 3 (~4.3k tokens a prompt, far beyond the cache).
 
+Every query asks for its own number of output tokens, drawn uniformly from `OUTPUT_TOKENS` (8 to
+120, mean 64): answers, thoughts and agent actions vary in length, and equal lengths would make
+the running requests finish together and the engine admit new ones in synchronized waves.
+
 Queries arrive in a random order (a saturated queue interleaves its users). Values are
 `1 + Pareto(1.5)` credits; within a group (a cluster, chain or tree) they are correlated by
 `rho` through a Gaussian copula, which keeps every value's law exactly 1 + numpy's Lomax(1.5)
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +41,14 @@ from billing.money import MICROS_PER_CREDIT
 from server.jsonlines import RecordError, read_records, record_credits, record_tokens
 
 __all__ = [
-    "MAX_NEW_TOKENS",
+    "OUTPUT_TOKENS",
     "TREE_SHAPES",
     "Query",
     "TreeShape",
     "Workload",
     "WorkloadFileError",
     "chains",
+    "check_output_tokens",
     "draw_values",
     "load_workload",
     "mixshare",
@@ -52,9 +57,10 @@ __all__ = [
 ]
 
 PARETO_SHAPE = 1.5
-# The paper does not state output lengths. 64 tokens, a short answer or one thought, is fixed
-# here for every workload before any run; it sets how long decoding holds memory.
-MAX_NEW_TOKENS = 64
+# The paper does not state output lengths. Ours average 64 tokens, a short answer or one
+# thought, for every workload; they set how long decoding holds memory. The spread follows
+# SGLang's own bench_serving (uniform over a range): real outputs stop at different lengths.
+OUTPUT_TOKENS = (8, 120)
 # Random token ids from a large range: distinct segments share a first token with negligible
 # probability, so the radix tree has exactly the intended shape.
 _TOKEN_RANGE = (1, 2**31 - 1)
@@ -97,7 +103,7 @@ class Query:
     tokens: Tokens
     value: int
     group: int
-    max_new_tokens: int = MAX_NEW_TOKENS
+    max_new_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,15 +147,34 @@ class _Builder:
         self.prompts.append(prompt)
         self.groups.append(group)
 
-    def build(self, name: str, rho: float) -> Workload:
+    def build(self, name: str, rho: float, outputs: tuple[int, int]) -> Workload:
         arrival = self.rng.permutation(len(self.prompts))
         groups = [self.groups[i] for i in arrival]
         values = draw_values(groups, rho, self.rng)
+        lengths = draw_output_tokens(len(arrival), outputs, self.rng)
         queries = tuple(
-            Query(self.prompts[i], value, group)
-            for i, value, group in zip(arrival, values, groups, strict=True)
+            Query(self.prompts[i], value, group, length)
+            for i, value, group, length in zip(arrival, values, groups, lengths, strict=True)
         )
         return Workload(name, queries)
+
+
+def check_output_tokens(outputs: tuple[int, int]) -> None:
+    """Refuse an output-length range that is empty or negative."""
+    low, high = outputs
+    if not 0 <= low <= high:
+        raise ValueError(f"output tokens must be a range 0 <= low <= high, got {low}-{high}")
+
+
+def draw_output_tokens(count: int, outputs: tuple[int, int], rng: np.random.Generator) -> list[int]:
+    """`count` output lengths, uniform over the inclusive range `outputs`.
+
+    They come from a child of `rng`, which leaves `rng`'s own stream untouched: the prompts and
+    values of a queue, and every queue drawn after it, do not depend on the output range.
+    """
+    check_output_tokens(outputs)
+    (child,) = rng.spawn(1)
+    return [int(n) for n in child.integers(outputs[0], outputs[1] + 1, size=count).tolist()]
 
 
 def draw_values(groups: Sequence[int], rho: float, rng: np.random.Generator) -> list[int]:
@@ -168,7 +193,14 @@ def draw_values(groups: Sequence[int], rho: float, rng: np.random.Generator) -> 
     return [int(c) for c in np.floor(credits * MICROS_PER_CREDIT).tolist()]
 
 
-def mixshare(share: float, queue: int, rng: np.random.Generator, *, rho: float = 0.0) -> Workload:
+def mixshare(
+    share: float,
+    queue: int,
+    rng: np.random.Generator,
+    *,
+    rho: float = 0.0,
+    outputs: tuple[int, int] = OUTPUT_TOKENS,
+) -> Workload:
     """Stars: `share` percent of the queries in article or few-shot clusters, the rest alone."""
     if not 0.0 <= share <= 100.0:
         raise ValueError(f"share must be a percentage in [0, 100], got {share}")
@@ -185,7 +217,7 @@ def mixshare(share: float, queue: int, rng: np.random.Generator, *, rho: float =
             np.concatenate([builder.segment(ARTICLE_TOKENS), builder.segment(QUESTION_TOKENS)]),
             builder.new_group(),
         )
-    return builder.build(f"mixshare-{share:g}", rho)
+    return builder.build(f"mixshare-{share:g}", rho, outputs)
 
 
 def _add_clusters(
@@ -211,7 +243,13 @@ def _add_clusters(
         )
 
 
-def chains(queue: int, rng: np.random.Generator, *, rho: float = 0.0) -> Workload:
+def chains(
+    queue: int,
+    rng: np.random.Generator,
+    *,
+    rho: float = 0.0,
+    outputs: tuple[int, int] = OUTPUT_TOKENS,
+) -> Workload:
     """Agent trajectories: each step's prompt extends the previous step's prompt."""
     builder = _Builder(rng)
     while len(builder.prompts) < queue:
@@ -222,10 +260,17 @@ def chains(queue: int, rng: np.random.Generator, *, rho: float = 0.0) -> Workloa
             if step:
                 prompt = np.concatenate([prompt, builder.segment(STEP_TOKENS)])
             builder.add(prompt, group)
-    return builder.build("chains", rho)
+    return builder.build("chains", rho, outputs)
 
 
-def trees(variant: str, queue: int, rng: np.random.Generator, *, rho: float = 0.0) -> Workload:
+def trees(
+    variant: str,
+    queue: int,
+    rng: np.random.Generator,
+    *,
+    rho: float = 0.0,
+    outputs: tuple[int, int] = OUTPUT_TOKENS,
+) -> Workload:
     """3-ary tree-of-thought trees, `variant` "short" (fits the cache) or "long"."""
     if variant not in TREE_SHAPES:
         raise ValueError(f"variant must be 'short' or 'long', got {variant!r}")
@@ -245,44 +290,53 @@ def trees(variant: str, queue: int, rng: np.random.Generator, *, rho: float = 0.
                     for p in level
                     for _ in range(BRANCHING)
                 ]
-    return builder.build(f"trees-{variant}", rho)
+    return builder.build(f"trees-{variant}", rho, outputs)
 
 
-def one_cluster_bids(queue: int, rng: np.random.Generator) -> Workload:
+def one_cluster_bids(
+    queue: int, rng: np.random.Generator, *, outputs: tuple[int, int] = OUTPUT_TOKENS
+) -> Workload:
     """mixshare-50 where one shared-prefix cluster, chosen at random, is alone in bidding."""
-    base = mixshare(50.0, queue, rng)
+    base = mixshare(50.0, queue, rng, outputs=outputs)
     sizes: dict[int, int] = {}
     for query in base.queries:
         sizes[query.group] = sizes.get(query.group, 0) + 1
     clusters = sorted(group for group, size in sizes.items() if size > 1)
     chosen = clusters[int(rng.integers(len(clusters)))]
     queries = tuple(
-        query if query.group == chosen else Query(query.tokens, 0, query.group)
-        for query in base.queries
+        query if query.group == chosen else replace(query, value=0) for query in base.queries
     )
     return Workload("one-cluster-bids", queries)
 
 
-def load_workload(path: Path, rng: np.random.Generator) -> Workload:
-    """Read a JSON-lines workload; a query without a value gets a `1 + Pareto(1.5)` draw.
+def load_workload(
+    path: Path, rng: np.random.Generator, *, outputs: tuple[int, int] = OUTPUT_TOKENS
+) -> Workload:
+    """Read a JSON-lines workload; what a line leaves out is drawn as for the synthetic ones.
 
     Each line holds `prompt` (text, tokenized offline) or `tokens` (ids), and optionally
-    `value` (credits, a number or a decimal string) and `max_new_tokens`. The lines are the
-    queue in arrival order.
+    `value` (credits, a number or a decimal string; else a `1 + Pareto(1.5)` draw) and
+    `max_new_tokens` (else a draw from `outputs`). The lines are the queue in arrival order.
     """
     with path.open(encoding="utf-8") as lines:
         records = list(_records(lines, path.name))
     if not records:
         raise WorkloadFileError(f"{path.name}: no queries")
     drawn = draw_values(range(len(records)), 0.0, rng)
+    lengths = draw_output_tokens(len(records), outputs, rng)
     queries = tuple(
-        Query(tokens, drawn[i] if value is None else value, i, max_new)
+        Query(
+            tokens,
+            drawn[i] if value is None else value,
+            i,
+            lengths[i] if max_new is None else max_new,
+        )
         for i, (tokens, value, max_new) in enumerate(records)
     )
     return Workload(path.stem, queries)
 
 
-def _records(lines: Iterable[str], name: str) -> Iterable[tuple[Tokens, int | None, int]]:
+def _records(lines: Iterable[str], name: str) -> Iterable[tuple[Tokens, int | None, int | None]]:
     try:
         for where, record in read_records(lines, name):
             tokens = record_tokens(record, where)
@@ -294,8 +348,10 @@ def _records(lines: Iterable[str], name: str) -> Iterable[tuple[Tokens, int | No
         raise WorkloadFileError(str(error)) from None
 
 
-def _max_new(record: dict[str, Any], where: str) -> int:
-    value = record.get("max_new_tokens", MAX_NEW_TOKENS)
+def _max_new(record: dict[str, Any], where: str) -> int | None:
+    value = record.get("max_new_tokens")
+    if value is None:
+        return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise RecordError(f"{where}: field 'max_new_tokens' must be an int >= 0")
     return value

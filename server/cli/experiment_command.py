@@ -6,6 +6,7 @@ that every other command starts without numpy, matplotlib and the simulator.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,20 @@ from rich.table import Table
 TARGETS = ("figure1", "figure2", "figure3", "figure4", "all")
 # Figures 3 and 4 need the generators' cluster and user structure; a file has neither.
 FILE_FIGURES = ("figure1", "figure2")
+
+
+def _output_range(_ctx: click.Context, _param: click.Parameter, text: str) -> tuple[int, int]:
+    """Parse "LOW-HIGH" or "N" (every query N tokens) into an inclusive range."""
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", text.strip())
+    if match is None:
+        raise click.BadParameter(
+            f"{text!r} is not LOW-HIGH or N, e.g. 8-120 or 64", param_hint="--output-tokens"
+        )
+    low = int(match[1])
+    high = int(match[2]) if match[2] is not None else low
+    if low > high:
+        raise click.BadParameter(f"{text!r}: LOW is above HIGH", param_hint="--output-tokens")
+    return low, high
 
 
 class _RichTracker:
@@ -56,6 +71,16 @@ class _RichTracker:
     show_default=True,
     help="Comma-separated orders to compare.",
 )
+@click.option(
+    "--output-tokens",
+    "output_tokens",
+    default="8-120",
+    show_default=True,
+    callback=_output_range,
+    metavar="LOW-HIGH",
+    help="Each query's output length, drawn uniformly from this range (N: all N tokens). "
+    "A workload file's max_new_tokens wins over it.",
+)
 def experiment(
     target: str,
     out: Path,
@@ -64,6 +89,7 @@ def experiment(
     seed: int,
     workload_file: Path | None,
     orders: str,
+    output_tokens: tuple[int, int],
 ) -> None:
     """Reproduce the paper's experiments on the emulated SGLang engine (simulated clock).
 
@@ -79,7 +105,8 @@ def experiment(
       {"tokens": [101, 7, 42], "value": 1.5, "max_new_tokens": 32}
 
     `value` (credits) is the truthful bid; without it a value is drawn from 1 + Pareto(1.5).
-    Text prompts go through the default offline tokenizer.
+    Without `max_new_tokens` the output length is drawn from --output-tokens. Text prompts go
+    through the default offline tokenizer.
     """
     # Imported here, not at the top: the rest of the CLI should not wait for numpy and matplotlib.
     from bench.experiments.orders import ORDERS  # noqa: PLC0415
@@ -105,6 +132,7 @@ def experiment(
         seed=seed,
         orders=chosen,
         workload_file=workload_file,
+        output_tokens=output_tokens,
     )
     console = Console(stderr=True)
     columns = (

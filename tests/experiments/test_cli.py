@@ -28,6 +28,7 @@ def test_quick_run_writes_every_figure_and_the_numbers(tmp_path: Path) -> None:
     numbers = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert numbers["settings"]["queue"] == 512
     assert numbers["settings"]["trials"] == 2
+    assert numbers["settings"]["output_tokens"] == [8, 120]
     stars = numbers["figures"]["figure2"][0]["points"][0]
     assert stars["workload"] == "mixshare-50"
     assert set(stars["orders"]) == {"dfs-bid", "dfs-uniform", "bid-sort", "no-sort"}
@@ -73,3 +74,8 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "figure3 needs the synthetic workloads" in result.output
     assert runner.invoke(experiment, ["figure9"]).exit_code == 2
+    for bad in ("120-8", "eight", "-5", "8-"):
+        args = ["figure2", "--output-tokens", bad, "--out", str(tmp_path)]
+        result = runner.invoke(experiment, args)
+        assert result.exit_code == 2, bad
+        assert "--output-tokens" in result.output, bad

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -50,7 +52,7 @@ def test_dfs_orders_are_dfs_and_flat_orders_are_not(workload: Workload) -> None:
 
 def test_bid_sort_is_sorted_with_ties_in_arrival_order() -> None:
     values = [5, 9, 5, 1, 9, 0]
-    queries = [Query(np.array([i + 1]), v, i) for i, v in enumerate(values)]
+    queries = [Query(np.array([i + 1]), v, i, 16) for i, v in enumerate(values)]
     assert batch_order("bid-sort", queries) == [1, 4, 0, 2, 3, 5]
     assert batch_order("no-sort", queries) == list(range(6))
 
@@ -61,7 +63,7 @@ def test_dfs_bid_is_the_auction_and_dfs_uniform_ignores_bids() -> None:
         AuctionRequest(str(i), f"group-{q.group}", q.tokens, q.value) for i, q in enumerate(queries)
     ]
     assert batch_order("dfs-bid", queries) == [int(r) for r in run_auction(requests).order]
-    flat = [Query(q.tokens, 7, q.group) for q in queries]
+    flat = [replace(q, value=7) for q in queries]
     assert batch_order("dfs-uniform", queries) == batch_order("dfs-uniform", flat)
     assert batch_order("dfs-bid", flat) == batch_order("dfs-uniform", queries)
 

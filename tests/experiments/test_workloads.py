@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from bench.experiments.workloads import (
-    MAX_NEW_TOKENS,
+    OUTPUT_TOKENS,
     Query,
     Workload,
     WorkloadFileError,
@@ -160,6 +161,41 @@ def test_arrival_interleaves_groups() -> None:
     assert runs > QUEUE * 0.8  # shuffled, not cluster after cluster
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda rng, outputs: mixshare(50, QUEUE, rng, outputs=outputs),
+        lambda rng, outputs: chains(QUEUE, rng, outputs=outputs),
+        lambda rng, outputs: trees("short", QUEUE, rng, outputs=outputs),
+        lambda rng, outputs: one_cluster_bids(QUEUE, rng, outputs=outputs),
+    ],
+)
+def test_output_lengths_vary_over_their_range_and_move_nothing_else(
+    make: Callable[[np.random.Generator, tuple[int, int]], Workload],
+) -> None:
+    rng = _rng(5)
+    varied = make(rng, OUTPUT_TOKENS)
+    after_varied = rng.integers(1 << 30)
+    rng = _rng(5)
+    fixed = make(rng, (64, 64))
+    after_fixed = rng.integers(1 << 30)
+    lengths = np.array([q.max_new_tokens for q in varied.queries])
+    assert lengths.min() == OUTPUT_TOKENS[0] and lengths.max() == OUTPUT_TOKENS[1]
+    assert abs(lengths.mean() - sum(OUTPUT_TOKENS) / 2) < 3  # uniform: mean 64 over 1,024
+    assert {q.max_new_tokens for q in fixed.queries} == {64}
+    # The same prompts, values and groups in the same order, and the generator left where
+    # it was: changing the output range changes nothing else in this or later queues.
+    for a, b in zip(varied.queries, fixed.queries, strict=True):
+        assert np.array_equal(a.tokens, b.tokens) and (a.value, a.group) == (b.value, b.group)
+    assert after_varied == after_fixed
+
+
+@pytest.mark.parametrize("outputs", [(-1, 5), (9, 8)])
+def test_an_empty_or_negative_output_range_is_refused(outputs: tuple[int, int]) -> None:
+    with pytest.raises(ValueError, match="output tokens"):
+        mixshare(50, 10, _rng(), outputs=outputs)
+
+
 def test_a_workload_file_reads_prompts_tokens_and_values(tmp_path: Path) -> None:
     path = tmp_path / "mine.jsonl"
     lines = [
@@ -174,7 +210,9 @@ def test_a_workload_file_reads_prompts_tokens_and_values(tmp_path: Path) -> None
     assert (first.value, second.value) == (250_000, 1_500_000)
     assert third.value >= 1_000_000  # drawn: 1 + Pareto(1.5) credits
     assert third.tokens.tolist() == [5, 6, 7] and third.max_new_tokens == 8
-    assert first.max_new_tokens == MAX_NEW_TOKENS
+    # A line without max_new_tokens gets a draw from the output range.
+    low, high = OUTPUT_TOKENS
+    assert low <= first.max_new_tokens <= high and low <= second.max_new_tokens <= high
     assert np.array_equal(first.tokens[:6], second.tokens[:6])
 
 
