@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from server.engine.simulator import DEFAULT_CACHE_TOKENS
+
 TARGETS = ("figure1", "figure2", "figure3", "figure4", "all")
 # Figures 3 and 4 need the generators' cluster and user structure; a file has neither.
 FILE_FIGURES = ("figure1", "figure2")
@@ -31,6 +33,11 @@ def _output_range(_ctx: click.Context, _param: click.Parameter, text: str) -> tu
     high = int(match[2]) if match[2] is not None else low
     if low > high:
         raise click.BadParameter(f"{text!r}: LOW is above HIGH", param_hint="--output-tokens")
+    if high > DEFAULT_CACHE_TOKENS:
+        raise click.BadParameter(
+            f"{text!r}: an output cannot exceed the {DEFAULT_CACHE_TOKENS:,}-token KV cache",
+            param_hint="--output-tokens",
+        )
     return low, high
 
 

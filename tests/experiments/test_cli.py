@@ -74,7 +74,7 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "figure3 needs the synthetic workloads" in result.output
     assert runner.invoke(experiment, ["figure9"]).exit_code == 2
-    for bad in ("120-8", "eight", "-5", "8-"):
+    for bad in ("120-8", "eight", "-5", "8-", "8-23001"):
         args = ["figure2", "--output-tokens", bad, "--out", str(tmp_path)]
         result = runner.invoke(experiment, args)
         assert result.exit_code == 2, bad
