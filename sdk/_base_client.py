@@ -473,7 +473,7 @@ class BaseClient:
             return "/v1/budget", {}
         return "/v1/spend", ledger_params(since=self._bidder.spend_since)
 
-    def _apply_sync(self, marker: tuple[int, int, int], payload: BudgetPeriod | Spend) -> None:
+    def _apply_sync(self, marker: tuple[int, int], payload: BudgetPeriod | Spend) -> None:
         """Take the user's ledger-wide figures as the spend of the plan or period."""
         if isinstance(payload, BudgetPeriod):
             if payload.period_end is None:
@@ -485,7 +485,6 @@ class BaseClient:
                 marker=marker,
                 spent_micros=payload.spent_micros,
                 auctions=payload.auctions,
-                held_micros=payload.held_micros,
                 window=(payload.period_start, payload.period_end),
                 now=payload.now,
                 total_micros=payload.grant_micros,
@@ -496,7 +495,6 @@ class BaseClient:
                 marker=marker,
                 spent_micros=payload.spent_micros,
                 auctions=payload.auctions,
-                held_micros=payload.held_micros,
                 window=(payload.since, None if window is None else window[1]),
                 now=payload.now,
             )

@@ -33,6 +33,9 @@ STATE_VERSION = 1
 # Charges of older batches are forgotten: a batch is reported within one request's lifetime.
 _MAX_BATCHES = 4096
 _STATE_BATCHES = 256
+# Over the last part of a period the multiplier fades out: budget left at the end is worth
+# nothing, so bidding closer to full value then only adds utility (the guard still caps bids).
+_FINAL_STRETCH = 0.1
 
 
 @dataclass
@@ -78,7 +81,6 @@ class PacingBidder:
         self._shared_auctions = 0
         self._shared_elapsed = 0.0
         self._shared_at = now
-        self._others_held = 0
         self._local_spent = 0
         self._local_auctions = 0
         self._needs_sync = False
@@ -193,12 +195,13 @@ class PacingBidder:
         """Bids in micro-credits for one auction's values; their sum is reserved as in flight."""
         if any(v < 0 for v in values):
             raise ValueError("values must not be negative")
-        with self._locked():
+        with self._locked() as now:
             self._v_max = max(self._v_max, sum(values))
             if self._budget.pacing == "asap":
                 bids = list(values)
             else:
-                bids = [_scale(v, self._mu) for v in values]
+                mu = self._mu * self._fade(now)
+                bids = [_scale(v, mu) for v in values]
             for cap in (self._budget.max_bid_micros, max_bid):
                 if cap is not None:
                     bids = [min(b, cap) for b in bids]
@@ -289,18 +292,17 @@ class PacingBidder:
                 self._batches.setdefault(batch_id, _Batch(charge))
             self._trim()
 
-    def sync_marker(self) -> tuple[int, int, int]:
+    def sync_marker(self) -> tuple[int, int]:
         """What this process had counted when a shared sync was sent (pass it back to it)."""
         with self._lock:
-            return self._local_spent, self._local_auctions, self._reserved
+            return self._local_spent, self._local_auctions
 
     def sync_shared(
         self,
         *,
-        marker: tuple[int, int, int],
+        marker: tuple[int, int],
         spent_micros: int,
         auctions: int,
-        held_micros: int,
         window: tuple[datetime, datetime | None],
         now: datetime,
         total_micros: int | None = None,
@@ -313,7 +315,7 @@ class PacingBidder:
         charges this process saw while it was under way are added rather than lost. Counting
         them may count them twice until the next sync: an overestimate, the safe side.
         """
-        spent_before, auctions_before, reserved_before = marker
+        spent_before, auctions_before = marker
         with self._locked() as clock_now:
             start, end = window
             if end is not None:
@@ -330,8 +332,9 @@ class PacingBidder:
             # How long the figures have been accruing, on the server's clock.
             self._shared_elapsed = max(0.0, (now - start).total_seconds())
             self._shared_at = clock_now
-            # Holds are bids in flight; those of other processes can still be charged.
-            self._others_held = max(0, held_micros - reserved_before)
+            # Bids other processes have in flight are deliberately not reserved here: they
+            # are bids, not charges, and reserving them starved every process at the end of
+            # a period in tests; the sync interval bounds what they add unseen.
             for batch_id, charge in (batches or {}).items():
                 self._batches.setdefault(batch_id, _Batch(charge))
             self._trim()
@@ -411,8 +414,16 @@ class PacingBidder:
             yield now
             self._version += 1
 
+    def _fade(self, now: float) -> float:
+        """1 until the final stretch of a period, then down to 0 at its end."""
+        if self._window is None:
+            return 1.0
+        start, end = self._window
+        stretch = _FINAL_STRETCH * (end - start).total_seconds()
+        return min(1.0, max(0.0, end.timestamp() - now) / stretch)
+
     def _available(self) -> int:
-        return max(0, self._total - self._spent - self._others_held - self._reserved)
+        return max(0, self._total - self._spent - self._reserved)
 
     def _guard(self, bids: list[int]) -> list[int]:
         available = self._available()
@@ -516,7 +527,6 @@ class PacingBidder:
         # A new period renews the budget; mu carries over, it is what was learned.
         self._spent = 0
         self._auctions = 0
-        self._others_held = 0
         self._shared_elapsed = 0.0
         self._shared_at = now
         self._batches.clear()

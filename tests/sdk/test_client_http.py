@@ -227,8 +227,7 @@ def test_without_a_budget_the_server_period_is_the_plan(server: FakeServer) -> N
             datetime(2030, 1, 1, 6, tzinfo=UTC),
             datetime(2030, 1, 2, 6, tzinfo=UTC),
         )
-        # Bids of other processes in flight count against what this one may still bid.
-        assert client.bidder.available_micros == 10_000_000 - 3_100_000 - 250_000
+        assert client.bidder.available_micros == 10_000_000 - 3_100_000
     assert server.attempts_on("/v1/budget")
 
 
