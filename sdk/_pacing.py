@@ -479,7 +479,13 @@ class PacingBidder:
 
     def _gamma(self, now: float) -> float:
         if self._window is None:
-            return self._total / (self._budget.auctions or 1)
+            horizon = self._budget.auctions or 1
+            if not self._shared:
+                return self._total / horizon
+            # Shared by processes (and restarts): what is left over the auctions left, from
+            # the ledger-wide figures, so that a burst by one process is made up by all.
+            remaining = max(0, self._total - self._spent)
+            return max(1.0, remaining / max(1, horizon - self._auctions))
         remaining = max(0, self._total - self._spent)
         # At least one micro-credit, so that eta and mu_max stay finite at the very end.
         return max(1.0, remaining / self._expected_remaining(now))
