@@ -181,7 +181,9 @@ class BaseClient:
         if state is None:
             self._bidder = PacingBidder(pacing, clock=clock, server_period=self._server_period)
         else:
-            self._bidder = PacingBidder.from_state(pacing, state, clock=clock)
+            self._bidder = PacingBidder.from_state(
+                pacing, state, clock=clock, server_period=self._server_period
+            )
 
     @property
     def base_url(self) -> httpx.URL:

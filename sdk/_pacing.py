@@ -78,7 +78,6 @@ class PacingBidder:
         # Set by `sync_shared`: spend, auctions and the period come from the server's ledger,
         # shared by every process of the user; between syncs this process adds what it sees.
         self._shared = False
-        self._shared_auctions = 0
         self._shared_elapsed = 0.0
         self._shared_at = now
         self._local_spent = 0
@@ -306,7 +305,6 @@ class PacingBidder:
         window: tuple[datetime, datetime | None],
         now: datetime,
         total_micros: int | None = None,
-        batches: Mapping[str, int] | None = None,
     ) -> None:
         """Take the user's ledger-wide figures (every process of the user) as the spend.
 
@@ -328,16 +326,12 @@ class PacingBidder:
             self._needs_sync = False
             self._spent = spent_micros + (self._local_spent - spent_before)
             self._auctions = auctions + (self._local_auctions - auctions_before)
-            self._shared_auctions = self._auctions
             # How long the figures have been accruing, on the server's clock.
             self._shared_elapsed = max(0.0, (now - start).total_seconds())
             self._shared_at = clock_now
             # Bids other processes have in flight are deliberately not reserved here: they
             # are bids, not charges, and reserving them starved every process at the end of
             # a period in tests; the sync interval bounds what they add unseen.
-            for batch_id, charge in (batches or {}).items():
-                self._batches.setdefault(batch_id, _Batch(charge))
-            self._trim()
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -368,11 +362,12 @@ class PacingBidder:
         state: Mapping[str, Any],
         *,
         clock: Callable[[], float] = time.time,
+        server_period: bool = False,
     ) -> PacingBidder:
         """Restore a bidder; spend carries over only while the horizon or period is the same."""
         if state.get("version") != STATE_VERSION:
             raise ConfigurationError(f"unsupported pacing state version {state.get('version')!r}")
-        bidder = cls(budget, clock=clock)
+        bidder = cls(budget, clock=clock, server_period=server_period)
         try:
             bidder._restore(state)
         except (KeyError, TypeError, ValueError) as exc:

@@ -73,6 +73,11 @@ def test_every_response_and_error_carries_a_request_id(live: LiveServer) -> None
             "hello", value="0.01", max_new_tokens=2, extra_headers={"x-request-id": "trace-42"}
         )
         assert traced.request_id == "trace-42"
+        # One that is not well-formed is replaced rather than echoed.
+        odd = client.generate(
+            "hello", value="0.01", max_new_tokens=2, extra_headers={"x-request-id": "a b\tc"}
+        )
+        assert odd.request_id is not None and odd.request_id.startswith("req_")
     wrong = AuctionClient(live.url, "sk-wrong", budget=PLAN, sync_on_start=False)
     with wrong, pytest.raises(sdk.AuthenticationError) as info:
         wrong.generate("hello", value="0.01")
@@ -321,3 +326,22 @@ def test_recent_clearing_prices(live: LiveServer) -> None:
         (0.0, 0.25),
     ]
     assert sum(b.samples for b in prices.by_priority) >= 1
+
+
+def test_bad_input_to_the_pacing_endpoints_is_a_400_naming_the_field(live: LiveServer) -> None:
+    _, key = live.new_user()
+    headers = {"Authorization": f"Bearer {key}"}
+    naive = httpx.get(
+        live.url + "/v1/spend", params={"since": "2030-01-01T00:00:00"}, headers=headers
+    )
+    assert naive.status_code == 400 and "since" in naive.json()["error"]["message"]
+    future = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    ahead = httpx.get(live.url + "/v1/spend", params={"since": future}, headers=headers)
+    assert ahead.status_code == 400 and "future" in ahead.json()["error"]["message"]
+    garbage = httpx.get(live.url + "/v1/spend", params={"since": "yesterday"}, headers=headers)
+    assert 400 <= garbage.status_code < 500 and "since" in garbage.text
+    window = httpx.get(
+        live.url + "/v1/market/prices", params={"window_seconds": 0}, headers=headers
+    )
+    assert 400 <= window.status_code < 500 and "window_seconds" in window.text
+    assert httpx.get(live.url + "/v1/budget").status_code == 401
