@@ -379,6 +379,11 @@ class PricePerPriority(_Model):
         return credits(self.mean)
 
     @property
+    def p10_credits(self) -> Decimal | None:
+        """The 10th percentile, in credits."""
+        return credits(self.p10)
+
+    @property
     def p50_credits(self) -> Decimal | None:
         """The median, in credits."""
         return credits(self.p50)

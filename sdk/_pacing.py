@@ -82,6 +82,8 @@ class PacingBidder:
         self._shared_at = now
         self._local_spent = 0
         self._local_auctions = 0
+        # Charges seen while the last sync was under way: maybe in its figure, maybe not.
+        self._unconfirmed = 0
         self._needs_sync = False
         self._start = budget.start or _utc(now)
         self._window: tuple[datetime, datetime] | None = None
@@ -147,10 +149,14 @@ class PacingBidder:
 
     @property
     def exhausted(self) -> bool:
-        """Whether the budget of the current horizon or period is spent."""
+        """Whether the budget of the current horizon or period is spent.
+
+        Charges counted twice for safety (seen while a sync was under way) do not make it
+        so: only spend the ledger confirmed, plus charges seen since.
+        """
         with self._lock:
             self._roll(self._clock())
-            return self._spent >= self._total
+            return self._spent - self._unconfirmed >= self._total
 
     @property
     def needs_sync(self) -> bool:
@@ -324,7 +330,8 @@ class PacingBidder:
                 self._total = total_micros
             self._shared = True
             self._needs_sync = False
-            self._spent = spent_micros + (self._local_spent - spent_before)
+            self._unconfirmed = max(0, self._local_spent - spent_before)
+            self._spent = spent_micros + self._unconfirmed
             self._auctions = auctions + (self._local_auctions - auctions_before)
             # How long the figures have been accruing, on the server's clock.
             self._shared_elapsed = max(0.0, (now - start).total_seconds())
@@ -527,6 +534,7 @@ class PacingBidder:
             self._needs_sync = self._shared
         # A new period renews the budget; mu carries over, it is what was learned.
         self._spent = 0
+        self._unconfirmed = 0
         self._auctions = 0
         self._shared_elapsed = 0.0
         self._shared_at = now

@@ -116,3 +116,26 @@ def test_the_multiplier_fades_out_over_the_last_tenth_of_a_period() -> None:
     assert bidder.bid([1000]) == [666]  # 1000 / (1 + 0.5)
     now[0] += 4.999
     assert bidder.bid([1000]) == [999]
+
+
+def test_a_charge_counted_twice_for_safety_does_not_exhaust_the_budget() -> None:
+    bidder = PacingBidder(Budget(total="1", auctions=100, start=START))
+    marker = bidder.sync_marker()
+    bidder.observe("seen-during-the-read", 300_000)
+    # The ledger's figure may already include that charge: the guard counts it twice...
+    bidder.sync_shared(
+        marker=marker, spent_micros=900_000, auctions=5, window=(START, None), now=START
+    )
+    assert bidder.spent_micros == 1_200_000 and bidder.available_micros == 0
+    # ...but the budget is declared spent only on what the ledger confirmed.
+    assert not bidder.exhausted
+    bidder.sync_shared(
+        marker=bidder.sync_marker(),
+        spent_micros=900_000,
+        auctions=5,
+        window=(START, None),
+        now=START,
+    )
+    assert not bidder.exhausted and bidder.available_micros == 100_000
+    bidder.observe("after", 100_000)
+    assert bidder.exhausted
