@@ -344,7 +344,8 @@ class BaseClient:
                     total_micros=total,
                 )
             logger.warning("%s; sending at bid 0", message)
-            warnings.warn(message + "; sending at bid 0", BudgetExhaustedWarning, stacklevel=4)
+            # Five frames up is the caller of `generate`, `chat` or `completions.create`.
+            warnings.warn(message + "; sending at bid 0", BudgetExhaustedWarning, stacklevel=5)
         (bid,) = self._bidder.bid(values, max_bid=cap)
         rid = rid or uuid.uuid4().hex
         settlement = Settlement(self._bidder, rid=rid, reserved=bid, on_change=self._save_state)
