@@ -72,7 +72,7 @@ class Auction(_Model):
     """This request's share of the user's batch charge."""
     charge_micros: int
     """Deprecated alias of `user_batch_charge_micros`, kept for one release."""
-    per_request_charges: bool = Field(default=False, exclude=True, repr=False)
+    per_request_charges: bool = Field(default=False, repr=False)
     """Whether the server sent `request_charge_micros` (else it repeats the batch charge)."""
 
     @model_validator(mode="before")

@@ -8,6 +8,10 @@ towards the full value. Separately from pacing, bids are scaled down whenever th
 everything already in flight would exceed what is left of the budget; since a VCG charge never
 exceeds the bids it answers, the charges can then never add up to more than the budget.
 
+Several processes of one user share one budget through the server's ledger: a client hands the
+user's ledger-wide spend and auction count to `sync_shared` at a bounded interval, and adds the
+charges it sees itself in between, so that every process derives the same target.
+
 This module does no I/O and never blocks for long, so the same object serves threads and
 asyncio tasks alike: every method takes one short lock and returns.
 """
