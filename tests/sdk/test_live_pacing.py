@@ -68,11 +68,12 @@ def _run(server: LiveServer, processes: int) -> tuple[int, int]:
     _, key = server.new_user()
     stop = threading.Event()
     rivals = list(_rival(server, stop))
+    workers: dict[int, subprocess.Popen[bytes]] = {}
     try:
         time.sleep(0.5)  # the rival's load is up before the period starts
         start = datetime.now(UTC)
         end = start.timestamp() + HORIZON
-        workers = {i: _worker(server, key, start, end, f"{i}-0") for i in range(processes)}
+        workers.update({i: _worker(server, key, start, end, f"{i}-0") for i in range(processes)})
         # Each worker dies (SIGKILL: no goodbye, requests in flight) at two moments of its
         # own, and a fresh process takes its place at once; the last restart leaves the new
         # process time to start (seconds on a busy machine) before the period ends.
@@ -89,6 +90,10 @@ def _run(server: LiveServer, processes: int) -> tuple[int, int]:
         for process in workers.values():
             process.wait(HORIZON + 30)
     finally:
+        for process in workers.values():
+            if process.poll() is None:  # only when the test itself failed midway
+                process.kill()
+                process.wait(10)
         stop.set()
         for thread in rivals:
             thread.join(15)
