@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import secrets
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = "x-request-id"
@@ -35,8 +36,12 @@ class RequestIdMiddleware:
         request_id = given if given is not None and _ACCEPTED.match(given) else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
 
+        started = False
+
         async def send_with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = [
                     (k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"
                 ]
@@ -44,7 +49,16 @@ class RequestIdMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as error:
+            # Starlette answers unexpected errors outside every middleware, where this one
+            # could not add the header; answer here with the app's own handler instead.
+            handler = scope["app"].exception_handlers.get(Exception) if "app" in scope else None
+            if started or handler is None:
+                raise
+            response = await handler(Request(scope, receive), error)
+            await response(scope, receive, send_with_id)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
