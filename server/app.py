@@ -17,10 +17,12 @@ from server.api import (
     ledger_routes,
     openai_routes,
     ops_routes,
+    pacing_routes,
     sglang_routes,
 )
 from server.api.deps import AppState, AuthenticationCache, RateLimiter
 from server.api.error_handlers import install_error_handlers
+from server.api.request_id import RequestIdMiddleware
 from server.engine.base import Engine
 from server.engine.factory import make_engine
 from server.service import AuctionService
@@ -64,7 +66,16 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    routes = (sglang_routes, engine_routes, openai_routes, ledger_routes, admin_routes, ops_routes)
+    app.add_middleware(RequestIdMiddleware)
+    routes = (
+        sglang_routes,
+        engine_routes,
+        openai_routes,
+        ledger_routes,
+        pacing_routes,
+        admin_routes,
+        ops_routes,
+    )
     for module in routes:
         app.include_router(module.router)
     return app
