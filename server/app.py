@@ -13,6 +13,8 @@ from billing.jobs import start_scheduler
 from billing.migrate import upgrade
 from server.api import (
     admin_routes,
+    dashboard_page,
+    dashboard_routes,
     engine_routes,
     ledger_routes,
     openai_routes,
@@ -64,7 +66,16 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    routes = (sglang_routes, engine_routes, openai_routes, ledger_routes, admin_routes, ops_routes)
+    routes = (
+        sglang_routes,
+        engine_routes,
+        openai_routes,
+        ledger_routes,
+        admin_routes,
+        ops_routes,
+        dashboard_routes,
+        dashboard_page,
+    )
     for module in routes:
         app.include_router(module.router)
     return app

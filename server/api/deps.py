@@ -6,13 +6,15 @@ import asyncio
 import hashlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from billing import Ledger
 from billing.records import UserInfo
+from server.dashboard.health import ReconcileWatch
+from server.dashboard.sessions import SessionStore
 from server.errors import Forbidden, RateLimited, Unauthenticated
 from server.service import AuctionService
 
@@ -78,6 +80,8 @@ class AppState:
     ledger: Ledger
     limiter: RateLimiter
     keys: AuthenticationCache
+    sessions: SessionStore = field(default_factory=SessionStore)
+    reconcile: ReconcileWatch = field(default_factory=ReconcileWatch)
 
 
 def get_state(request: Request) -> AppState:
