@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import BigInteger, ColumnElement, cast, func, select
+from sqlalchemy import BigInteger, ColumnElement, and_, cast, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from billing.models import (
@@ -224,40 +224,65 @@ def clearing_points(
 ) -> list[ClearingPoint]:
     """Each (batch, user) of batches closed since `since`, newest first, at most `limit`."""
     since = require_aware(since, "since")
-    query = (
+    user_id = None if user is None else get_user(session, user).id
+    points = (
         select(
-            AuctionBatch.id,
-            AuctionBatch.closed_at,
-            AuctionBatch.n,
-            User.name,
-            func.count(),
-            func.min(AuctionRequest.position),
-            func.max(AuctionRequest.priority),
-            User.id,
+            AuctionBatch.id.label("batch_id"),
+            AuctionBatch.closed_at.label("closed_at"),
+            AuctionBatch.n.label("n"),
+            AuctionRequest.user_id.label("user_id"),
+            func.count().label("requests"),
+            func.min(AuctionRequest.position).label("position"),
+            func.max(AuctionRequest.priority).label("priority"),
         )
         .join(AuctionBatch, AuctionBatch.id == AuctionRequest.batch_id)
-        .join(User, User.id == AuctionRequest.user_id)
         .where(AuctionBatch.closed_at >= since)
-        .group_by(AuctionBatch.id, AuctionBatch.closed_at, AuctionBatch.n, User.name, User.id)
-        .order_by(AuctionBatch.closed_at.desc(), AuctionBatch.id, User.name)
+        .group_by(AuctionBatch.id, AuctionBatch.closed_at, AuctionBatch.n, AuctionRequest.user_id)
+        .order_by(AuctionBatch.closed_at.desc(), AuctionBatch.id, AuctionRequest.user_id)
         .limit(limit)
     )
-    if user is not None:
-        query = query.where(AuctionRequest.user_id == get_user(session, user).id)
-    rows = session.execute(query).all()
-    charges = _batch_money(session, {row[0] for row in rows}, (EntryKind.CHARGE,))
+    charges = (
+        select(
+            LedgerEntry.batch_id.label("batch_id"),
+            LedgerEntry.user_id.label("user_id"),
+            func.sum(LedgerEntry.amount_micros).label("amount"),
+        )
+        .join(AuctionBatch, AuctionBatch.id == LedgerEntry.batch_id)
+        .where(AuctionBatch.closed_at >= since, LedgerEntry.kind == EntryKind.CHARGE)
+        .group_by(LedgerEntry.batch_id, LedgerEntry.user_id)
+    )
+    if user_id is not None:
+        points = points.where(AuctionRequest.user_id == user_id)
+        charges = charges.where(LedgerEntry.user_id == user_id)
+    p, c = points.subquery(), charges.subquery()
+    rows = session.execute(
+        select(
+            p.c.batch_id,
+            p.c.closed_at,
+            p.c.n,
+            User.name,
+            p.c.requests,
+            p.c.position,
+            p.c.priority,
+            func.coalesce(c.c.amount, 0),
+        )
+        .join(User, User.id == p.c.user_id)
+        .outerjoin(c, and_(c.c.batch_id == p.c.batch_id, c.c.user_id == p.c.user_id))
+        .order_by(p.c.closed_at.desc(), p.c.batch_id, User.name)
+    ).all()
     return [
         ClearingPoint(
             batch_id=batch_id,
-            closed_at=closed_at,
-            batch_size=n,
+            # A subquery column loses the UTC type on SQLite: give it back its zone.
+            closed_at=closed_at if closed_at.tzinfo else closed_at.replace(tzinfo=UTC),
+            batch_size=int(n),
             user=name,
             requests=int(requests),
             best_position=int(position),
             best_priority=float(priority),
-            charge_micros=-charges.get((batch_id, user_id), 0),
+            charge_micros=-int(amount),
         )
-        for batch_id, closed_at, n, name, requests, position, priority, user_id in rows
+        for batch_id, closed_at, n, name, requests, position, priority, amount in rows
     ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -30,7 +31,7 @@ MARKET_BUCKET = timedelta(seconds=15)
 CLEARING_POINTS = 1500
 TOP_SPENDERS = 10
 SPEND_POINTS = 120
-RECENT_REQUESTS = 50
+RECENT_REQUESTS = 20
 ACCOUNT_CLEARING_POINTS = 300
 
 
@@ -88,10 +89,10 @@ async def sign_in(
 
 
 @router.get("/session", summary="Who is signed in")
-async def session(user: Viewer, response: Response) -> dict[str, Any]:
+async def session(user: Viewer, state: State, response: Response) -> dict[str, Any]:
     """The signed-in user, whether it may see the operator view, and this replica's name."""
     _no_store(response)
-    return {**_identity(user), "replica": replica_name()}
+    return {**_identity(user), "replica": replica_name(state)}
 
 
 @router.delete("/session", summary="Sign out of the dashboard")
@@ -129,20 +130,22 @@ async def market(user: Viewer, state: State, response: Response) -> dict[str, An
     TTFT over the last 15 minutes, the top spenders, and the ledger's health (admin key)."""
     if not user.is_admin:
         raise Forbidden("the market view needs an admin API key")
-    activity = await asyncio.to_thread(
-        state.ledger.market_activity,
-        MARKET_WINDOW,
-        MARKET_BUCKET,
-        points=CLEARING_POINTS,
-        spenders=TOP_SPENDERS,
+    activity = await state.market.get(
+        partial(
+            state.ledger.market_activity,
+            MARKET_WINDOW,
+            MARKET_BUCKET,
+            points=CLEARING_POINTS,
+            spenders=TOP_SPENDERS,
+        )
     )
     _no_store(response)
     return market_json(activity, state, datetime.now(UTC))
 
 
-def replica_name() -> str:
-    """How this replica is labelled: its host name and process (one of possibly several)."""
-    return socket.gethostname()
+def replica_name(state: AppState) -> str:
+    """How this replica is labelled among several: its host name and configured port."""
+    return f"{socket.gethostname()}:{state.service.settings.port}"
 
 
 def _epoch(moment: datetime) -> float:
@@ -240,7 +243,7 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
         "bucket_seconds": seconds,
         "replicas": [
             {
-                "name": replica_name(),
+                "name": replica_name(state),
                 "this": True,
                 "up": True,
                 "engine": service.engine.name,

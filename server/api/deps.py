@@ -15,6 +15,7 @@ from billing import Ledger
 from billing.records import UserInfo
 from server.dashboard.health import ReconcileWatch
 from server.dashboard.sessions import SessionStore
+from server.dashboard.snapshot import SharedSnapshot
 from server.errors import Forbidden, RateLimited, Unauthenticated
 from server.service import AuctionService
 
@@ -82,6 +83,7 @@ class AppState:
     keys: AuthenticationCache
     sessions: SessionStore = field(default_factory=SessionStore)
     reconcile: ReconcileWatch = field(default_factory=ReconcileWatch)
+    market: SharedSnapshot = field(default_factory=SharedSnapshot)
 
 
 def get_state(request: Request) -> AppState:

@@ -69,5 +69,8 @@ First steps, in another terminal:
             -d '{{"text": "Hello, auction!", "bid": "0.05"}}'
   3. see the charge:
        curl -s {base}/v1/ledger/balance -H "Authorization: Bearer $KEY"
+  4. watch the market in a browser (sign in with the key; an admin key,
+     from `users create root --admin`, shows the operator's view):
+       {base}/dashboard
 API docs: {base}/docs
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -153,6 +154,7 @@ async def _traffic(server: RunningServer, keys: dict[str, str], rounds: int) -> 
     # several users and the VCG charges are not zero.
     # The first user by name bids most, so it is charged (the lowest bidder never is).
     bids = {name: f"0.{50 - 7 * i:02d}" for i, name in enumerate(sorted(keys))}
+    tag = secrets.token_hex(3)  # new request ids on every call: a known rid would be a replay
 
     async def send(name: str, key: str, index: int) -> None:
         async with server.async_client(key) as client:
@@ -161,7 +163,7 @@ async def _traffic(server: RunningServer, keys: dict[str, str], rounds: int) -> 
                 json={
                     "text": f"Shared system prompt {index % 3}. {name} asks question {index}.",
                     "bid": bids[name],
-                    "rid": f"{name}-{index}",
+                    "rid": f"{name}-{tag}-{index}",
                     "sampling_params": {"max_new_tokens": 4},
                 },
             )

@@ -3,21 +3,25 @@ rules, numbers that agree with the ledger, and answers that stay small with 10,0
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
+from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 
 from billing.models import AuctionBatch, AuctionRequest, EntryKind, LedgerEntry, User
 from server.api.dashboard_routes import _projection
 from server.dashboard.sessions import COOKIE_NAME, SessionStore
 from tests.dashboard.seeding import create_users_before, seed_batches, send_traffic
-from tests.server.harness import RunningServer
+from tests.db_fixtures import migrated_database
+from tests.server.harness import RunningServer, running_server
 
 
 @contextmanager
@@ -233,7 +237,17 @@ def test_the_market_view_matches_the_ledger_and_needs_an_admin(server: RunningSe
         assert client.get("/v1/dashboard/market").status_code == 200
 
 
-def test_answers_stay_small_with_10000_batches(server: RunningServer) -> None:
+def test_answers_stay_small_with_10000_batches(tmp_path: Path) -> None:
+    # SQLite only: seeding 10,000 batches into PostgreSQL takes half a minute on a busy machine,
+    # and the queries are the same SQL on both backends (checked on both above).
+    with (
+        migrated_database("sqlite", tmp_path) as db,
+        running_server(db) as server,
+    ):
+        _check_answers_stay_small(server)
+
+
+def _check_answers_stay_small(server: RunningServer) -> None:
     names = [f"user{i:02d}" for i in range(12)]
     keys = create_users_before(server.ledger, names, timedelta(hours=1))
     root = server.create_user("root", admin=True)
@@ -257,7 +271,7 @@ def test_answers_stay_small_with_10000_batches(server: RunningServer) -> None:
     mine = account.json()
     assert mine["requests"]["total"] == 20_000 // 12 + (1 if 20_000 % 12 else 0)
     assert mine["spend"]["spent_micros"][-1] == charged["user00"]
-    assert len(mine["spend"]["t"]) <= 122 and len(mine["recent"]) == 50
+    assert len(mine["spend"]["t"]) <= 122 and len(mine["recent"]) == 20
     assert len(account.content) < 60_000
     # Generous bounds for a loaded machine; the browser test holds the page to 1 s.
     assert market_seconds < 2 and account_seconds < 2, (market_seconds, account_seconds)
@@ -321,3 +335,41 @@ def test_the_session_store_expires_and_bounds_its_size() -> None:
     tokens = [store.create(f"user{i}") for i in range(5)]
     assert len(store) == 3
     assert store.get(tokens[-1]) is not None and store.get(tokens[0]) is None
+
+
+def test_no_key_reaches_the_servers_logs(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # uvicorn's loggers do not propagate to the root: the capture is attached to each.
+    names = ("uvicorn", "uvicorn.access", "uvicorn.error", "server", "billing")
+    loggers = [logging.getLogger(name) for name in names]
+    caplog.set_level(logging.DEBUG)
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(caplog.handler)
+    try:
+        alice = server.create_user("alice")
+        root = server.create_user("root", admin=True)
+        send_traffic(server, {"alice": alice}, rounds=1)
+        with _sign_in(server, alice) as client:
+            assert client.get("/v1/dashboard/account").status_code == 200
+            assert client.get("/v1/dashboard/market").status_code == 403
+            client.delete("/v1/dashboard/session")
+        with _sign_in(server, root) as client:
+            assert client.get("/v1/dashboard/market").status_code == 200
+        refused = httpx.post(
+            server.url + "/v1/dashboard/session",
+            headers={"Authorization": f"Bearer {alice}x"},
+            timeout=60,
+        )
+        assert refused.status_code == 401
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(caplog.handler)
+            logger.setLevel(level)
+    access = [r for r in caplog.records if r.name == "uvicorn.access"]
+    assert any("/v1/dashboard/session" in r.getMessage() for r in access)  # the log was on
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    secret = alice.split("_")[-1]
+    assert alice not in text and secret not in text and root not in text

@@ -1,7 +1,7 @@
 // The dashboard: sign in once (the key buys a session cookie), then poll the JSON API and draw.
 
 import { lineChart, scatterChart } from "./charts.js";
-import { ago, clock, count, credits, creditsShort, millis, percent } from "./format.js";
+import { ago, clock, count, credits, creditsShort, millis, percent, when } from "./format.js";
 
 const POLL_MS = 1500;
 const LIVE_HISTORY = 120; // samples of the live queue, about three minutes
@@ -120,10 +120,10 @@ function row(cells, classes = []) {
   return tr;
 }
 
-function lastFull(values, buckets) {
-  // The newest bucket is still filling: the minute before it is the honest "now".
-  const full = values.slice(-(buckets + 1), -1).filter((v) => v !== null);
-  return full.length ? full.reduce((a, b) => a + b, 0) / full.length : null;
+function lastMinute(values, buckets) {
+  // The mean of the per-bucket rates over the newest minute (the newest bucket still filling).
+  const recent = values.slice(-buckets).map((v) => v ?? 0);
+  return recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : null;
 }
 
 function drawMarket(data) {
@@ -135,10 +135,10 @@ function drawMarket(data) {
   setText("m-replica", data.replicas.map((r) => r.name).join(", "));
   setText("m-queue", count(data.live.queue));
   setText("m-inflight", count(data.live.inflight));
-  const rate = lastFull(s.batches_per_second, minute);
+  const rate = lastMinute(s.batches_per_second, minute);
   setText("m-rate", rate === null ? "–" : rate.toFixed(2));
-  const revenue = lastFull(s.revenue_micros_per_minute, minute);
-  const welfare = lastFull(s.welfare_micros_per_minute, minute);
+  const revenue = lastMinute(s.revenue_micros_per_minute, minute);
+  const welfare = lastMinute(s.welfare_micros_per_minute, minute);
   setText("m-revenue", revenue === null ? "–" : creditsShort(revenue));
   setText("m-welfare", welfare === null ? "–" : creditsShort(welfare));
   const hits = s.cache_hit_rate.filter((v) => v !== null);
@@ -160,7 +160,7 @@ function drawMarket(data) {
   const c = data.clearing;
   scatterChart($("c-clearing"), {
     x: c.priority, y: c.charge_micros, age: c.age_seconds, color: BLUE, maxAge: data.window_seconds,
-    yFormat: creditsShort, xLabel: "priority →", empty: "no batches cleared in the last 15 minutes",
+    yFormat: creditsShort, xLabel: "charge (credits) ↑   priority →", empty: "no batches cleared in the last 15 minutes",
   });
   lineChart($("c-batches"), {
     series: [{ name: "batches / s", color: BLUE, t: s.t, values: s.batches_per_second }],
@@ -237,8 +237,8 @@ function drawAccount(data) {
   const b = data.balance;
   setText("a-user", data.user);
   const period = data.period === "none" ? "lifetime budget" : `${data.period}ly budget`;
-  const end = data.period_end ? ` to ${new Date(data.period_end).toLocaleString("en-GB")}` : "";
-  setText("a-period", `${period} of ${credits(data.budget_micros)} credits · period from ${new Date(data.period_start).toLocaleString("en-GB")}${end}`);
+  const end = data.period_end ? ` to ${when(data.period_end)}` : "";
+  setText("a-period", `${period} of ${credits(data.budget_micros)} credits · this period from ${when(data.period_start)}${end}`);
   setText("a-balance", credits(b.balance_micros));
   $("a-balance").dataset.micros = String(b.balance_micros);
   setText("a-held", credits(b.held_micros));
@@ -250,7 +250,7 @@ function drawAccount(data) {
   const p = data.projection;
   if (p) {
     setText("a-projection", credits(p.at_period_end_micros));
-    setText("a-projection-sub", p.budget_runs_out_at ? `budget runs out ${new Date(p.budget_runs_out_at).toLocaleString("en-GB")}` : "within budget");
+    setText("a-projection-sub", p.budget_runs_out_at ? `budget runs out ${when(p.budget_runs_out_at)}` : "within budget");
     $("a-projection").className = `value mono ${p.budget_runs_out_at ? "bad" : "ok"}`;
   } else {
     setText("a-projection", "–");
@@ -261,15 +261,24 @@ function drawAccount(data) {
   let domain = [spend.t[0], spend.t[spend.t.length - 1]];
   if (data.pace) {
     series.push({ name: "even pacing", color: GREY, t: data.pace.t, values: data.pace.spent_micros, dash: "2 3" });
-    const nowT = spend.t[spend.t.length - 1];
-    series.push({ name: "at this rate", color: ORANGE, t: [nowT, data.pace.t[1]], values: [spend.spent_micros[spend.spent_micros.length - 1], p.at_period_end_micros], dash: "6 4" });
+    // The projection is drawn up to twice the budget at most: early in a period a short burst
+    // projects far beyond it, and the spend and pacing lines must stay readable.
+    const [nowT, endT] = [spend.t[spend.t.length - 1], data.pace.t[1]];
+    const spentNow = spend.spent_micros[spend.spent_micros.length - 1];
+    const cap = Math.max(2 * data.budget_micros, spentNow);
+    let [toT, toV] = [endT, p.at_period_end_micros];
+    if (toV > cap && toV > spentNow) {
+      toT = nowT + ((endT - nowT) * (cap - spentNow)) / (toV - spentNow);
+      toV = cap;
+    }
+    series.push({ name: "at this rate", color: ORANGE, t: [nowT, toT], values: [spentNow, toV], dash: "6 4" });
     domain = data.pace.t;
   }
   lineChart($("c-spend"), { series, xDomain: domain, yFormat: creditsShort, empty: "nothing spent yet" });
   const c = data.clearing;
   scatterChart($("c-my-clearing"), {
     x: c.priority, y: c.charge_micros, age: c.age_seconds, color: PURPLE,
-    maxAge: Math.max(60, ...c.age_seconds), yFormat: creditsShort, xLabel: "priority →",
+    maxAge: Math.max(60, ...c.age_seconds), yFormat: creditsShort, xLabel: "charge (credits) ↑   priority →",
     empty: "no batches yet",
   });
   const rows = data.recent.map((r) => row([

@@ -26,7 +26,9 @@ export function niceTicks(lo, hi, count = 4) {
   const power = 10 ** Math.floor(Math.log10(raw));
   const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((s) => s >= raw);
   const ticks = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
+  // The last tick is at or above `hi`, so the highest value stays inside the frame.
+  const last = Math.ceil(hi / step - 1e-9) * step;
+  for (let v = Math.floor(lo / step) * step; v <= last + step * 1e-9; v += step) {
     ticks.push(Math.round(v / step) * step);
   }
   return ticks;
@@ -88,7 +90,8 @@ export function lineChart(svg, { series, xDomain, yFormat, yMin = 0, yMax, empty
   const yHigh = yTicks[yTicks.length - 1];
   const x = (t) => MARGIN.left + ((t - x0) / Math.max(1e-9, x1 - x0)) * (width - MARGIN.left - MARGIN.right);
   const y = (v) => height - MARGIN.bottom - ((v - yMin) / Math.max(1e-9, yHigh - yMin)) * (height - MARGIN.top - MARGIN.bottom);
-  frame(svg, { x, y, xTicks: timeTicks(x0, x1), xLabel: (t) => shortTime(t, x1 - x0), yTicks, yLabel: yFormat });
+  const xTicks = timeTicks(x0, x1);
+  frame(svg, { x, y, xTicks, xLabel: (t) => shortTime(t, x1 - x0, xTicks[1] - xTicks[0]), yTicks, yLabel: yFormat });
   legend(svg, series);
   let drawn = 0;
   for (const s of series) {
@@ -131,7 +134,7 @@ export function scatterChart(svg, { x: xs, y: ys, age, yFormat, xLabel, color, m
   frame(svg, {
     x, y, xTicks: [0, 0.25, 0.5, 0.75, 1], xLabel: (v) => v.toFixed(2), yTicks, yLabel: yFormat,
   });
-  node(svg, "text", { x: width - MARGIN.right, y: 15, "text-anchor": "end", class: "axis-label" }, xLabel);
+  node(svg, "text", { x: MARGIN.left, y: 15, class: "axis-label" }, xLabel);
   const marks = node(svg, "g", { fill: color });
   // Oldest first, so the newest points are drawn on top.
   const order = xs.map((_, i) => i).sort((a, b) => age[b] - age[a]);

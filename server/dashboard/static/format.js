@@ -35,12 +35,22 @@ export function clock(epochSeconds) {
   return d.toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit", second: "2-digit" });
 }
 
-export function shortTime(epochSeconds, spanSeconds) {
+/** An axis label: a date for long spans, seconds when ticks are less than a minute apart. */
+export function shortTime(epochSeconds, spanSeconds, stepSeconds = 60) {
   const d = new Date(epochSeconds * 1000);
   if (spanSeconds > 2 * 86400) {
     return d.toLocaleDateString("en-GB", { day: "numeric", month: "short" });
   }
+  if (stepSeconds < 60) return clock(epochSeconds);
   return d.toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit" });
+}
+
+/** A moment as "11 Dec, 06:00": unambiguous in every locale. */
+export function when(iso) {
+  const d = new Date(iso);
+  const day = d.toLocaleDateString("en-GB", { day: "numeric", month: "short" });
+  const time = d.toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit" });
+  return `${day}, ${time}`;
 }
 
 export function ago(iso) {
