@@ -26,18 +26,25 @@ class Session:
 class SessionStore:
     """Tokens of signed-in users; each expires `ttl` seconds after sign-in."""
 
-    def __init__(self, ttl: float = DEFAULT_TTL_SECONDS, size: int = 10_000) -> None:
+    def __init__(
+        self, ttl: float = DEFAULT_TTL_SECONDS, size: int = 10_000, per_user: int = 32
+    ) -> None:
         self.ttl = ttl
         self._size = size
+        self._per_user = per_user
         self._sessions: dict[str, Session] = {}
 
     def create(self, user: str) -> str:
         """A new session token for `user`."""
         now = time.monotonic()
+        # One user signing in over and over must not crowd out everyone else's sessions.
+        own = [d for d, s in self._sessions.items() if s.user == user]
+        if len(own) >= self._per_user:
+            self._drop_oldest(own)
         if len(self._sessions) >= self._size:
             self._sessions = {d: s for d, s in self._sessions.items() if s.expires_at > now}
             if len(self._sessions) >= self._size:  # still full: the oldest sign-in goes
-                del self._sessions[min(self._sessions, key=lambda d: self._sessions[d].expires_at)]
+                self._drop_oldest(list(self._sessions))
         token = secrets.token_urlsafe(32)
         self._sessions[_digest(token)] = Session(user=user, expires_at=now + self.ttl)
         return token
@@ -56,6 +63,9 @@ class SessionStore:
     def end(self, token: str) -> None:
         """Sign the token's session out (nothing happens for an unknown token)."""
         self._sessions.pop(_digest(token), None)
+
+    def _drop_oldest(self, digests: list[str]) -> None:
+        del self._sessions[min(digests, key=lambda d: self._sessions[d].expires_at)]
 
     def __len__(self) -> int:
         return len(self._sessions)

@@ -335,6 +335,12 @@ def test_the_session_store_expires_and_bounds_its_size() -> None:
     tokens = [store.create(f"user{i}") for i in range(5)]
     assert len(store) == 3
     assert store.get(tokens[-1]) is not None and store.get(tokens[0]) is None
+    # A user signing in again and again replaces its own oldest sessions, nobody else's.
+    store = SessionStore(ttl=60, size=100, per_user=2)
+    others = store.create("bob")
+    mallory = [store.create("mallory") for _ in range(50)]
+    assert len(store) == 3 and store.get(others) is not None
+    assert store.get(mallory[-1]) is not None and store.get(mallory[0]) is None
 
 
 def test_no_key_reaches_the_servers_logs(

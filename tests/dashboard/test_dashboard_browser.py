@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -35,10 +34,12 @@ USERS = ("alice", "bob", "carol", "dave", "erin")
 
 
 @pytest.fixture(scope="module")
-def market() -> Iterator[tuple[RunningServer, dict[str, str]]]:
+def market(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[RunningServer, dict[str, str]]]:
     """One server for the module, with five users' traffic settled and an admin."""
     with (
-        migrated_database("sqlite", Path(tempfile.mkdtemp(prefix="dashboard-"))) as db,
+        migrated_database("sqlite", tmp_path_factory.mktemp("dashboard")) as db,
         running_server(db) as server,
     ):
         keys = {"root": server.create_user("root", admin=True)}
@@ -235,9 +236,9 @@ def test_a_users_session_reaches_neither_others_data_nor_the_operator_view(
     assert not [c for c in browser.get_cookies() if c["name"] == COOKIE_NAME]
 
 
-def test_the_page_loads_in_under_a_second_with_10000_batches(browser: Any) -> None:
+def test_the_page_loads_in_under_a_second_with_10000_batches(browser: Any, tmp_path: Path) -> None:
     with (
-        migrated_database("sqlite", Path(tempfile.mkdtemp(prefix="dashboard-10k-"))) as db,
+        migrated_database("sqlite", tmp_path) as db,
         running_server(db) as server,
     ):
         names = [f"user{i:02d}" for i in range(12)]

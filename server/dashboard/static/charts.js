@@ -53,7 +53,9 @@ function frame(svg, { x, y, xTicks, xLabel, yTicks, yLabel }) {
   }
   for (const tick of xTicks) {
     const px = x(tick);
-    node(axes, "text", { x: px, y: height - 8, "text-anchor": "middle" }, xLabel(tick));
+    // Labels at the edges lean inwards, so that none is cut off by the frame.
+    const anchor = px > width - MARGIN.right - 24 ? "end" : px < MARGIN.left + 24 ? "start" : "middle";
+    node(axes, "text", { x: px, y: height - 8, "text-anchor": anchor }, xLabel(tick));
   }
   node(axes, "line", {
     x1: MARGIN.left, x2: width - MARGIN.right,
