@@ -224,56 +224,69 @@ def clearing_points(
 ) -> list[ClearingPoint]:
     """Each (batch, user) of batches closed since `since`, newest first, at most `limit`."""
     since = require_aware(since, "since")
-    user_id = None if user is None else get_user(session, user).id
-    points = (
-        select(
-            AuctionBatch.id.label("batch_id"),
-            AuctionBatch.closed_at.label("closed_at"),
-            AuctionBatch.n.label("n"),
-            AuctionRequest.user_id.label("user_id"),
-            func.count().label("requests"),
-            func.min(AuctionRequest.position).label("position"),
-            func.max(AuctionRequest.priority).label("priority"),
-        )
-        .join(AuctionBatch, AuctionBatch.id == AuctionRequest.batch_id)
+    # The newest `limit` batches first (each gives at least one point), so the grouping below
+    # touches only their requests and charges, however many batches the window holds.
+    recent_batches = (
+        select(AuctionBatch.id, AuctionBatch.closed_at, AuctionBatch.n)
         .where(AuctionBatch.closed_at >= since)
-        .group_by(AuctionBatch.id, AuctionBatch.closed_at, AuctionBatch.n, AuctionRequest.user_id)
-        .order_by(AuctionBatch.closed_at.desc(), AuctionBatch.id, AuctionRequest.user_id)
+        .order_by(AuctionBatch.closed_at.desc(), AuctionBatch.id)
         .limit(limit)
     )
-    charges = (
-        select(
-            LedgerEntry.batch_id.label("batch_id"),
-            LedgerEntry.user_id.label("user_id"),
-            func.sum(LedgerEntry.amount_micros).label("amount"),
-        )
-        .join(AuctionBatch, AuctionBatch.id == LedgerEntry.batch_id)
-        .where(AuctionBatch.closed_at >= since, LedgerEntry.kind == EntryKind.CHARGE)
-        .group_by(LedgerEntry.batch_id, LedgerEntry.user_id)
-    )
-    if user_id is not None:
-        points = points.where(AuctionRequest.user_id == user_id)
+    requests = select(AuctionRequest)
+    charges = select(LedgerEntry).where(LedgerEntry.kind == EntryKind.CHARGE)
+    if user is not None:
+        user_id = get_user(session, user).id
+        mine = select(AuctionRequest.batch_id).where(AuctionRequest.user_id == user_id)
+        recent_batches = recent_batches.where(AuctionBatch.id.in_(mine))
+        requests = requests.where(AuctionRequest.user_id == user_id)
         charges = charges.where(LedgerEntry.user_id == user_id)
-    p, c = points.subquery(), charges.subquery()
+    b, r, e = recent_batches.subquery(), requests.subquery(), charges.subquery()
+    points = (
+        select(
+            b.c.id.label("batch_id"),
+            b.c.closed_at.label("closed_at"),
+            b.c.n.label("n"),
+            r.c.user_id.label("user_id"),
+            func.count().label("requests"),
+            func.min(r.c.position).label("position"),
+            func.max(r.c.priority).label("priority"),
+        )
+        .join(r, r.c.batch_id == b.c.id)
+        .group_by(b.c.id, b.c.closed_at, b.c.n, r.c.user_id)
+        .subquery()
+    )
+    paid = (
+        select(
+            e.c.batch_id.label("batch_id"),
+            e.c.user_id.label("user_id"),
+            func.sum(e.c.amount_micros).label("amount"),
+        )
+        .join(b, b.c.id == e.c.batch_id)
+        .group_by(e.c.batch_id, e.c.user_id)
+        .subquery()
+    )
     rows = session.execute(
         select(
-            p.c.batch_id,
-            p.c.closed_at,
-            p.c.n,
+            points.c.batch_id,
+            points.c.closed_at,
+            points.c.n,
             User.name,
-            p.c.requests,
-            p.c.position,
-            p.c.priority,
-            func.coalesce(c.c.amount, 0),
+            points.c.requests,
+            points.c.position,
+            points.c.priority,
+            func.coalesce(paid.c.amount, 0),
         )
-        .join(User, User.id == p.c.user_id)
-        .outerjoin(c, and_(c.c.batch_id == p.c.batch_id, c.c.user_id == p.c.user_id))
-        .order_by(p.c.closed_at.desc(), p.c.batch_id, User.name)
+        .join(User, User.id == points.c.user_id)
+        .outerjoin(
+            paid, and_(paid.c.batch_id == points.c.batch_id, paid.c.user_id == points.c.user_id)
+        )
+        .order_by(points.c.closed_at.desc(), points.c.batch_id, User.name)
+        .limit(limit)
     ).all()
     return [
         ClearingPoint(
             batch_id=batch_id,
-            # A subquery column loses the UTC type on SQLite: give it back its zone.
+            # A subquery column may lose the UTC type on SQLite: give it back its zone.
             closed_at=closed_at if closed_at.tzinfo else closed_at.replace(tzinfo=UTC),
             batch_size=int(n),
             user=name,
@@ -375,7 +388,7 @@ def market_activity(
     spenders: int,
 ) -> MarketActivity:
     """Buckets of the last `window`, its latest `points` clearing points, the top `spenders`
-    of their current periods, and the open holds."""
+    of their current periods (none when 0), and the open holds."""
     now = require_aware(now, "now")
     seconds = max(1, int(width.total_seconds()))
     # Buckets aligned to whole multiples of their width, so a chart does not shimmer as the
@@ -388,7 +401,7 @@ def market_activity(
         bucket_seconds=seconds,
         buckets=market_buckets(session, since, end, timedelta(seconds=seconds)),
         clearing=clearing_points(session, since, points),
-        spenders=top_spenders(session, now, spenders),
+        spenders=top_spenders(session, now, spenders) if spenders else [],
         holds=open_holds(session),
     )
 

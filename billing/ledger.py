@@ -417,6 +417,11 @@ class Ledger:
             )
         )
 
+    def top_spenders(self, limit: int = 10) -> list[activity.Spender]:
+        """The users with the highest net spend in their current budget period."""
+        now = self._now()
+        return self._read(lambda s: activity.top_spenders(s, now, limit))
+
     def account_activity(
         self, name: str, *, points: int = 120, recent: int = 50, clearing: int = 300
     ) -> activity.AccountActivity:

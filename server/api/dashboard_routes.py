@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Annotated, Any
@@ -45,7 +46,7 @@ async def viewer(request: Request, state: State) -> UserInfo:
             "sign in at /dashboard, or send your API key as 'Authorization: Bearer <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    session = state.sessions.get(token)
+    session = state.dashboard.sessions.get(token)
     if session is None:
         raise Unauthenticated(
             "the dashboard session ended or expired; sign in again",
@@ -54,7 +55,7 @@ async def viewer(request: Request, state: State) -> UserInfo:
     # Read afresh on every call, so a disabled user or a revoked admin right counts at once.
     user = await asyncio.to_thread(state.ledger.get_user, session.user)
     if user.disabled:
-        state.sessions.end(token)
+        state.dashboard.sessions.end(token)
         raise Forbidden(f"user {user.name!r} is disabled")
     state.limiter.check(user.name)
     return user
@@ -74,18 +75,18 @@ async def sign_in(
 ) -> dict[str, Any]:
     """Exchange the API key (sent once, as `Authorization: Bearer`) for a session cookie:
     HttpOnly, SameSite=Strict, expiring. The key itself is never stored or echoed."""
-    token = state.sessions.create(user.name)
+    token = state.dashboard.sessions.create(user.name)
     response.set_cookie(
         COOKIE_NAME,
         token,
-        max_age=int(state.sessions.ttl),
+        max_age=int(state.dashboard.sessions.ttl),
         path="/",
         httponly=True,
         samesite="strict",
         secure=request.url.scheme == "https",
     )
     _no_store(response)
-    return {**_identity(user), "expires_in_seconds": int(state.sessions.ttl)}
+    return {**_identity(user), "expires_in_seconds": int(state.dashboard.sessions.ttl)}
 
 
 @router.get("/session", summary="Who is signed in")
@@ -100,7 +101,7 @@ async def sign_out(request: Request, response: Response, state: State) -> dict[s
     """End the cookie's session (if any) and clear the cookie; always succeeds."""
     token = request.cookies.get(COOKIE_NAME)
     if token:
-        state.sessions.end(token)
+        state.dashboard.sessions.end(token)
     response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
     return {"signed_in": False}
 
@@ -130,17 +131,18 @@ async def market(user: Viewer, state: State, response: Response) -> dict[str, An
     TTFT over the last 15 minutes, the top spenders, and the ledger's health (admin key)."""
     if not user.is_admin:
         raise Forbidden("the market view needs an admin API key")
-    activity = await state.market.get(
+    activity = await state.dashboard.market.get(
         partial(
             state.ledger.market_activity,
             MARKET_WINDOW,
             MARKET_BUCKET,
             points=CLEARING_POINTS,
-            spenders=TOP_SPENDERS,
+            spenders=0,
         )
     )
+    spenders = await state.dashboard.spenders.get(partial(state.ledger.top_spenders, TOP_SPENDERS))
     _no_store(response)
-    return market_json(activity, state, datetime.now(UTC))
+    return market_json(replace(activity, spenders=spenders), state, datetime.now(UTC))
 
 
 def replica_name(state: AppState) -> str:
@@ -294,7 +296,7 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
             for s in activity.spenders
         ],
         "ledger": {
-            "reconcile": _reconcile_json(state.reconcile.status(state.ledger)),
+            "reconcile": _reconcile_json(state.dashboard.reconcile.status(state.ledger)),
             "open_holds": {
                 "count": activity.holds.count,
                 "amount_micros": activity.holds.amount_micros,

@@ -13,9 +13,7 @@ from fastapi import Depends, Request
 
 from billing import Ledger
 from billing.records import UserInfo
-from server.dashboard.health import ReconcileWatch
-from server.dashboard.sessions import SessionStore
-from server.dashboard.snapshot import SharedSnapshot
+from server.dashboard.snapshot import DashboardState
 from server.errors import Forbidden, RateLimited, Unauthenticated
 from server.service import AuctionService
 
@@ -81,9 +79,7 @@ class AppState:
     ledger: Ledger
     limiter: RateLimiter
     keys: AuthenticationCache
-    sessions: SessionStore = field(default_factory=SessionStore)
-    reconcile: ReconcileWatch = field(default_factory=ReconcileWatch)
-    market: SharedSnapshot = field(default_factory=SharedSnapshot)
+    dashboard: DashboardState = field(default_factory=DashboardState)
 
 
 def get_state(request: Request) -> AppState:
