@@ -25,6 +25,7 @@ _ASSETS = {
     "charts.js": "text/javascript; charset=utf-8",
     "format.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
 }
 
 

@@ -47,7 +47,7 @@ def browser_problem() -> str | None:
 
 @contextmanager
 def chromium() -> Iterator[Any]:
-    """A headless Chromium with a fresh profile and its network log switched on."""
+    """A headless Chromium with a fresh profile, its network log and console log switched on."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -56,7 +56,7 @@ def chromium() -> Iterator[Any]:
     options.binary_location = _find(CHROMIUM) or CHROMIUM
     for flag in (*FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     service = Service(executable_path=_find(CHROMEDRIVER) or CHROMEDRIVER)
     driver = webdriver.Chrome(options=options, service=service)
     driver.set_page_load_timeout(30)

@@ -310,7 +310,7 @@ def test_the_page_is_static_same_origin_and_under_a_strict_policy(server: Runnin
         audit.feed(page.text)
         assert audit.inline_scripts == 0 and not audit.handlers and audit.styles == 0
         assert audit.script_sources == ["/dashboard/app.js"]
-        for asset in ("app.js", "charts.js", "format.js", "style.css"):
+        for asset in ("app.js", "charts.js", "format.js", "style.css", "favicon.svg"):
             reply = client.get(f"/dashboard/{asset}")
             assert reply.status_code == 200, asset
             assert reply.headers["content-security-policy"] == policy

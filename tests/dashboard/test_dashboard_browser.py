@@ -99,6 +99,17 @@ def _requested_urls(driver: Any) -> list[str]:
     return urls
 
 
+def _console_errors(driver: Any) -> list[str]:
+    """Errors the page logged (a script error, a refused load, a CSP violation), except the
+    401 of the page's first question, whether a session exists, before signing in."""
+    return [
+        e["message"]
+        for e in driver.get_log("browser")
+        if e["level"] == "SEVERE"
+        and not ("/v1/dashboard/session" in e["message"] and "status of 401" in e["message"])
+    ]
+
+
 def _screenshot(driver: Any, name: str, tmp_path: Path) -> None:
     # The whole page, not only the window: Chromium's own capture beyond the viewport.
     size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
@@ -131,7 +142,8 @@ def test_a_user_sees_the_ledgers_numbers_and_drawn_charts(
     browser: Any, market: tuple[RunningServer, dict[str, str]], tmp_path: Path
 ) -> None:
     server, keys = market
-    browser.get_log("performance")  # start the network log afresh
+    browser.get_log("performance")  # start the network and console logs afresh
+    browser.get_log("browser")
     _sign_in(browser, server.url, keys["alice"], "account")
     balance = server.ledger.balance("alice")
     assert balance.spent_this_period_micros > 0
@@ -156,6 +168,7 @@ def test_a_user_sees_the_ledgers_numbers_and_drawn_charts(
         " JSON.stringify(sessionStorage), document.getElementById('api-key').value]"
     )
     assert held == ["", "{}", "{}", ""]
+    assert _console_errors(browser) == []
 
 
 def test_an_operator_sees_the_market_refresh_live(
@@ -163,6 +176,7 @@ def test_an_operator_sees_the_market_refresh_live(
 ) -> None:
     server, keys = market
     browser.get_log("performance")
+    browser.get_log("browser")
     _sign_in(browser, server.url, keys["root"], "market")
     for chart in ("c-clearing", "c-batches", "c-sizes", "c-money", "c-cache", "c-ttft"):
         assert _marks(browser, chart) > 0, chart
@@ -198,6 +212,7 @@ def test_an_operator_sees_the_market_refresh_live(
     assert sum(url.endswith("/v1/dashboard/market") for url in urls) >= 3
     assert all(url.startswith(server.url) for url in urls)
     assert not [url for url in urls if keys["root"] in url or "iak_" in url]
+    assert _console_errors(browser) == []
 
 
 def test_a_users_session_reaches_neither_others_data_nor_the_operator_view(

@@ -8,7 +8,9 @@ const LIVE_HISTORY = 120; // samples of the live queue, about three minutes
 const BLUE = "#2563eb", ORANGE = "#ea580c", GREEN = "#16a34a", GREY = "#64748b", PURPLE = "#7c3aed";
 
 const $ = (id) => document.getElementById(id);
-const state = { me: null, view: null, timer: null, live: { t: [], queue: [], inflight: [] } };
+// `round` changes at every sign-in, sign-out and tab switch: an answer from an older round is
+// dropped, so that exactly one polling loop runs.
+const state = { me: null, view: null, round: 0, timer: null, live: { t: [], queue: [], inflight: [] } };
 
 class SignedOut extends Error {}
 
@@ -35,6 +37,7 @@ function show(section) {
 
 function signedOut(message) {
   clearTimeout(state.timer);
+  state.round += 1;
   state.me = null;
   state.view = null;
   $("whoami").textContent = "";
@@ -79,6 +82,7 @@ async function start() {
 
 function open(view) {
   clearTimeout(state.timer);
+  state.round += 1;
   state.view = view;
   show(view);
   document.body.dataset.ready = "";
@@ -86,12 +90,12 @@ function open(view) {
 }
 
 async function poll() {
-  const view = state.view;
+  const { view, round } = state;
   if (!view) return;
   try {
-    if (view === "market") drawMarket(await api("/v1/dashboard/market"));
-    else drawAccount(await api("/v1/dashboard/account"));
-    if (view !== state.view) return;
+    const data = await api(view === "market" ? "/v1/dashboard/market" : "/v1/dashboard/account");
+    if (round !== state.round) return;
+    if (view === "market") drawMarket(data); else drawAccount(data);
     $("status").textContent = `updated ${clock(Date.now() / 1000)}`;
     $("status").classList.remove("stale");
     if (document.body.dataset.ready !== view) {
@@ -100,11 +104,12 @@ async function poll() {
     }
     document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
   } catch (error) {
+    if (round !== state.round) return;
     if (error instanceof SignedOut) { signedOut("Your session ended; sign in again."); return; }
     $("status").textContent = `not updated: ${error.message}`;
     $("status").classList.add("stale");
   }
-  if (view === state.view) state.timer = setTimeout(poll, POLL_MS);
+  state.timer = setTimeout(poll, POLL_MS);
 }
 
 function setText(id, text) { $(id).textContent = text; }
