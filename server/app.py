@@ -66,18 +66,11 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    routes = (
-        sglang_routes,
-        engine_routes,
-        openai_routes,
-        ledger_routes,
-        admin_routes,
-        ops_routes,
-        dashboard_routes,
-        dashboard_page,
-    )
+    routes = (sglang_routes, engine_routes, openai_routes, ledger_routes, admin_routes, ops_routes)
     for module in routes:
         app.include_router(module.router)
+    app.include_router(dashboard_routes.router)
+    app.include_router(dashboard_page.router)
     return app
 
 
