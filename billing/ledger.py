@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from billing import (
+    activity,
     grants,
     holds,
     queries,
@@ -397,3 +398,37 @@ class Ledger:
     def reconcile(self) -> ReconcileReport:
         """Check every balance row against the sum of its entries."""
         return self._read(reconcile.reconcile)
+
+    # Dashboard aggregates
+
+    def market_activity(
+        self,
+        window: timedelta = timedelta(minutes=15),
+        width: timedelta = timedelta(seconds=15),
+        *,
+        points: int = 1500,
+        spenders: int = 10,
+    ) -> activity.MarketActivity:
+        """The market over the last `window` in `width` buckets, summed in the database."""
+        now = self._now()
+        return self._read(
+            lambda s: activity.market_activity(
+                s, now, window, width, points=points, spenders=spenders
+            )
+        )
+
+    def top_spenders(self, limit: int = 10) -> list[activity.Spender]:
+        """The users with the highest net spend in their current budget period."""
+        now = self._now()
+        return self._read(lambda s: activity.top_spenders(s, now, limit))
+
+    def account_activity(
+        self, name: str, *, points: int = 120, recent: int = 50, clearing: int = 300
+    ) -> activity.AccountActivity:
+        """The user's spend this period, request counts, recent requests and charges."""
+        now = self._now()
+        return self._read(
+            lambda s: activity.account_activity(
+                s, name, now, points=points, recent=recent, clearing=clearing
+            )
+        )

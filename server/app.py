@@ -13,6 +13,8 @@ from billing.jobs import start_scheduler
 from billing.migrate import upgrade
 from server.api import (
     admin_routes,
+    dashboard_page,
+    dashboard_routes,
     engine_routes,
     ledger_routes,
     openai_routes,
@@ -78,6 +80,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     )
     for module in routes:
         app.include_router(module.router)
+    app.include_router(dashboard_routes.router)
+    app.include_router(dashboard_page.router)
     return app
 
 

@@ -69,5 +69,9 @@ First steps, in another terminal:
             -d '{{"text": "Hello, auction!", "bid": "0.05"}}'
   3. see the charge:
        curl -s {base}/v1/ledger/balance -H "Authorization: Bearer $KEY"
+  4. watch it in a browser, signed in with that key:
+       {base}/dashboard
+     (an admin key shows the whole market:
+       .venv/bin/inference-auction users create root --budget 0 --admin{db})
 API docs: {base}/docs
 """

@@ -44,6 +44,11 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/server_info", "user"),
     ("GET", "/flush_cache", "admin"),
     ("POST", "/flush_cache", "admin"),
+    ("POST", "/v1/dashboard/session", "user"),
+    ("GET", "/v1/dashboard/session", "user"),
+    ("DELETE", "/v1/dashboard/session", None),  # signing out needs nothing and always works
+    ("GET", "/v1/dashboard/account", "user"),
+    ("GET", "/v1/dashboard/market", "admin"),
 ]
 
 # What user B sends to every route, aimed at user A's things where a route names any.
