@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import multiprocessing
 import os
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from server.api.json_reader import BodyRefused, decode_json
+from server.api.json_reader import BodyRefused, decode_json, json_depth
 from server.api.schemas import BodyLimits, RequestBody
 from server.api.validation_messages import describe_validation_error
 
@@ -36,6 +37,8 @@ _WORKER_NICENESS = 10
 
 def validate_body(body: bytes, model: type[Model], limits: BodyLimits) -> Model:
     """The body as `model`, or `BodyRefused` saying what is wrong with it."""
+    if len(body) > INLINE_BODY_BYTES:
+        _refuse_early(body, model, limits)
     data = decode_json(body, limits.max_json_depth)
     if not isinstance(data, Mapping):
         raise BodyRefused("the body must be a JSON object")
@@ -45,6 +48,19 @@ def validate_body(body: bytes, model: type[Model], limits: BodyLimits) -> Model:
         return model.model_validate(data)
     except ValidationError as error:
         raise BodyRefused(*describe_validation_error(error.errors())) from None
+
+
+def _refuse_early(body: bytes, model: type[BaseModel], limits: BodyLimits) -> None:
+    """The size limits on a quick parse (floats in C, not exact decimals in Python): a large
+    hostile body costs a tenth of the exact parse; one that passes gets the exact one."""
+    if not issubclass(model, RequestBody) or json_depth(body) > limits.max_json_depth:
+        return
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return  # the exact parse says what is wrong
+    if isinstance(data, Mapping):
+        model.check_raw(data, limits)
 
 
 def _lower_priority() -> None:
