@@ -70,3 +70,13 @@ def test_sqlite_side_files_are_ignored_by_git() -> None:
         check=False,
     )
     assert result.stdout.split() == names
+
+
+def test_the_readme_configuration_answers_a_newcomers_questions() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    for words in ["`HOST`", "`PORT`", "users create root --admin", "without `bid` bids 0"]:
+        assert words in section, words
+    settings = ServerSettings.model_fields
+    for name in ["max_json_depth", "http_read_timeout_seconds", "max_connections"]:
+        assert name in settings and f"`{name.upper()}`" in section
