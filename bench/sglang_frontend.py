@@ -73,7 +73,7 @@ def main() -> None:
 
     try:
         verdict = sgl.function(choose).run(question="Is the sky blue?")["verdict"]
-    except Exception as error:  # RuntimeEndpoint raises the server's error body  # noqa: BLE001
+    except Exception as error:  # RuntimeEndpoint raises the server's error body
         text = str(error)
         if "return_logprob" not in text or "select" not in text:
             sys.exit(f"select: refused without saying why: {text}")
