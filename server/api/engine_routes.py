@@ -2,9 +2,8 @@
 
 `/model_info` and `/server_info` describe this server (and the engine behind it), also under
 the deprecated names SGLang still serves (`sgl.RuntimeEndpoint` calls `/get_model_info`
-first); flushing
-the engine's prefix cache slows every user's next requests, so `/flush_cache` needs the
-admin key (SGLang's `bench_serving --flush-cache` must then run with it).
+first); flushing the engine's prefix cache slows every user's next requests, so `/flush_cache`
+needs the admin key (SGLang's `bench_serving --flush-cache` must then run with it).
 """
 
 from __future__ import annotations
