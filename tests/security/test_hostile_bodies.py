@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from billing.models import ID_LENGTH, NAME_LENGTH
+from server.api.body_decoder import INLINE_BODY_BYTES
 from server.api.schemas import RID_MAX_LENGTH
 from server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase, migrated_database
@@ -109,6 +110,32 @@ def test_logit_bias_and_custom_params_have_size_limits(sqlite_db: MigratedDataba
     assert defaults.max_json_depth == 32
     assert defaults.max_logit_bias_entries == 4_096
     assert defaults.max_custom_params_bytes == 65_536
+
+
+def test_large_valid_bodies_are_decoded_off_the_loop_and_served(
+    sqlite_db: MigratedDatabase,
+) -> None:
+    # 100 KB in 5,000 words (the emulator's context is shorter than 40,000 short ones): over
+    # INLINE_BODY_BYTES, so a worker process decodes it.
+    text = "abcdefghijklmnopqrs " * 5_000
+    assert len(text) > INLINE_BODY_BYTES
+    bodies = {
+        "/generate": {"text": text, "bid": "0.25", "sampling_params": {"max_new_tokens": 2}},
+        "/v1/completions": {"prompt": text, "bid": "0.25", "max_tokens": 2},
+        "/v1/chat/completions": {
+            "messages": [{"role": "user", "content": text}],
+            "bid": "0.25",
+            "max_tokens": 2,
+        },
+    }
+    with running_server(sqlite_db) as server, server.client(server.create_user("big")) as client:
+        for path, body in bodies.items():
+            reply = client.post(path, json=body)
+            assert reply.status_code == 200, (path, reply.text[:300])
+            auction = reply.json().get("auction") or reply.json()["meta_info"]["auction"]
+            assert auction["bid_micros"] == 250_000  # exact decimals survive the worker
+        typo = client.post("/generate", json={**bodies["/generate"], "bdi": "1"})
+        assert _refused(typo, "did you mean 'bid'?")["param"] is None
 
 
 # Run in another process, so that building and sending 80 MB costs the server's process
