@@ -9,6 +9,7 @@ the decoded JSON and validation are `server.api.json_reader`, `server.api.schema
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -17,7 +18,7 @@ from fastapi import Request
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
-from server.api.body_decoder import BodyDecoder
+from server.api.body_decoder import INLINE_BODY_BYTES, BodyDecoder
 from server.api.json_reader import BodyRefused
 from server.api.schemas import BodyLimits
 from server.errors import ClientGone, InvalidRequest, Unavailable
@@ -49,11 +50,9 @@ async def _read_body(request: Request) -> bytes:
                 raise _too_large(size)
             chunks.append(chunk)
     except ClientDisconnect:
-        client = request.client
-        where = f"{client.host}:{client.port}" if client else "a client"
         log.info(
             "%s disconnected after %s of its %s body bytes (%s %s)",
-            where,
+            _client(request),
             f"{size:,}",
             declared or "undeclared",
             request.method,
@@ -83,11 +82,40 @@ async def parse_body(request: Request, model: type[Model]) -> Model:
     """Read and validate the body as `model`; a 400 names the first bad field."""
     body = await _read_body(request)
     try:
-        return await _decoder(request).validate(body, model, body_limits(request))
+        decoding = _decoder(request).validate(body, model, body_limits(request))
+        if len(body) <= INLINE_BODY_BYTES:
+            return await decoding
+        return await _unless_gone(request, asyncio.ensure_future(decoding))
     except BodyRefused as error:
         raise InvalidRequest(error.message, param=error.param) from None
     except BrokenProcessPool:
         raise Unavailable("the server could not decode the body; retry shortly") from None
+
+
+async def _unless_gone(request: Request, decoding: asyncio.Future[Model]) -> Model:
+    """The decoded body, or `ClientGone` as soon as the client leaves: its body then waits
+    for no worker (and a request that nobody reads holds up no shutdown)."""
+    gone = asyncio.ensure_future(_disconnected(request))
+    either: set[asyncio.Future[Any]] = {decoding, gone}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not decoding.done():
+        decoding.cancel()
+        log.info("%s left while its body was being decoded", _client(request))
+        raise ClientGone("the client disconnected while its body was being decoded")
+    return decoding.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _client(request: Request) -> str:
+    client = request.client
+    return f"{client.host}:{client.port}" if client else "a client"
 
 
 def json_body_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -114,5 +114,9 @@ class BodyDecoder:
     def close(self) -> None:
         """Stop the workers; bodies still being decoded are dropped."""
         if self._pool is not None:
+            workers = list(self._pool._processes.values())
             self._pool.shutdown(wait=False, cancel_futures=True)
+            # A worker busy with a hostile body would hold up the process's exit until done.
+            for worker in workers:
+                worker.terminate()
             self._pool = None

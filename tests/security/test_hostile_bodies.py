@@ -139,9 +139,10 @@ def test_large_valid_bodies_are_decoded_off_the_loop_and_served(
 
 
 # Run in another process, so that building and sending 80 MB costs the server's process
-# nothing: eight 10 MB bodies at once, then their statuses and messages on stdout.
+# nothing: eight 10 MB bodies at once (one logit_bias body of 900,000 entries, seven
+# custom_params bodies of 1.8 million numbers), then "sent" once all are on the wire.
 _FLOOD = """
-import json, sys, threading, httpx
+import sys, threading, httpx
 base, key = sys.argv[1], sys.argv[2]
 bias = ", ".join(f'"{i}": 0.5' for i in range(900_000))
 numbers = ", ".join("0.25" for _ in range(1_800_000))
@@ -149,19 +150,19 @@ bodies = [
     f'{{"text": "x", "sampling_params": {{"logit_bias": {{{bias}}}}}}}'.encode(),
     f'{{"text": "x", "sampling_params": {{"custom_params": {{"k": [{numbers}]}}}}}}'.encode(),
 ]
-answers = []
+headers = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}
 def send(body):
-    headers = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}
-    reply = httpx.post(base + "/generate", content=body, headers=headers, timeout=300)
-    answers.append([reply.status_code, reply.json()["error"]["message"]])
+    httpx.post(base + "/generate", content=body, headers=headers, timeout=300)
 print("ready", flush=True)
-threads = [threading.Thread(target=send, args=(bodies[i % 2],)) for i in range(8)]
+threads = [threading.Thread(target=send, args=(bodies[min(i, 1)],)) for i in range(8)]
 for thread in threads:
     thread.start()
 for thread in threads:
     thread.join()
-print(json.dumps(answers), flush=True)
 """
+# How long another user's latency is measured while the eight bodies are being decoded (on a
+# busy machine the low-priority decoding of all eight takes longer than that).
+_FLOOD_WINDOW_SECONDS = 6.0
 
 
 def _latency(client: httpx.Client, index: int) -> float:
@@ -172,28 +173,31 @@ def _latency(client: httpx.Client, index: int) -> float:
     return time.perf_counter() - started
 
 
-def test_eight_ten_megabyte_bodies_do_not_stall_another_user(sqlite_db: MigratedDatabase) -> None:
+def test_eight_ten_megabyte_bodies_do_not_stall_another_user(
+    sqlite_db: MigratedDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="server")
     with running_server(sqlite_db) as server:
         mallory = server.create_user("mallory")
         with server.client(server.create_user("olivia")) as client:
             idle = sorted(_latency(client, i) for i in range(15))
-            flood = subprocess.Popen(
-                [sys.executable, "-c", _FLOOD, server.url, mallory],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            assert flood.stdout is not None
-            assert flood.stdout.readline().strip() == "ready"
-            loaded: list[float] = []
-            while flood.poll() is None and len(loaded) < 200:
-                loaded.append(_latency(client, len(loaded)))
-            answers = json.loads(flood.communicate(timeout=120)[0])
-    assert [status for status, _ in answers] == [400] * 8
-    assert {message.split(":")[0] for _, message in answers} == {
-        "sampling_params.logit_bias",
-        "sampling_params.custom_params",
-    }
-    assert len(loaded) >= 3, "the flood was over before it could be measured"
+            command = [sys.executable, "-c", _FLOOD, server.url, mallory]
+            with subprocess.Popen(command, stdout=subprocess.PIPE) as flood:
+                assert flood.stdout is not None
+                assert flood.stdout.readline().strip() == b"ready"
+                time.sleep(1.0)  # the bodies are on the wire and in the decoder
+                loaded: list[float] = []
+                window = time.monotonic() + _FLOOD_WINDOW_SECONDS
+                while time.monotonic() < window:
+                    loaded.append(_latency(client, len(loaded)))
+                    time.sleep(0.1)  # paced like a user
+                still_decoding = flood.poll() is None
+                flood.kill()  # the server drops the bodies of clients that left
+    assert still_decoding, "the flood was over before the window closed: nothing was measured"
+    # The killed client's bodies were dropped, not decoded for nobody (nor waited for at exit).
+    left = "left while its body was being decoded"
+    dropped = [r for r in caplog.records if left in r.getMessage()]
+    assert dropped and all(r.levelname == "INFO" for r in dropped)
     # bench/hostile_bodies.py measures the 2x bound on p99 against a server process of its
     # own; here the server shares this process and a busy machine, so the bound has slack for
     # the machine, while a stalled event loop (seconds per body) would still be far above it.
