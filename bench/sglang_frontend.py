@@ -32,15 +32,15 @@ except ImportError:  # run as a script in SGLang's virtualenv, where bench/ is o
 def answer(s: Any, question: str) -> None:
     """One question, one generation."""
     s += "Q: " + question + "\nA:"
-    s += _sgl().gen("answer", max_new_tokens=16, stop="\n")
+    s += _sgl().gen("answer", max_tokens=16, stop="\n")
 
 
 def two_steps(s: Any, topic: str) -> None:
     """Two generations in one program."""
     s += "Topic: " + topic + "\nOutline:"
-    s += _sgl().gen("outline", max_new_tokens=12)
+    s += _sgl().gen("outline", max_tokens=12)
     s += "\nSummary:"
-    s += _sgl().gen("summary", max_new_tokens=8, temperature=0)
+    s += _sgl().gen("summary", max_tokens=8, temperature=0)
 
 
 def choose(s: Any, question: str) -> None:
@@ -71,15 +71,16 @@ def main() -> None:
         if not isinstance(summary, str):
             sys.exit(f"run_batch: no summary for {topic}")
 
-    try:
-        verdict = sgl.function(choose).run(question="Is the sky blue?")["verdict"]
-    except Exception as error:  # RuntimeEndpoint raises the server's error body
-        text = str(error)
-        if "return_logprob" not in text or "select" not in text:
-            sys.exit(f"select: refused without saying why: {text}")
-        print(f"select: refused as documented: {text[:160]}...")
-    else:
-        print(f"select: {verdict!r}")
+    # The interpreter keeps a failed call's error on the program state instead of raising it.
+    state = sgl.function(choose).run(question="Is the sky blue?")
+    error = state.error()
+    if error is None:
+        print(f"select: {state['verdict']!r}")
+        return
+    text = str(error)
+    if "return_logprob" not in text or "select" not in text:
+        sys.exit(f"select: refused without saying why: {text}")
+    print(f"select: refused as documented: {text[:200]}...")
 
 
 if __name__ == "__main__":
