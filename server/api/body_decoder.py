@@ -1,7 +1,7 @@
 """Decode and validate request bodies: small ones at once, large ones in worker processes.
 
-JSON decoding and validation are CPU-bound C code that holds the GIL: on the event loop (or in
-a thread) a 10 MB body stalls every other request for as long as it takes. Bodies above
+JSON decoding and validation are CPU-bound and hold the GIL: on the event loop (or in a thread)
+a 10 MB body stalls every other request for as long as it takes. Bodies above
 `INLINE_BODY_BYTES` are therefore decoded in a small pool of worker processes, at a lower CPU
 priority, which send back only the validated model (or the reason it was refused): a
 hostile body then costs its sender time, not the other users'.
@@ -28,8 +28,8 @@ __all__ = ["INLINE_BODY_BYTES", "BodyDecoder", "validate_body"]
 
 Model = TypeVar("Model", bound=BaseModel)
 
-# Up to this size a body is decoded on the event loop: it takes well under a millisecond,
-# less than a hand-off to another process.
+# Up to this size a body is decoded on the event loop: a few milliseconds at most, about what
+# a hand-off to another process costs.
 INLINE_BODY_BYTES = 64 * 1024
 _WORKERS = 2
 _WORKER_NICENESS = 10
