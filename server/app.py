@@ -22,13 +22,14 @@ from server.api import (
     pacing_routes,
     sglang_routes,
 )
+from server.api.body_decoder import BodyDecoder
 from server.api.deps import AppState, AuthenticationCache, RateLimiter
 from server.api.error_handlers import install_error_handlers
 from server.api.request_id import RequestIdMiddleware
 from server.engine.base import Engine
 from server.engine.factory import make_engine
 from server.service import AuctionService
-from server.settings import ServerSettings
+from server.settings import ServerSettings, without_password
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         )
         scheduler = start_scheduler(ledger, settings) if settings.run_jobs else None
         await service.start()
-        log.info(
-            "auction server ready: engine %s, ledger %s", backend.name, _safe(settings.database_url)
-        )
+        ledger_url = without_password(settings.database_url)
+        log.info("auction server ready: engine %s, ledger %s", backend.name, ledger_url)
         try:
             yield
         finally:
@@ -60,6 +60,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
                 scheduler.shutdown(wait=False)
             await backend.close()
             ledger.close()
+            decoder.close()
 
     app = FastAPI(
         title="inference-auctions",
@@ -67,6 +68,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         version="0.1.0",
         lifespan=lifespan,
     )
+    decoder = app.state.body_decoder = BodyDecoder()
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)
     routes = (
@@ -100,12 +102,3 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         timeout=settings.engine_timeout_seconds,
         model_name=settings.model_name,
     )
-
-
-def _safe(url: str) -> str:
-    """The URL without its password, for logs."""
-    scheme, sep, rest = url.partition("://")
-    if "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    return f"{scheme}{sep}{credentials.split(':')[0]}:***@{host}"

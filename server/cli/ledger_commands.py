@@ -19,7 +19,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO, TypeVar
 
 import click
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
@@ -29,6 +28,7 @@ from billing import Ledger, LedgerError, LedgerSettings, format_micros, migrate,
 from billing.database import create_ledger_engine
 from billing.errors import InvalidAmount
 from billing.records import AccountDrift, SummaryRow
+from server.cli.console import table_console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -167,7 +167,7 @@ def _emit_records(
             table.add_column(heading, justify="right" if field.endswith("_micros") else "left")
         for record in records:
             table.add_row(*(_cell(field, record[field]) for field, _ in columns))
-        Console(file=out).print(table)
+        table_console(out).print(table)
 
 
 def _cell(field: str, value: Any) -> str:

@@ -42,6 +42,8 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/metrics", None),
     ("GET", "/model_info", "user"),
     ("GET", "/server_info", "user"),
+    ("GET", "/get_model_info", "user"),
+    ("GET", "/get_server_info", "user"),
     ("GET", "/flush_cache", "admin"),
     ("POST", "/flush_cache", "admin"),
     ("POST", "/v1/dashboard/session", "user"),
