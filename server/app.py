@@ -21,6 +21,7 @@ from server.api import (
 )
 from server.api.deps import AppState, AuthenticationCache, RateLimiter
 from server.api.error_handlers import install_error_handlers
+from server.cluster.replica import ReplicaHeader, rate_limit_share, replica_name
 from server.engine.base import Engine
 from server.engine.factory import make_engine
 from server.service import AuctionService
@@ -39,7 +40,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         backend = engine or make_engine_from(settings)
         await backend.start()
         service = AuctionService(settings, ledger, backend)
-        limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
+        limiter = RateLimiter(*rate_limit_share(settings))
         app.state.services = AppState(
             service=service, ledger=ledger, limiter=limiter, keys=AuthenticationCache()
         )
@@ -64,6 +65,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(ReplicaHeader, replica=replica_name(settings))
     routes = (sglang_routes, engine_routes, openai_routes, ledger_routes, admin_routes, ops_routes)
     for module in routes:
         app.include_router(module.router)

@@ -40,9 +40,14 @@ class ServerSettings(LedgerSettings):
     max_prompt_chars: int = Field(default=1_000_000, ge=1)
     max_new_tokens_limit: int = Field(default=32_768, ge=1)
 
-    # Per-key rate limit (token bucket): sustained requests per second and burst.
+    # Per-key rate limit (token bucket): sustained requests per second and burst, for the
+    # whole deployment; each of `rate_limit_replicas` replicas enforces its equal share.
     rate_limit_per_second: float = Field(default=200.0, gt=0)
     rate_limit_burst: int = Field(default=400, ge=1)
+    rate_limit_replicas: int = Field(default=1, ge=1, le=1024)
+
+    # This replica's name on its metrics, health and responses; by default host:port.
+    replica_name: str | None = Field(default=None, min_length=1, max_length=128)
 
     # The ledger's periodic jobs (period rollover, stale holds, reconciliation).
     run_jobs: bool = True

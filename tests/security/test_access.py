@@ -24,7 +24,7 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("POST", "/generate", "user"),
     ("POST", "/v1/completions", "user"),
     ("POST", "/v1/chat/completions", "user"),
-    ("GET", "/v1/models", "user"),
+    ("GET", "/v1/models", None),  # routers probe it without a key, as SGLang's
     ("GET", "/v1/ledger/balance", "user"),
     ("GET", "/v1/ledger/entries", "user"),
     ("GET", "/v1/ledger/summary", "user"),
@@ -38,7 +38,8 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/health", None),
     ("GET", "/metrics", None),
     ("GET", "/model_info", "user"),
-    ("GET", "/server_info", "user"),
+    ("GET", "/server_info", None),  # likewise
+    ("GET", "/version", None),
     ("GET", "/flush_cache", "admin"),
     ("POST", "/flush_cache", "admin"),
 ]
