@@ -93,3 +93,48 @@ def test_without_a_name_a_replica_is_its_address(sqlite_db: MigratedDatabase) ->
     with running_server(sqlite_db) as server:
         reply = httpx.get(server.url + "/health", timeout=30)
         assert reply.json()["replica"] == f"{server.settings.host}:{server.settings.port}"
+
+
+# What SMG 1.13 adds to the bodies it forwards (docs/SCALE-OUT.md): SGLang ignores these keys,
+# and so must every replica, or SMG could not route to it at all.
+SMG_GENERATE_KEYS = {
+    "model": "unknown",
+    "log_metrics": True,
+    "background": False,
+    "no_logs": False,
+    "return_bytes": False,
+    "return_entropy": False,
+    "return_text_in_logprobs": False,
+    "stream": False,
+    "priority": 0,
+}
+
+
+def test_the_keys_smg_adds_to_a_body_are_accepted(sqlite_db: MigratedDatabase) -> None:
+    with running_server(sqlite_db) as server, server.client(server.create_user("u")) as client:
+        generated = client.post(
+            "/generate",
+            json={
+                "text": "routed",
+                "bid": "0.2",
+                "rid": "smg-1",
+                **SMG_GENERATE_KEYS,
+                "sampling_params": {"max_new_tokens": 2},
+            },
+        )
+        assert generated.status_code == 200, generated.text
+        assert generated.json()["meta_info"]["auction"]["bid_micros"] == 200_000
+        chat = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "inference-auction-emulated",
+                "bid": "0.2",
+                "priority": 0,
+                "logprobs": False,
+                "stream": False,
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": "routed"}],
+            },
+        )
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["auction"]["bid_micros"] == 200_000
