@@ -46,7 +46,8 @@ class ServerSettings(LedgerSettings):
     rate_limit_burst: int = Field(default=400, ge=1)
     rate_limit_replicas: int = Field(default=1, ge=1, le=1024)
 
-    # This replica's name on its metrics, health and responses; by default host:port.
+    # This replica's name on its health, responses and (only when set) metrics; by default
+    # host:port.
     replica_name: str | None = Field(default=None, min_length=1, max_length=128)
 
     # The ledger's periodic jobs (period rollover, stale holds, reconciliation).

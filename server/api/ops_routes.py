@@ -1,7 +1,8 @@
 """`GET /health`, `GET /metrics` (Prometheus) and `GET /version`; no key needed.
 
-All three answer for this replica alone: each names it (`replica`), so that a router's probes
-and a scraper of several replicas can tell them apart.
+All three answer for this replica alone. `/health` names it, and when it has a configured
+name (`INFERENCE_AUCTION_REPLICA_NAME`) every metric sample carries it as the label `replica`,
+so that a scraper of several replicas can tell them apart.
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ async def _ledger_answers(state: State) -> bool:
 
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
-    """Prometheus text format; every sample carries this replica's name as `replica`."""
+    """Prometheus text format; with `replica_name` set, every sample carries it as `replica`."""
     service = state.service
-    labelled = ReplicaLabelled(service.metrics.registry, replica_name(service.settings))
+    name = service.settings.replica_name
+    if name is None:  # one server alone: its samples stay as they always were
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    labelled = ReplicaLabelled(service.metrics.registry, name)
     return Response(generate_latest(labelled), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -89,10 +89,15 @@ def test_a_replica_names_itself_and_answers_the_routers_probes_without_a_key(
             assert (timings["scope"], timings["replica"]) == ("replica", "gpu-3")
 
 
-def test_without_a_name_a_replica_is_its_address(sqlite_db: MigratedDatabase) -> None:
+def test_without_a_name_a_replica_is_its_address_and_its_metrics_are_unlabelled(
+    sqlite_db: MigratedDatabase,
+) -> None:
     with running_server(sqlite_db) as server:
         reply = httpx.get(server.url + "/health", timeout=30)
         assert reply.json()["replica"] == f"{server.settings.host}:{server.settings.port}"
+        metrics = httpx.get(server.url + "/metrics", timeout=30).text
+        samples = [s for f in text_string_to_metric_families(metrics) for s in f.samples]
+        assert samples and not any("replica" in s.labels for s in samples)
 
 
 # What SMG 1.13 adds to the bodies it forwards (docs/SCALE-OUT.md): SGLang ignores these keys,

@@ -26,16 +26,15 @@ import httpx
 import pytest
 
 from billing import Ledger
-from server.cluster.smg import RouterOptions
 from server.cluster.supervisor import (
     CLI,
     Child,
+    ClusterPlan,
     free_port,
+    run_cluster,
     start_engine,
     start_replica,
-    start_router,
     wait_healthy,
-    wait_routing,
 )
 from tests.cluster.helpers import charges_by_batch, generate, replica_of, wait_until
 from tests.db_fixtures import MigratedDatabase
@@ -43,10 +42,10 @@ from tests.db_fixtures import MigratedDatabase
 pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(150)]
 
 CREDIT = 1_000_000
-# Model seconds run 50x faster: a 4-token answer takes milliseconds, a 1000-token one about
-# 0.5 s, long enough to be caught at the engine by a SIGKILL.
+# Model seconds run 50x faster: a 4-token answer takes milliseconds, a 3000-token one about
+# 1.5 s, long enough to be caught at the engine by a SIGKILL.
 TIME_SCALE = 0.02
-LONG_ANSWER = 1000
+LONG_ANSWER = 3000
 REPLICA_SETTINGS = {
     "batch_size": "8",
     "max_wait_ms": "20",
@@ -56,14 +55,15 @@ REPLICA_SETTINGS = {
     "rate_limit_per_second": "10000",
     "rate_limit_burst": "10000",
     "run_jobs": "true",
-    "hold_max_age_seconds": "3",
+    "hold_max_age_seconds": "5",
     "hold_expiry_interval_seconds": "0.5",
 }
 SHARED_PREFIX = " ".join(f"context-{i}" for i in range(300))
 
 
 class Deployment:
-    """The processes of the test, stopped router first at the end."""
+    """The test's processes: two emulated SGLang workers it starts itself, then the auction
+    servers and SMG from `run_cluster` with `--engine-url`s, as in front of real workers."""
 
     def __init__(self, database_url: str, logs: Path, stack: ExitStack) -> None:
         self.database_url = database_url
@@ -74,38 +74,40 @@ class Deployment:
             )
             for i in range(2)
         ]
-        self.replicas = [self._replica(i, free_port()) for i in range(2)]
-        stack.callback(self._stop)
-        for child in [*self.engines, *self.replicas]:
-            wait_healthy(child)
-        options = RouterOptions(host="127.0.0.1", port=free_port(), prometheus_port=free_port())
-        self.router = start_router([r.url for r in self.replicas], options, logs / "smg.log")
-        wait_routing(self.router, 2)
-
-    def _replica(self, index: int, port: int) -> Child:
-        return start_replica(
-            f"replica-{index}",
-            port,
-            self.engines[index].url,
-            self.database_url,
-            self.logs / f"replica-{index}.log",
-            replicas=2,
-            settings=REPLICA_SETTINGS,
+        for engine in self.engines:
+            stack.callback(engine.stop, grace=10)  # after the cluster: callbacks run reversed
+        for engine in self.engines:
+            wait_healthy(engine)
+        plan = ClusterPlan(
+            workers=2,
+            database_url=database_url,
+            log_dir=logs,
+            port=free_port(),
+            engine_urls=tuple(engine.url for engine in self.engines),
+            replica_settings=REPLICA_SETTINGS,
         )
+        self.cluster = stack.enter_context(run_cluster(plan))
+        self.replicas = self.cluster.replicas  # run_cluster stops whatever is in this list
+        assert self.cluster.router is not None
+        self.router = self.cluster.router
 
     def restart(self, index: int) -> Child:
         """Start replica `index` again on its old port, as an operator would (not waited for)."""
         port = int(self.replicas[index].url.rsplit(":", 1)[1])
-        self.replicas[index] = self._replica(index, port)
+        self.replicas[index] = start_replica(
+            f"replica-{index}",
+            port,
+            self.engines[index].url,
+            self.database_url,
+            self.logs / f"replica-{index}-restarted.log",
+            replicas=2,
+            settings=REPLICA_SETTINGS,
+        )
         return self.replicas[index]
 
     def healthy_workers(self) -> int:
         """How many workers SMG routes to now."""
         return int(httpx.get(self.router.url + "/readiness", timeout=5).json()["healthy_workers"])
-
-    def _stop(self) -> None:
-        for child in [self.router, *self.replicas, *self.engines]:
-            child.stop(grace=10)
 
 
 @pytest.fixture
