@@ -42,10 +42,11 @@ from tests.db_fixtures import MigratedDatabase
 pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(150)]
 
 CREDIT = 1_000_000
-# Model seconds run 50x faster: a 4-token answer takes milliseconds, a 3000-token one about
-# 1.5 s, long enough to be caught at the engine by a SIGKILL.
-TIME_SCALE = 0.02
-LONG_ANSWER = 3000
+# Model seconds run 5x faster: a 4-token answer takes some 30 ms, a 1000-token one about 5 s,
+# long enough to be caught at the engine by a SIGKILL. (Few long steps rather than many
+# short ones: the emulator's own work per step is what a loaded machine slows down.)
+TIME_SCALE = 0.2
+LONG_ANSWER = 1000
 REPLICA_SETTINGS = {
     "batch_size": "8",
     "max_wait_ms": "20",
@@ -55,7 +56,7 @@ REPLICA_SETTINGS = {
     "rate_limit_per_second": "10000",
     "rate_limit_burst": "10000",
     "run_jobs": "true",
-    "hold_max_age_seconds": "5",
+    "hold_max_age_seconds": "8",
     "hold_expiry_interval_seconds": "0.5",
 }
 SHARED_PREFIX = " ".join(f"context-{i}" for i in range(300))
@@ -236,7 +237,7 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
         f"k{i}": ledger.create_user(f"k{i}", budget_micros=CREDIT).api_key for i in range(1, 6)
     }
 
-    def send(user: str) -> Future[httpx.Response]:
+    def send(user: str, tokens: int) -> Future[httpx.Response]:
         prompt = f"{SHARED_PREFIX} long answer for {user}"
         return pool.submit(
             generate,
@@ -245,7 +246,7 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
             prompt,
             bid="0.3",
             rid=f"{user}-long",
-            max_new_tokens=LONG_ANSWER,
+            max_new_tokens=tokens,
         )
 
     def status(user: str) -> str | None:
@@ -254,15 +255,16 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
 
     pool = ThreadPoolExecutor(5)
     try:
-        outcomes = {"k1": send("k1")}
+        # k1 runs long enough for k2 and k3 to arrive behind it even on a loaded machine.
+        outcomes = {"k1": send("k1", LONG_ANSWER * 3 // 5)}
         wait_until(lambda: status("k1") == "scheduled", 15, "k1 at the engine")
-        outcomes |= {"k2": send("k2"), "k3": send("k3")}
+        outcomes |= {"k2": send("k2", LONG_ANSWER), "k3": send("k3", LONG_ANSWER)}
         wait_until(
             lambda: status("k2") == "scheduled" and status("k3") == "scheduled",
-            20,
+            30,
             "k2 and k3 settled together and at the engine",
         )
-        outcomes["k4"] = send("k4")
+        outcomes["k4"] = send("k4", 4)
         # k5 reached the replica without SMG (a client inside the network): nobody retries it.
         outcomes["k5"] = pool.submit(
             generate,
