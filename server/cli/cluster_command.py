@@ -14,6 +14,8 @@ from pathlib import Path
 from types import FrameType
 
 import click
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from server.settings import ServerSettings
 
@@ -26,6 +28,13 @@ class _Stop(Exception):
 
 def _raise_stop(_signum: int, _frame: FrameType | None) -> None:
     raise _Stop
+
+
+def _without_password(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url  # not a URL SQLAlchemy reads; run_cluster will say so
 
 
 @click.command()
@@ -117,7 +126,7 @@ def cluster(
             for replica, target in zip(running.replicas, targets, strict=True):
                 click.echo(f"  {replica.name}: {replica.url} -> {target}")
             click.echo(
-                f"SMG ({policy}) on {running.url}; ledger {database_url}\n"
+                f"SMG ({policy}) on {running.url}; ledger {_without_password(database_url)}\n"
                 f"Send requests there, e.g. curl -s {running.url}/generate "
                 '-H "Authorization: Bearer $KEY" -H "Content-Type: application/json" '
                 '-d \'{"text": "Hello", "bid": "0.05"}\'\n'
@@ -128,7 +137,7 @@ def cluster(
             names = ", ".join(f"{c.name} (exit {c.process.returncode})" for c in dead)
             raise click.ClickException(f"{names} stopped; see its log in {logs}. Stopping all.")
     except (KeyboardInterrupt, _Stop):
-        click.echo("Stopping: SMG, then the auction servers (draining), then the workers.")
+        click.echo("Stopped SMG, then the auction servers (drained), then the workers.")
     except RuntimeError as error:
         raise click.ClickException(str(error)) from None
     finally:

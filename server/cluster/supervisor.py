@@ -2,8 +2,8 @@
 SMG in front; stop it all, router first, so no request is routed to a stopping replica.
 
 Every part is its own process, as it would be on several hosts; the auction servers share one
-database URL. The pieces are usable alone (the end-to-end tests start them one by one to kill
-a replica), and `Cluster` starts and stops a whole deployment.
+database URL. The pieces are usable alone (a test can kill one replica and start it again),
+and `run_cluster` starts and stops a whole deployment.
 """
 
 from __future__ import annotations
@@ -50,15 +50,19 @@ class Child:
         """Whether the process still runs."""
         return self.process.poll() is None
 
-    def stop(self, grace: float = _STOP_GRACE_SECONDS) -> None:
-        """SIGTERM (a replica drains), then SIGKILL after `grace` seconds."""
+    def terminate(self) -> None:
+        """SIGTERM: a replica stops taking requests and drains the ones it has."""
         if self.alive():
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+
+    def stop(self, grace: float = _STOP_GRACE_SECONDS) -> None:
+        """SIGTERM, then SIGKILL if it has not exited after `grace` seconds."""
+        self.terminate()
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
 
     def kill(self) -> None:
         """SIGKILL: a crash, for the fault tests."""
@@ -70,8 +74,15 @@ class Child:
 def _spawn(name: str, command: list[str], env: dict[str, str], log: Path, url: str) -> Child:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as output:
+        # A session of its own: Ctrl-C in the terminal reaches only the supervisor, which
+        # then stops the children in order instead of all of them at once.
         process = subprocess.Popen(
-            command, env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            command,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     return Child(name, url, process, log)
 
@@ -269,5 +280,10 @@ def run_cluster(plan: ClusterPlan) -> Iterator[Cluster]:
 
 
 def _stop_all(cluster: Cluster) -> None:
-    for child in cluster.children():
-        child.stop()
+    # Tier by tier, each tier at once: SMG, then the replicas (draining in parallel), then
+    # the engines they drained into.
+    for tier in ([cluster.router] if cluster.router else [], cluster.replicas, cluster.engines):
+        for child in tier:
+            child.terminate()
+        for child in tier:
+            child.stop()

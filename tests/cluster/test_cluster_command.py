@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import time
@@ -22,12 +24,22 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in path.read_text().split()] if path.exists() else []
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, or None once it is gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
+        return None
+
+
+def _started(pid: int) -> str | None:
+    fields = _stat(pid)
+    return None if fields is None else fields[19]  # starttime: tells a reused pid apart
+
+
+def _alive(pid: int, started: str) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[19] == started and fields[0] != "Z"
 
 
 @pytest.mark.cluster
@@ -43,6 +55,7 @@ def test_cluster_starts_workers_replicas_and_smg_and_ctrl_c_stops_them_all(
     command += ["--database-url", postgres_db.url, "--log-dir", str(tmp_path / "logs")]
     with output.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    children: dict[int, str] = {}
     try:
         wait_until(
             lambda: "Ctrl-C stops everything." in output.read_text() or process.poll() is not None,
@@ -50,7 +63,7 @@ def test_cluster_starts_workers_replicas_and_smg_and_ctrl_c_stops_them_all(
             "the deployment ready",
         )
         assert process.poll() is None, output.read_text()
-        children = _children(process.pid)
+        children = {pid: _started(pid) or "" for pid in _children(process.pid)}
         assert len(children) == 5, output.read_text()  # 2 workers, 2 auction servers, SMG
         printed = output.read_text()
         assert f"SMG (cache_aware) on http://127.0.0.1:{port}" in printed
@@ -70,12 +83,18 @@ def test_cluster_starts_workers_replicas_and_smg_and_ctrl_c_stops_them_all(
         process.send_signal(signal.SIGINT)
         assert process.wait(60) == 0, output.read_text()
         assert time.monotonic() - started < 60
-        assert "Stopping: SMG, then the auction servers" in output.read_text()
-        assert not [pid for pid in children if _alive(pid)]
+        assert "Stopped SMG, then the auction servers" in output.read_text()
+        # Ctrl-C reached the command alone (its children run in sessions of their own), and
+        # it stopped every one of them.
+        assert not [pid for pid, started in children.items() if _alive(pid, started)]
     finally:
         if process.poll() is None:
             process.kill()
             process.wait(10)
+        for pid, started in children.items():  # in sessions of their own: leave none behind
+            if _alive(pid, started):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_one_engine_url_per_worker() -> None:
