@@ -132,7 +132,8 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
     started = time.monotonic()
     marks: list[tuple[str, float]] = []
 
-    def mark(phase: str) -> None:
+    def mark(phase: str) -> None:  # when each phase ended, printed for -s
+
         marks.append((phase, round(time.monotonic() - started, 1)))
 
     ledger = Ledger(postgres_db.engine)
@@ -176,7 +177,7 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
     assert chat.json()["auction"]["bid_micros"] == 50_000
     assert httpx.post(smg + "/generate", json={"text": "no key"}, timeout=30).status_code == 401
 
-    mark(". A shared-prefix")
+    mark("probes")
     # 2. A shared-prefix group lands on one worker: SMG routes by prefix, never by bid.
     group = [
         generate(smg, probe_key, f"{SHARED_PREFIX} question {i}", bid=f"0.0{i + 1}")
@@ -188,7 +189,7 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
     victim = int(landed.pop().rsplit("-", 1)[1])
     survivor = 1 - victim
 
-    mark(". Tight budgets")
+    mark("shared prefix")
     # 3. Tight budgets under load spread over both replicas: 4 users with 0.5 credits each
     # send 6 requests at once bidding 0.2: at most two of anyone's holds fit at a time.
     users = {
@@ -230,7 +231,7 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
     assert sum(sum(charges_by_batch(ledger, u).values()) for u in users) > 0
     assert ledger.reconcile().ok
 
-    mark(". SIGKILL")
+    mark("tight budgets")
     # 4. SIGKILL the group's replica while SMG routes to it. k1 runs at its engine; k2 and k3
     # wait behind it, then clear together (charged) and run; k4 waits in the pool (a hold).
     victims = {
@@ -319,7 +320,7 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
     else:
         assert str(k4.state) == "released", k4
 
-    mark(". The recovery")
+    mark("sigkill")
     # 5. The operator restarts the dead replica (it starts while the rest goes on) and runs
     # the recovery procedure from the survivor's side: it refunds what the dead replica
     # charged and never answered, once.
@@ -344,7 +345,7 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
         balance = ledger.balance(user)
         assert balance.held_micros == 0 and balance.balance_micros >= 0, user
 
-    mark(". Restarted")
+    mark("recovery")
     # 6. Back on its port, SMG takes it back and routes to it again.
     wait_healthy(restarted)
     wait_until(lambda: deployment.healthy_workers() == 2, 20, "SMG took the replica back")
@@ -354,5 +355,5 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
     assert all(r.status_code == 200 for r in back), [r.text for r in back]
     assert replica_of(back[-1]) == f"replica-{victim}", [replica_of(r) for r in back]
     assert ledger.reconcile().ok
-    elapsed = time.monotonic() - started
-    print(f"scale-out end-to-end: {elapsed:.1f} s, phases {marks}, the victims' outcomes {results}")
+    mark("restart")
+    print(f"scale-out end-to-end, seconds at the end of each phase: {marks}; victims {results}")
