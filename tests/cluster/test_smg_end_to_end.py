@@ -133,7 +133,6 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
     marks: list[tuple[str, float]] = []
 
     def mark(phase: str) -> None:  # when each phase ended, printed for -s
-
         marks.append((phase, round(time.monotonic() - started, 1)))
 
     ledger = Ledger(postgres_db.engine)
