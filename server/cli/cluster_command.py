@@ -23,11 +23,20 @@ _DEFAULT_DB = ServerSettings.model_fields["database_url"].default
 
 
 class _Stop(Exception):
-    """SIGTERM arrived: stop the deployment as Ctrl-C does."""
+    """SIGINT (Ctrl-C) or SIGTERM arrived: stop the deployment."""
 
 
-def _raise_stop(_signum: int, _frame: FrameType | None) -> None:
-    raise _Stop
+class _StopOnce:
+    """A signal handler that raises `_Stop` the first time only: a second Ctrl-C must not
+    interrupt the stopping of the children half-way."""
+
+    def __init__(self) -> None:
+        self.raised = False
+
+    def __call__(self, _signum: int, _frame: FrameType | None) -> None:
+        if not self.raised:
+            self.raised = True
+            raise _Stop
 
 
 def _without_password(url: str) -> str:
@@ -119,7 +128,10 @@ def cluster(
     )
     what = "SGLang workers" if engine_urls else "emulated SGLang workers (no model runs)"
     click.echo(f"Starting {count} auction servers for {count} {what}, SMG in front; logs: {logs}")
-    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    # SIGINT too: a shell that starts the command in the background ignores SIGINT for it,
+    # and Python then never raises KeyboardInterrupt.
+    handler = _StopOnce()
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with run_cluster(plan) as running:
             targets = engine_urls or tuple(engine.url for engine in running.engines)
@@ -141,4 +153,5 @@ def cluster(
     except RuntimeError as error:
         raise click.ClickException(str(error)) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, earlier in previous.items():
+            signal.signal(sig, earlier)
