@@ -1,9 +1,10 @@
 """What one auction server does differently when it is one replica of several.
 
 Every replica has a name (`INFERENCE_AUCTION_REPLICA_NAME`, by default `host:port`). Answers
-that live in this process (metrics, health, timings) carry it, so that a deployment's numbers
-can be told apart; answers that live in the database (balances, reconcile) are the same from
-every replica and say so.
+that live in this process carry it (health, timings, a header on every response, and the
+metrics once the name is set explicitly), so that a deployment's numbers can be told apart;
+answers that live in the database (balances, reconcile) are the same from every replica and
+say so.
 """
 
 from __future__ import annotations
