@@ -343,6 +343,10 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
     for user in [*users, *victims, "probe"]:
         balance = ledger.balance(user)
         assert balance.held_micros == 0 and balance.balance_micros >= 0, user
+    # SMG's retries on the survivor charged nobody twice: one long request each, so at most
+    # one charge each, whichever replica settled it.
+    for user in victims:
+        assert len(charges_by_batch(ledger, user)) <= 1, user
 
     mark("recovery")
     # 6. Back on its port, SMG takes it back and routes to it again.
