@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from billing import Ledger
-from billing.jobs import start_scheduler
 from billing.migrate import upgrade
 from server.api import (
     admin_routes,
@@ -21,6 +20,7 @@ from server.api import (
 )
 from server.api.deps import AppState, AuthenticationCache, RateLimiter
 from server.api.error_handlers import install_error_handlers
+from server.cluster.leadership import start_jobs
 from server.cluster.replica import ReplicaHeader, rate_limit_share, replica_name
 from server.engine.base import Engine
 from server.engine.factory import make_engine
@@ -44,7 +44,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         app.state.services = AppState(
             service=service, ledger=ledger, limiter=limiter, keys=AuthenticationCache()
         )
-        scheduler = start_scheduler(ledger, settings) if settings.run_jobs else None
+        scheduler = start_jobs(ledger, settings) if settings.run_jobs else None
         await service.start()
         log.info(
             "auction server ready: engine %s, ledger %s", backend.name, _safe(settings.database_url)

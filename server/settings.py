@@ -50,5 +50,7 @@ class ServerSettings(LedgerSettings):
     # host:port.
     replica_name: str | None = Field(default=None, min_length=1, max_length=128)
 
-    # The ledger's periodic jobs (period rollover, stale holds, reconciliation).
+    # The ledger's periodic jobs (period rollover, stale holds, reconciliation); with the
+    # election, only the replica holding a PostgreSQL advisory lock runs them.
     run_jobs: bool = True
+    jobs_leader_election: bool = False

@@ -130,6 +130,8 @@ def start_replica(
             "INFERENCE_AUCTION_DATABASE_URL": database_url,
             "INFERENCE_AUCTION_REPLICA_NAME": name,
             "INFERENCE_AUCTION_RATE_LIMIT_REPLICAS": str(replicas),
+            # One replica runs the ledger jobs, another takes over if it dies (PostgreSQL).
+            "INFERENCE_AUCTION_JOBS_LEADER_ELECTION": "true",
         }
     )
     env.update(

@@ -7,15 +7,19 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import Engine, text
 
 from billing import Ledger
 from billing.jobs import run_hold_expiry, run_reconcile, run_rollover
+from server.cluster.leadership import JobLeadership, start_jobs
+from server.settings import ServerSettings
 from tests.billing.conftest import Clock
 from tests.cluster.helpers import charges_by_batch, generate, wait_until
-from tests.db_fixtures import MigratedDatabase
+from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.server.harness import running_server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
@@ -137,3 +141,67 @@ def test_a_rid_already_settled_by_another_replica_fails_alone(
     assert len(charged) <= 1  # served once, charged at most once
     assert a.ledger.balance("alice").held_micros == 0
     assert a.ledger.reconcile().ok
+
+
+def test_one_replica_leads_the_jobs_and_another_takes_over_when_it_dies(
+    postgres_db: MigratedDatabase,
+) -> None:
+    def engine_named(name: str) -> Engine:
+        return postgres_db.new_engine(connect_args={"application_name": name})
+
+    replicas = {name: JobLeadership(engine_named(name)) for name in ("lead-a", "lead-b")}
+    with ThreadPoolExecutor(2) as pool:  # both ask at the same moment
+        asked = dict(zip(replicas, pool.map(lambda j: j.held(), replicas.values()), strict=True))
+    assert sorted(asked.values()) == [False, True], asked
+    leader = next(name for name, held in asked.items() if held)
+    other = next(name for name in replicas if name != leader)
+    for _ in range(3):  # stable while the leader lives
+        assert replicas[leader].held() and not replicas[other].held()
+
+    # The leader dies (its session ends, as when its process is killed): the other one leads
+    # from its next job on, and the old leader does not take the lock back.
+    with postgres_db.engine.connect() as connection:
+        connection.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :n"
+            ),
+            {"n": leader},
+        )
+    wait_until(replicas[other].held, 10, "the other replica took over")
+    assert not replicas[leader].held()
+    replicas[other].release()  # a graceful stop hands it back at once
+    assert replicas[leader].held()
+    replicas[leader].release()
+
+
+def test_a_ledger_in_another_schema_elects_its_own_leader(tmp_path: Path) -> None:
+    with (
+        migrated_database("postgres", tmp_path / "one") as one,
+        migrated_database("postgres", tmp_path / "two") as two,
+    ):
+        first, second = JobLeadership(one.new_engine()), JobLeadership(two.new_engine())
+        assert first.held() and second.held()  # one PostgreSQL server, two deployments
+        first.release()
+        second.release()
+
+
+def test_elected_jobs_still_release_stale_holds(postgres_db: MigratedDatabase) -> None:
+    settings = ServerSettings(
+        database_url=postgres_db.url,
+        jobs_leader_election=True,
+        hold_max_age_seconds=0.2,
+        hold_expiry_interval_seconds=0.2,
+    )
+    ledgers = [Ledger(postgres_db.new_engine()) for _ in range(2)]
+    ledgers[0].create_user("stale", budget_micros=1_000)
+    ledgers[0].place_hold("stale", "stale/r", 100)
+    jobs = [start_jobs(ledger, settings) for ledger in ledgers]
+    try:
+        assert all(j.leadership is not None for j in jobs)
+        wait_until(lambda: ledgers[0].balance("stale").held_micros == 0, 15, "hold released")
+        releases = ledgers[0].entries("stale", kind="release").entries
+        assert len(releases) == 1
+        assert sum(bool(j.leadership and j.leadership.held()) for j in jobs) == 1
+    finally:
+        for j in jobs:
+            j.shutdown(wait=True)
