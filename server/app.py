@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from billing import Ledger
-from billing.jobs import start_scheduler
 from billing.migrate import upgrade
 from server.api import (
     admin_routes,
@@ -26,6 +25,8 @@ from server.api.body_decoder import BodyDecoder
 from server.api.deps import AppState, AuthenticationCache, RateLimiter
 from server.api.error_handlers import install_error_handlers
 from server.api.request_id import RequestIdMiddleware
+from server.cluster.leadership import start_jobs
+from server.cluster.replica import ReplicaHeader, rate_limit_share, replica_name
 from server.engine.base import Engine
 from server.engine.factory import make_engine
 from server.service import AuctionService
@@ -44,11 +45,11 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         backend = engine or make_engine_from(settings)
         await backend.start()
         service = AuctionService(settings, ledger, backend)
-        limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
+        limiter = RateLimiter(*rate_limit_share(settings))
         app.state.services = AppState(
             service=service, ledger=ledger, limiter=limiter, keys=AuthenticationCache()
         )
-        scheduler = start_scheduler(ledger, settings) if settings.run_jobs else None
+        scheduler = start_jobs(ledger, settings) if settings.run_jobs else None
         await service.start()
         ledger_url = without_password(settings.database_url)
         log.info("auction server ready: engine %s, ledger %s", backend.name, ledger_url)
@@ -71,6 +72,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     decoder = app.state.body_decoder = BodyDecoder()
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(ReplicaHeader, replica=replica_name(settings))
     routes = (
         sglang_routes,
         engine_routes,

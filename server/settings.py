@@ -50,12 +50,20 @@ class ServerSettings(LedgerSettings):
     http_read_timeout_seconds: float = Field(default=30.0, gt=0)
     max_connections: int = Field(default=2_048, ge=1)
 
-    # Per-key rate limit (token bucket): sustained requests per second and burst.
+    # Per-key rate limit (token bucket): sustained requests per second and burst, for the
+    # whole deployment; each of `rate_limit_replicas` replicas enforces its equal share.
     rate_limit_per_second: float = Field(default=200.0, gt=0)
     rate_limit_burst: int = Field(default=400, ge=1)
+    rate_limit_replicas: int = Field(default=1, ge=1, le=1024)
 
-    # The ledger's periodic jobs (period rollover, stale holds, reconciliation).
+    # This replica's name on its health, responses and (only when set) metrics; by default
+    # host:port.
+    replica_name: str | None = Field(default=None, min_length=1, max_length=128)
+
+    # The ledger's periodic jobs (period rollover, stale holds, reconciliation); with the
+    # election, only the replica holding a PostgreSQL advisory lock runs them.
     run_jobs: bool = True
+    jobs_leader_election: bool = False
 
 
 def without_password(url: str) -> str:

@@ -14,6 +14,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from server.api.deps import AdminUser, CurrentUser, State
+from server.cluster.replica import replica_name
 from server.engine.errors import EngineError
 from server.errors import EngineFailed
 
@@ -40,8 +41,9 @@ async def model_info(_: CurrentUser, state: State) -> dict[str, Any]:
     operation_id="get_server_info_alias",
     deprecated=True,
 )
-async def server_info(_: CurrentUser, state: State) -> dict[str, Any]:
-    """This server's scheduling settings, in the spirit of SGLang's `/server_info`."""
+async def server_info(state: State) -> dict[str, Any]:
+    """This server's scheduling settings, in the spirit of SGLang's `/server_info`; no key
+    needed (routers such as SMG probe it, as SGLang's)."""
     settings = state.service.settings
     return {
         "model_path": settings.model_name,
@@ -51,6 +53,7 @@ async def server_info(_: CurrentUser, state: State) -> dict[str, Any]:
         "max_wait_ms": settings.max_wait_ms,
         "max_inflight": settings.max_inflight,
         "schedule_policy": "average-bid-dfs auction",
+        "replica": replica_name(settings),
     }
 
 

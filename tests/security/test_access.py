@@ -24,7 +24,7 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("POST", "/generate", "user"),
     ("POST", "/v1/completions", "user"),
     ("POST", "/v1/chat/completions", "user"),
-    ("GET", "/v1/models", "user"),
+    ("GET", "/v1/models", None),  # routers probe it without a key, as SGLang's
     ("GET", "/v1/ledger/balance", "user"),
     ("GET", "/v1/ledger/entries", "user"),
     ("GET", "/v1/ledger/summary", "user"),
@@ -41,9 +41,10 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/health", None),
     ("GET", "/metrics", None),
     ("GET", "/model_info", "user"),
-    ("GET", "/server_info", "user"),
+    ("GET", "/server_info", None),  # likewise
+    ("GET", "/version", None),
     ("GET", "/get_model_info", "user"),
-    ("GET", "/get_server_info", "user"),
+    ("GET", "/get_server_info", None),
     ("GET", "/flush_cache", "admin"),
     ("POST", "/flush_cache", "admin"),
     ("POST", "/v1/dashboard/session", "user"),
