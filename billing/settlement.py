@@ -174,8 +174,11 @@ def _settle(
     # Before any hold is released: opening a period expires what is available at that moment.
     budgets = {name: open_period(session, account, now) for name, account in accounts.items()}
     held: dict[str, int] = defaultdict(int)
+    by_period: dict[str, list[tuple[datetime | None, int]]] = defaultdict(list)
     for request in requests:
-        held[request.user] += holds[request.rid].amount_micros
+        hold = holds[request.rid]
+        held[request.user] += hold.amount_micros
+        by_period[request.user].append((hold.period_start, hold.amount_micros))
     for name, amount in charges.items():
         if amount > held[name]:
             raise ChargeExceedsHold(batch.batch_id, name, amount, held[name])
@@ -214,11 +217,7 @@ def _settle(
             session,
             account,
             budgets[name],
-            held=[
-                (holds[r.rid].period_start, holds[r.rid].amount_micros)
-                for r in requests
-                if r.user == name
-            ],
+            held=by_period[name],
             charge_micros=charges.get(name, 0),
             key=charge_key(account.user.id, batch.batch_id),
             batch_id=batch.batch_id,

@@ -7,6 +7,7 @@ random sequences are in `test_period_properties.py`.
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,17 +16,18 @@ from click.testing import CliRunner
 
 from billing import EntryKind, InsufficientFunds, InvalidInput, Ledger, Period
 from billing.money import MAX_MICROS
-from server.cli.ledger_commands import rollover
+from server.cli.ledger_commands import budget, rollover
 from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of, hold_and_settle
 from tests.billing.period_checks import check_periods, period_totals
+from tests.db_fixtures import MigratedDatabase
 
 TEN = 10_000_000
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+    return datetime(*args, tzinfo=UTC)
 
 
 def settle_alone(ledger: Ledger, batch_id: str, rid: str, user: str, charge: int) -> None:
@@ -179,19 +181,18 @@ def test_a_lifetime_budget_set_grants_or_takes_back_the_difference(
     assert ledger.reconcile().ok
 
 
-def test_the_cli_says_what_budget_set_does(ledger: Ledger) -> None:
+def test_the_cli_says_what_budget_set_does(ledger_db: MigratedDatabase) -> None:
     """Item 4: the CLI's words for a lifetime change and a waiting periodic change."""
-    from tests.billing.test_cli import cli
-
+    ledger = Ledger(ledger_db.engine)
     ledger.create_user("life", budget_micros=TEN)
     ledger.create_user("daily", budget_micros=TEN, period="day")
     runner = CliRunner()
-    url = ["--database-url", str(ledger.engine.url.render_as_string(hide_password=False))]
-    raised = runner.invoke(cli, ["budget", "set", "life", "--budget", "30", *url])
+    url = ["--database-url", ledger_db.url]
+    raised = runner.invoke(budget, ["set", "life", "--budget", "30", *url])
     assert raised.exit_code == 0, raised.output
     assert "Granted 20.000000 more credits now." in raised.output
     assert ledger.balance("life").available_micros == 3 * TEN
-    waiting = runner.invoke(cli, ["budget", "set", "daily", "--budget", "30", *url])
+    waiting = runner.invoke(budget, ["set", "daily", "--budget", "30", *url])
     assert waiting.exit_code == 0, waiting.output
     pending_from = ledger.get_user("daily").pending_from
     assert pending_from is not None
@@ -312,3 +313,5 @@ def test_entries_name_their_period(timed_ledger: Ledger, clock: Clock) -> None:
         (EntryKind.GRANT, monday),
         (EntryKind.HOLD, monday),
     ]
+    exported = json.loads(ledger.export("alice", "json"))
+    assert [e["period_start"] for e in exported] == [monday.isoformat()] * 2
