@@ -1,8 +1,10 @@
 """Budget periods on entries and holds, and budget changes that wait for the next boundary.
 
 `ledger_entries.period_start` and `holds.period_start` record the budget period the money
-belongs to; rows written before this revision keep NULL (the ledger then falls back to the
-entry's time). The `pending_*` columns of `budgets` hold a budget change until `pending_from`.
+belongs to. Entries written before this revision keep NULL (the ledger then counts them by their
+time); open holds are given the period the ledger had open for their user, so that what they
+leave unused expires with it. The `pending_*` columns of `budgets` hold a budget change until
+`pending_from`.
 
 Revision ID: 7c3f1e9a4b2d
 Revises: 2e7d5a86b9a5
@@ -42,6 +44,10 @@ def upgrade() -> None:
         ["user_id", "period_start"],
     )
     op.add_column("holds", sa.Column("period_start", TIMESTAMP, nullable=True))
+    op.execute(
+        "UPDATE holds SET period_start = (SELECT budgets.current_period_start FROM budgets"
+        " WHERE budgets.user_id = holds.user_id) WHERE state = 'open'"
+    )
     with op.batch_alter_table("budgets") as batch:
         batch.add_column(sa.Column("pending_amount_micros", sa.BigInteger(), nullable=True))
         batch.add_column(sa.Column("pending_period", sa.String(length=16), nullable=True))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from billing import EntryKind, InsufficientFunds, InvalidInput, Ledger, Period
+from billing import EntryKind, InsufficientFunds, InvalidInput, Ledger, Period, migrate
 from billing.money import MAX_MICROS
 from server.cli.ledger_commands import budget, rollover
 from tests.billing.conftest import Clock
@@ -269,7 +269,35 @@ def test_one_batch_with_holds_from_two_periods_charges_each_within_its_holds(
     # Refunded newest period first: today gets its 6 back, yesterday's 6 expire with it.
     view = ledger.balance("alice")
     assert (view.available_micros, view.spent_this_period_micros) == (TEN, 0)
+    refunds = ledger.entries("alice", kind="refund").entries
+    assert [(r.period_start, r.amount_micros) for r in refunds] == [
+        (utc(2025, 1, 16), 6_000_000),
+        (utc(2025, 1, 15), 6_000_000),
+    ]
+    # A retry of the refund finds both parts and refunds nothing more.
+    assert ledger.refund("mixed", "alice", "engine failed").amount_micros == 12_000_000
+    assert ledger.balance("alice") == view
     check_periods(ledger, "alice")
+
+
+def test_a_ledger_from_before_periods_keeps_working_after_the_upgrade(
+    ledger_db: MigratedDatabase, clock: Clock
+) -> None:
+    """Entries from before the migration count by their time; open holds get their period."""
+    ledger = Ledger(ledger_db.engine, clock=clock)
+    ledger.create_user("old", budget_micros=TEN, period="day")
+    hold_and_settle(ledger, "b1", [("r1", "old", TEN)], {"old": 4_000_000})
+    ledger.place_hold("old", "r2", 1_000_000)
+    migrate.downgrade(ledger_db.engine, "2e7d5a86b9a5")
+    migrate.upgrade(ledger_db.engine)
+    assert {e.period_start for e in ledger.entries("old").entries} == {None}
+    assert ledger.balance("old").spent_this_period_micros == 4_000_000
+    ledger.refund("b1", "old", "engine failed")
+    clock.advance(days=1)
+    ledger.release("r2")
+    view = ledger.balance("old")
+    assert (view.available_micros, view.held_micros, view.spent_this_period_micros) == (TEN, 0, 0)
+    assert ledger.reconcile().ok
 
 
 def test_a_batch_total_may_exceed_the_cap_of_one_amount(ledger: Ledger) -> None:
