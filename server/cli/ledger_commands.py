@@ -342,7 +342,8 @@ def set_budget(
     A daily, weekly or monthly budget keeps its amount, period and time zone until the end of
     the current period; the change starts the next one. A lifetime budget has no boundary: a
     new amount is granted at once (a lower one is taken back from the available funds), and a
-    new period starts at that period's next boundary, where the lifetime funds left expire.
+    change to a daily, weekly or monthly period starts at that period's next boundary, where
+    the lifetime funds left expire.
     """
     if batch_cap is not None and no_batch_cap:
         raise click.UsageError("give --batch-cap or --no-batch-cap, not both")
@@ -536,8 +537,8 @@ def rollover(database_url: str | None) -> None:
     """Open the current budget period of every user who has not used the ledger since it began.
 
     Optional: every hold, settlement, release and refund opens its user's period itself. The
-    server runs this every ROLLOVER_INTERVAL_SECONDS (60 s by default), so that the grant entry
-    and the balance of an idle user show the new period too.
+    server runs this every ROLLOVER_INTERVAL_SECONDS (60 s by default), so that idle users'
+    grant entries appear on time too.
     """
     with open_ledger(database_url) as book:
         granted = book.rollover().granted
