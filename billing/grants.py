@@ -285,8 +285,7 @@ def grant(
     reason: str | None,
     now: datetime,
 ) -> EntryView:
-    """Grant `amount_micros` more to the current period (the one containing `start`); once per
-    user and period."""
+    """Grant more to the current period, the one containing `start`; once per user and period."""
     moment = require_aware(start, "period_start")
     check_micros(amount_micros, "amount_micros", positive=True)
     if reason is not None:

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from billing.grants import expire_ended
@@ -100,15 +100,16 @@ def charged(session: Session, budget: Budget, batch_id: str) -> int:
     return sum(_by_period(session, budget, EntryKind.CHARGE, batch_id).values())
 
 
-def recorded_refund(session: Session, key: str) -> int | None:
-    """The amount refunded under `key` (all its period parts), or None if nothing was."""
+def recorded_refund(session: Session, user_id: int, batch_id: str, rid: str | None) -> int | None:
+    """What the refund of `rid` (None: the batch-level one) credited in all periods, or None."""
+    # Matched by user, batch and request rather than by key prefix: a client's rid may itself
+    # contain "@".
     total = session.scalar(
         select(func.sum(LedgerEntry.amount_micros)).where(
             LedgerEntry.kind == EntryKind.REFUND,
-            or_(
-                LedgerEntry.idempotency_key == key,
-                LedgerEntry.idempotency_key.startswith(f"{key}@", autoescape=True),
-            ),
+            LedgerEntry.user_id == user_id,
+            LedgerEntry.batch_id == batch_id,
+            LedgerEntry.request_id.is_(None) if rid is None else LedgerEntry.request_id == rid,
         )
     )
     return None if total is None else int(total)

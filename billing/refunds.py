@@ -53,7 +53,7 @@ def refund(
     charged = period_charges.charged(session, budget, batch_id)
     refunded = _refunded(session, user_id, batch_id)
     key = f"refund:{user_id}:{batch_id}" if rid is None else f"refund-request:{rid}"
-    existing = period_charges.recorded_refund(session, key)
+    existing = period_charges.recorded_refund(session, user_id, batch_id, rid)
     if existing is not None:
         if amount_micros is not None and amount_micros != existing:
             raise IdempotencyConflict(

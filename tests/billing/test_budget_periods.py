@@ -280,6 +280,17 @@ def test_one_batch_with_holds_from_two_periods_charges_each_within_its_holds(
     check_periods(ledger, "alice")
 
 
+def test_a_refund_of_a_request_is_not_mistaken_for_another_one(ledger: Ledger) -> None:
+    """Split refunds carry `@period` in their keys; a client's rid may contain "@" too."""
+    ledger.create_user("alice", budget_micros=TEN)
+    twin = "r@2025-01-15T00:00:00.000000Z"
+    hold_and_settle(ledger, "b1", [("r", "alice", 5), (twin, "alice", 5)], {"alice": 8})
+    assert ledger.refund("b1", "alice", "failed", 3, rid=twin).amount_micros == 3
+    assert ledger.refund("b1", "alice", "failed", 4, rid="r").amount_micros == 4
+    assert ledger.refund("b1", "alice", "failed", 3, rid=twin).refunded_total_micros == 7
+    check_periods(ledger, "alice")
+
+
 def test_a_ledger_from_before_periods_keeps_working_after_the_upgrade(
     ledger_db: MigratedDatabase, clock: Clock
 ) -> None:
