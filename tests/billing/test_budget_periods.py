@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -354,3 +355,35 @@ def test_entries_name_their_period(timed_ledger: Ledger, clock: Clock) -> None:
     ]
     exported = json.loads(ledger.export("alice", "json"))
     assert [e["period_start"] for e in exported] == [monday.isoformat()] * 2
+
+
+def test_replicas_placing_holds_at_the_boundary_open_the_period_once(
+    ledger_db: MigratedDatabase, clock: Clock
+) -> None:
+    """Six replicas' first holds after midnight race to open the day: one expiry, one grant."""
+    setup = Ledger(ledger_db.engine, clock=clock)
+    setup.create_user("alice", budget_micros=TEN, period="day")
+    clock.now = utc(2025, 1, 16, 0, 0, 30)
+    replicas = [Ledger(ledger_db.new_engine(), clock=clock) for _ in range(6)]
+    barrier = threading.Barrier(len(replicas))
+    errors: list[BaseException] = []
+
+    def hold(k: int) -> None:
+        try:
+            barrier.wait()
+            replicas[k].place_hold("alice", f"r{k}", 1_000_000)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hold, args=(k,)) for k in range(len(replicas))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    grants = setup.entries("alice", kind="grant").entries
+    expiries = setup.entries("alice", kind="adjustment").entries
+    assert [g.period_start for g in grants] == [utc(2025, 1, 15), utc(2025, 1, 16)]
+    assert [(e.amount_micros, e.period_start) for e in expiries] == [(-TEN, utc(2025, 1, 15))]
+    assert setup.balance("alice").available_micros == 4_000_000
+    check_periods(setup, "alice")
