@@ -98,14 +98,16 @@ def period_at(budget: Budget, now: datetime) -> datetime:
     return max(floor, period_start(now, period, parse_timezone(timezone)))
 
 
-def period_end(budget: Budget) -> datetime | None:
-    """End of the current period: the next boundary, or None for a lifetime budget."""
-    if budget.period is Period.NONE:
-        return budget.pending_from
-    end = next_period_start(
-        budget.current_period_start, budget.period, parse_timezone(budget.timezone)
-    )
-    return end if budget.pending_from is None else min(end, budget.pending_from)
+def period_end(budget: Budget, now: datetime) -> datetime | None:
+    """End of the period containing `now`: its next boundary, or None for a lifetime budget."""
+    start = max(period_at(budget, now), budget.current_period_start)
+    _, period, timezone = schedule_at(budget, now)
+    # A change still waiting ends the period early; one already in force does not.
+    change = None if _pending_applies(budget, now) else budget.pending_from
+    if period is Period.NONE:
+        return change
+    end = next_period_start(start, period, parse_timezone(timezone))
+    return end if change is None else min(end, change)
 
 
 def post_period_grant(
@@ -293,7 +295,7 @@ def grant(
     account = lock_account(session, name)
     budget = open_period(session, account, now)
     current = budget.current_period_start
-    end = period_end(budget)
+    end = period_end(budget, now)
     if moment < current:
         raise InvalidInput(
             "period_start",

@@ -10,7 +10,7 @@ from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from billing.errors import InvalidInput
-from billing.grants import period_at, schedule_at
+from billing.grants import period_at, period_end, schedule_at
 from billing.models import Balance, Budget, EntryKind, LedgerEntry, User
 from billing.periods import Period, parse_period, parse_timezone, period_start, require_aware
 from billing.postings import check_name, entry_view, get_user
@@ -40,6 +40,7 @@ def balance(session: Session, name: str, now: datetime) -> BalanceView:
             spent_this_period_micros=0,
             period=period,
             period_start=start,
+            period_end=period_end(budget, now),
         )
     start = budget.current_period_start
     spent = session.scalar(
@@ -63,6 +64,7 @@ def balance(session: Session, name: str, now: datetime) -> BalanceView:
         spent_this_period_micros=max(0, -int(spent or 0)),
         period=budget.period,
         period_start=start,
+        period_end=period_end(budget, now),
     )
 
 

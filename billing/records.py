@@ -141,6 +141,8 @@ class BalanceView:
     spent_this_period_micros: int
     period: Period
     period_start: datetime
+    # The next boundary (a calendar one, or a budget change waiting for it); None: lifetime.
+    period_end: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,7 +188,7 @@ def _cell(field: str, value: Any) -> str:
     return str(value)
 
 
-TIME_FIELDS = {"created_at", "period_start", "pending_from"}
+TIME_FIELDS = {"created_at", "period_start", "period_end", "pending_from"}
 
 
 USER_COLUMNS = [
@@ -403,6 +403,7 @@ BALANCE_COLUMNS = [
     ("spent_this_period_micros", "spent this period"),
     ("period", "period"),
     ("period_start", "period start"),
+    ("period_end", "period end"),
 ]
 ENTRY_COLUMNS = [
     ("id", "id"),

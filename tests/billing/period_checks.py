@@ -57,7 +57,7 @@ def period_totals(ledger: Ledger, name: str) -> dict[datetime, PeriodTotals]:
 
 
 def check_periods(
-    ledger: Ledger, name: str, *, reconcile: bool = True
+    ledger: Ledger, name: str, *, reconcile: bool = True, now: datetime | None = None
 ) -> dict[datetime, PeriodTotals]:
     """Assert the period rules for one user (and a clean reconciliation); return the totals."""
     totals = period_totals(ledger, name)
@@ -70,6 +70,10 @@ def check_periods(
         assert start == latest or period.available == 0, (start, period)
     view = ledger.balance(name)
     assert view.available_micros >= 0 and view.spent_this_period_micros >= 0
+    if now is not None:
+        # The period shown is the one the clock is in.
+        assert view.period_start <= now, (view, now)
+        assert view.period_end is None or now < view.period_end, (view, now)
     if view.period_start in totals:
         current = totals[view.period_start]
         assert view.period_start == latest

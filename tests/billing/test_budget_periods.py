@@ -113,10 +113,19 @@ def test_a_timezone_change_waits_for_the_boundary_of_the_old_zone(
     assert sum(v for k, v in spent_by_hour.items() if k >= utc(2025, 1, 16)) == TEN
     # The first Tokyo day runs from the change to the next Tokyo midnight, 15:00Z.
     clock.now = utc(2025, 1, 16, 14, 59)
-    assert ledger.balance("zone").available_micros == 0
+    view = ledger.balance("zone")
+    assert (view.available_micros, view.period_start, view.period_end) == (
+        0,
+        utc(2025, 1, 16),
+        utc(2025, 1, 16, 15),
+    )
     clock.now = utc(2025, 1, 16, 15)
     view = ledger.balance("zone")
-    assert (view.available_micros, view.period_start) == (TEN, utc(2025, 1, 16, 15))
+    assert (view.available_micros, view.period_start, view.period_end) == (
+        TEN,
+        utc(2025, 1, 16, 15),
+        utc(2025, 1, 17, 15),
+    )
     assert ledger.get_user("zone").timezone == "Asia/Tokyo"
     check_periods(ledger, "zone")
 

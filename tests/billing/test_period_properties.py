@@ -267,7 +267,7 @@ def machine_on(db: MigratedDatabase) -> type[RuleBasedStateMachine]:
         @invariant()
         def periods_hold(self) -> None:
             for name in self.users:
-                check_periods(self.ledger, name, reconcile=False)
+                check_periods(self.ledger, name, reconcile=False, now=self.clock.now)
             assert self.ledger.reconcile().ok
 
     return PeriodMachine
