@@ -1,7 +1,7 @@
 """Budget periods: a period's spending power is its grant, whatever is held at the boundary.
 
-One test per finding of the audit (daily budget of 10 credits), on SQLite and PostgreSQL; the
-random sequences are in `test_period_properties.py`.
+One test per numbered finding of issue 12's audit ("Item N", daily budget of 10 credits), on
+SQLite and PostgreSQL; the random sequences are in `test_period_properties.py`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def utc(*args: int) -> datetime:
 
 def settle_alone(ledger: Ledger, batch_id: str, rid: str, user: str, charge: int) -> None:
     """Settle one open hold as a batch of its own (the hold is already placed)."""
-    bid = ledger.get_hold(rid)
-    assert bid is not None
-    ledger.settle_batch(*batch_of(batch_id, [(rid, user, bid.amount_micros)], {user: charge}))
+    hold = ledger.get_hold(rid)
+    assert hold is not None
+    ledger.settle_batch(*batch_of(batch_id, [(rid, user, hold.amount_micros)], {user: charge}))
 
 
 def test_held_money_does_not_carry_over_five_days(timed_ledger: Ledger, clock: Clock) -> None:
