@@ -2,6 +2,8 @@
 
 A hold moves money from available to held (a `hold` entry); settling its batch or releasing it
 moves it back (a `release` entry). Both are keyed by the request id, so each happens once.
+A hold belongs to the budget period it was placed in: released after that period ended, its
+money expires with it (see `billing.grants`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from billing.errors import (
     UnknownRequest,
     UserDisabled,
 )
-from billing.models import Budget, EntryKind, Hold, HoldState, User
+from billing.grants import expire_ended, open_period
+from billing.models import REASON_LENGTH, Budget, EntryKind, Hold, HoldState, User
 from billing.money import check_micros
 from billing.postings import Account, check_id, check_reason, lock_account, post
 from billing.records import HoldView
@@ -55,6 +58,9 @@ def place_hold(
         return hold_view(existing, name)
     if account.user.disabled:
         raise UserDisabled(name)
+    # The boundary may have passed since the last operation: yesterday's leftovers must not
+    # be spendable after midnight, whether or not the rollover job ran.
+    period = open_period(session, account, now).current_period_start
     _check_cap(session, account, amount_micros)
     if account.available < amount_micros:
         raise InsufficientFunds(name, account.available, amount_micros)
@@ -64,10 +70,18 @@ def place_hold(
         amount_micros=amount_micros,
         state=HoldState.OPEN,
         created_at=now,
+        period_start=period,
     )
     session.add(hold)
     post(
-        session, account, EntryKind.HOLD, amount_micros, key=f"hold:{rid}", now=now, request_id=rid
+        session,
+        account,
+        EntryKind.HOLD,
+        amount_micros,
+        key=f"hold:{rid}",
+        now=now,
+        request_id=rid,
+        period_start=period,
     )
     session.flush()
     return hold_view(hold, name)
@@ -114,6 +128,25 @@ def close_hold(
         reason=reason,
         batch_id=batch_id,
         request_id=hold.rid,
+        period_start=hold.period_start,
+    )
+
+
+def drop_hold(
+    session: Session, account: Account, hold: Hold, *, reason: str, now: datetime
+) -> None:
+    """Release an open hold unused; if its period has ended, the money expires with it."""
+    budget = open_period(session, account, now)
+    close_hold(session, account, hold, HoldState.RELEASED, reason=reason, now=now)
+    expire_ended(
+        session,
+        account,
+        budget,
+        hold.period_start,
+        hold.amount_micros,
+        key=f"expire-hold:{hold.rid}",
+        reason=f"released after its period ended ({reason})"[:REASON_LENGTH],
+        now=now,
     )
 
 
@@ -137,7 +170,7 @@ def release(session: Session, rid: str, reason: str, now: datetime) -> HoldView:
     hold = session.get(Hold, rid, populate_existing=True)
     assert hold is not None
     if hold.state is HoldState.OPEN:
-        close_hold(session, account, hold, HoldState.RELEASED, reason=reason, now=now)
+        drop_hold(session, account, hold, reason=reason, now=now)
         session.flush()
     return hold_view(hold, found.user)
 
@@ -169,6 +202,6 @@ def expire_user_holds(
         # Re-checked under the lock: a settlement or another replica may have closed it.
         if hold.state is HoldState.OPEN and hold.created_at < now - max_age:
             reason = f"expired: not settled within {max_age.total_seconds():g} s"
-            close_hold(session, account, hold, HoldState.RELEASED, reason=reason, now=now)
+            drop_hold(session, account, hold, reason=reason, now=now)
             released += 1
     return released

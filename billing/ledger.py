@@ -197,7 +197,11 @@ class Ledger:
         timezone: str | None = None,
         batch_cap_micros: int | _Unset | None = UNSET,
     ) -> UserInfo:
-        """Change the given budget fields (None: unchanged; a cap of None: no cap)."""
+        """Change the given budget fields (None: unchanged; a cap of None: no cap).
+
+        The batch cap changes at once; amount, period and time zone at the next boundary of
+        the schedule in force (`pending_*` in the result), a lifetime amount at once.
+        """
         now = self._now()
         return self._write(
             lambda s: users.set_budget(
@@ -216,7 +220,8 @@ class Ledger:
     def grant(
         self, name: str, period_start: datetime, amount_micros: int, *, reason: str | None = None
     ) -> EntryView:
-        """Grant for the period starting at `period_start`; idempotent per user and period."""
+        """Grant more to the current period, the one containing `period_start`; once per user
+        and period. A period that has ended or not started is refused (`InvalidInput`)."""
         now = self._now()
         return self._write(
             lambda s: grants.grant(s, name, period_start, amount_micros, reason=reason, now=now)
@@ -233,7 +238,10 @@ class Ledger:
         )
 
     def rollover(self, now: datetime | None = None) -> RolloverResult:
-        """Open the current budget period of every user due; idempotent."""
+        """Open the current budget period of every enabled user not yet in it; idempotent.
+
+        Every money operation opens its user's period itself; this only does it for idle users.
+        """
         moment = self._now() if now is None else require_aware(now, "now")
         due = self._read(lambda s: grants.due_for_rollover(s, moment))
         # One transaction per user keeps each lock short; each re-checks under its lock.

@@ -52,6 +52,11 @@ def user_json(user: UserInfo) -> dict[str, Any]:
         "timezone": user.timezone,
         "batch_cap_micros": user.batch_cap_micros,
         "created_at": user.created_at.isoformat(),
+        # A budget change that waits for the next period boundary (all None when there is none).
+        "pending_budget_micros": user.pending_budget_micros,
+        "pending_period": None if user.pending_period is None else str(user.pending_period),
+        "pending_timezone": user.pending_timezone,
+        "pending_from": None if user.pending_from is None else user.pending_from.isoformat(),
     }
 
 
