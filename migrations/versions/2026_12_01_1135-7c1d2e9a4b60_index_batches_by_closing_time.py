@@ -1,7 +1,7 @@
 """Index auction batches by closing time, for the dashboard's recent-window queries.
 
 Revision ID: 7c1d2e9a4b60
-Revises: 2e7d5a86b9a5
+Revises: 7c3f1e9a4b2d
 Create Date: 2026-12-01 11:35:00.000000+00:00
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "7c1d2e9a4b60"
-down_revision: str | None = "2e7d5a86b9a5"
+down_revision: str | None = "7c3f1e9a4b2d"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
