@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 
 from billing import Ledger
 from billing.market import ClearingSample, auctions_since, recent_clearing, spend_since
-from billing.periods import Period, parse_timezone, period_start
 from server.api.deps import CurrentUser, State
 from server.errors import InvalidRequest
 
@@ -24,21 +23,11 @@ router = APIRouter(prefix="/v1", tags=["pacing"])
 _BANDS = ((0.75, 1.0), (0.5, 0.75), (0.25, 0.5), (0.0, 0.25))
 
 
-def period_end(start: datetime, period: Period, timezone: str) -> datetime | None:
-    """The start of the period after the one starting at `start` (None for a lifetime grant)."""
-    if period is Period.NONE:
-        return None
-    # A moment safely inside the next period, floored to its start: DST-proof.
-    ahead = {Period.DAY: timedelta(hours=36), Period.WEEK: timedelta(days=7, hours=12)}
-    step = ahead.get(period, timedelta(days=32))
-    return period_start(start + step, period, parse_timezone(timezone))
-
-
 def _budget_view(ledger: Ledger, name: str) -> dict[str, Any]:
     user = ledger.get_user(name)
     balance = ledger.balance(name)
     now = datetime.now(UTC)
-    end = period_end(balance.period_start, user.period, user.timezone)
+    end = balance.period_end  # the ledger's schedule, a pending change of it included
     with Session(ledger.engine) as session:
         auctions = auctions_since(session, name, balance.period_start)
     spent = balance.spent_this_period_micros

@@ -1,35 +1,17 @@
-"""The figures of the pacing endpoints: period ends and the price table."""
+"""The figures of the pacing endpoints: the price table."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 from billing.market import ClearingSample
-from billing.periods import Period
-from server.api.pacing_routes import period_end, prices_json
+from server.api.pacing_routes import prices_json
 
 T = datetime(2030, 3, 1, tzinfo=UTC)
 
 
 def _sample(batch: str, requests: int, priority: float, charge: int) -> ClearingSample:
     return ClearingSample(batch, T, 4, requests, priority, charge)
-
-
-def test_period_ends_are_the_next_calendar_boundary_in_the_users_zone() -> None:
-    assert period_end(datetime(2030, 1, 1, tzinfo=UTC), Period.MONTH, "UTC") == datetime(
-        2030, 2, 1, tzinfo=UTC
-    )
-    assert period_end(datetime(2030, 2, 1, tzinfo=UTC), Period.MONTH, "UTC") == datetime(
-        2030, 3, 1, tzinfo=UTC
-    )
-    # 2030-01-07 is a Monday.
-    assert period_end(datetime(2030, 1, 7, tzinfo=UTC), Period.WEEK, "UTC") == datetime(
-        2030, 1, 14, tzinfo=UTC
-    )
-    # 2030-03-31 in Berlin is 23 hours long (clocks go forward): midnight to midnight.
-    start = datetime(2030, 3, 30, 23, tzinfo=UTC)  # 2030-03-31 00:00 CET
-    assert period_end(start, Period.DAY, "Europe/Berlin") == datetime(2030, 3, 31, 22, tzinfo=UTC)
-    assert period_end(start, Period.NONE, "UTC") is None
 
 
 def test_price_table_per_unit_of_priority_and_per_band() -> None:
