@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--repeat", type=int, default=5, help="best of this many runs")
     args = parser.parse_args(argv)
-    Console().print(_table([measure(n, args.repeat) for n in args.sizes]))
+    Console(width=120).print(_table([measure(n, args.repeat) for n in args.sizes]))
 
 
 if __name__ == "__main__":
