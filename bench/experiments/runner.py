@@ -39,8 +39,7 @@ __all__ = ["Engine", "Measurement", "Served", "SweepResult", "measure", "run_swe
 
 @dataclass(frozen=True, slots=True)
 class Engine:
-    """The emulated server: KV cache size in tokens, cost model, prefill tokens per step, and
-    the server's in-step prefix deferral rule (None: off)."""
+    """The emulated server: KV cache, cost model, prefill budget, deferral rule (None: off)."""
 
     cache_tokens: int = DEFAULT_CACHE_TOKENS
     cost_model: CostModel = field(default_factory=CostModel)
