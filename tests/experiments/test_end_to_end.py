@@ -114,7 +114,8 @@ def test_deferral_lifts_the_dfs_orders_to_the_flat_orders_hit_rate_on_short_tree
 
 
 def test_short_trees_fit_so_ignoring_the_tree_costs_no_latency() -> None:
-    m = _measured("trees-short")
+    # Without the deferral rule: with it, the DFS orders are the faster ones (test below).
+    m = _measured("trees-short", deferral=False)
     assert m["bid-sort"].mean_ttft <= m["dfs-bid"].mean_ttft
     # The cache barely evicts, whatever the order.
     prompt_tokens = sum(
@@ -125,11 +126,19 @@ def test_short_trees_fit_so_ignoring_the_tree_costs_no_latency() -> None:
 
 
 def test_one_cluster_bidding_dfs_bid_equals_bid_sort() -> None:
-    m = _measured("one-cluster")
+    m = _measured("one-cluster", deferral=False)
     assert m["dfs-bid"].welfare_percent == pytest.approx(m["bid-sort"].welfare_percent, abs=1.0)
     assert m["dfs-bid"].welfare_percent > m["dfs-uniform"].welfare_percent + 20
     assert abs(m["dfs-bid"].hit_rate - m["dfs-uniform"].hit_rate) < 0.015
     assert m["bid-sort"].mean_ttft > 1.2 * m["dfs-bid"].mean_ttft
+    # With the deferral rule the bidding cluster's members after the first wait for its first
+    # token while unrelated zero bids, not held, take their steps: dfs-bid falls 8 points
+    # short of bid-sort here (docs/RESULTS.md, "The rule's cost: one cluster").
+    m = _measured("one-cluster")
+    assert m["bid-sort"].welfare_percent - 10 < m["dfs-bid"].welfare_percent
+    assert m["dfs-bid"].welfare_percent < m["bid-sort"].welfare_percent - 1
+    assert m["dfs-bid"].welfare_percent > m["dfs-uniform"].welfare_percent + 20
+    assert abs(m["dfs-bid"].hit_rate - m["dfs-uniform"].hit_rate) < 0.015
 
 
 def test_autobidding_stays_within_budget_and_above_the_bound() -> None:
