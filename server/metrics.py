@@ -87,6 +87,28 @@ class Metrics:
         self.requests = Counter(
             "inference_auction_requests", "Requests by outcome", ["status"], registry=r
         )
+        # In-step prefix deferral (server.deferral).
+        self.deferral_held = Counter(
+            "inference_auction_deferral_held",
+            "Requests held back while an earlier one computed their shared prefix",
+            registry=r,
+        )
+        self.deferral_hold_seconds = Histogram(
+            "inference_auction_deferral_hold_seconds",
+            "Time a held-back request waited before it was sent",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.deferral_saved_tokens = Counter(
+            "inference_auction_deferral_saved_tokens",
+            "Prompt tokens a held-back request found computed when released",
+            registry=r,
+        )
+        self.deferral_expired = Counter(
+            "inference_auction_deferral_expired",
+            "Holds that ran out before the request waited for produced its first token",
+            registry=r,
+        )
 
         self._prompt_total = 0
         self._cached_total = 0

@@ -31,6 +31,8 @@ from billing.models import HoldState
 from billing.records import BatchRecord, RequestCompletion, RequestRecord
 from server.auction import AuctionOutcome, AuctionRequest, run_auction
 from server.batching import BatchingPolicy, BatchPool, PoolClosed, QueueFull
+from server.deferral import DeferralSettings
+from server.deferred_dispatch import DeferredDispatch
 from server.engine.base import Engine, EngineRequest
 from server.engine.errors import EngineError, EngineTimeout
 from server.engine.generation import Generation
@@ -96,6 +98,8 @@ class AuctionService:
         # Clearing has a thread of its own: in the shared pool it would queue behind the holds
         # of the very requests that are waiting for it.
         self._clearing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clearing")
+        # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
+        self.dispatcher = DeferredDispatch(engine, _deferral_settings(settings), self.metrics)
 
     async def start(self) -> None:
         """Start closing batches."""
@@ -111,6 +115,7 @@ class AuctionService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
         self._clearing.shutdown(wait=True)
+        self.dispatcher.close()
 
     # Admission
 
@@ -245,7 +250,7 @@ class AuctionService:
         for ticket in ordered:
             await ticket.clear(self._clearance(batch_id, outcome, ticket))
         self.inflight += len(ordered)
-        self._dispatch(ordered)
+        self._dispatch(ordered, outcome)
 
     def _settle(self, batch_id: str, outcome: AuctionOutcome, by_rid: dict[str, Ticket]) -> None:
         batch = BatchRecord(
@@ -292,7 +297,7 @@ class AuctionService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _dispatch(self, ordered: list[Ticket]) -> None:
+    def _dispatch(self, ordered: list[Ticket], outcome: AuctionOutcome) -> None:
         """Hand the batch to the engine in the auction's order; follow each request."""
         requests = []
         now = time.monotonic()
@@ -312,8 +317,12 @@ class AuctionService:
                     stream=True,
                 )
             )
-        for ticket, generation in zip(ordered, self.engine.dispatch(requests), strict=True):
-            self._spawn(self._serve(ticket, generation))
+        # Deferral hook: the dispatcher sends each request now or once the rule releases it.
+        self.dispatcher.dispatch(
+            outcome,
+            requests,
+            lambda place, generation: self._spawn(self._serve(ordered[place], generation)),
+        )
 
     async def _serve(self, ticket: Ticket, generation: Generation) -> None:
         clearance = ticket.clearance
@@ -326,6 +335,7 @@ class AuctionService:
                     if ttft is None:
                         ttft = time.monotonic() - ticket.dispatched
                         self.metrics.engine_ttft.observe(ttft)
+                        self.dispatcher.first_token(ticket.ledger_rid)  # deferral hook
                     await ticket.push(
                         Chunk(chunk.text, list(chunk.output_ids), dict(chunk.meta_info))
                     )
@@ -337,6 +347,7 @@ class AuctionService:
         except EngineError as failure:
             error = EngineFailed(f"the engine failed request {ticket.rid!r}: {failure}")
         finally:
+            self.dispatcher.ended(ticket.ledger_rid)  # deferral hook
             self.inflight -= 1
             self.pool.capacity_freed()
         if error is None and not ticket.chunks:
@@ -388,3 +399,10 @@ class AuctionService:
         except Exception as failure:  # bookkeeping only: the money is already settled
             self.metrics.ledger_errors.labels(operation="record").inc()
             log.warning("recording batch %s failed: %s", ticket.clearance.batch_id, failure)
+
+
+def _deferral_settings(settings: ServerSettings) -> DeferralSettings | None:
+    """The deferral rule's settings; None when it is off or cannot apply (ordered mode)."""
+    if not settings.deferral or settings.engine_mode != "priority":
+        return None
+    return DeferralSettings(settings.deferral_tokens, settings.deferral_max_hold_ms / 1000)

@@ -27,6 +27,13 @@ class ServerSettings(LedgerSettings):
     emulator_cache_tokens: int = Field(default=23_000, gt=0)
     emulator_time_scale: float = Field(default=1.0, gt=0)
 
+    # In-step prefix deferral (server.deferral): hold back a request sharing at least
+    # `deferral_tokens` uncached prompt tokens with an earlier request of its batch that has no
+    # first token yet, until it has one or `deferral_max_hold_ms` passed. Priority mode only.
+    deferral: bool = True
+    deferral_tokens: int = Field(default=32, ge=1)
+    deferral_max_hold_ms: float = Field(default=60_000.0, ge=0)
+
     # Batching: a batch closes at `batch_size` waiting requests or `max_wait_ms` after the
     # oldest arrived, and only while fewer than `max_inflight` requests are at the engine.
     batch_size: int = Field(default=64, ge=1, le=100_000)

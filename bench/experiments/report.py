@@ -99,6 +99,8 @@ def _sweep_json(result: SweepResult) -> dict[str, Any]:
                     "mean_ttft",
                     "drain",
                     "evicted_tokens",
+                    "value_weighted_ttft",
+                    "held",
                 )
             }
         points.append(
@@ -151,7 +153,8 @@ def to_markdown(results: Results) -> str:
         "",
         f"Queue Q = {settings['queue']}, {settings['trials']} trials, seed {settings['seed']}, "
         f"cache {settings['cache_tokens']:,} tokens, "
-        f"outputs {_range(settings['output_tokens'])} tokens. "
+        f"outputs {_range(settings['output_tokens'])} tokens, "
+        f"{_deferral(settings.get('deferral'))}. "
         f"Machine: {settings['machine']['cpu']}, {settings['machine']['cores']} cores. "
         f"Wall time: {sum(results.elapsed.values()):.0f} s "
         f"({', '.join(f'{k} {v:.0f} s' for k, v in results.elapsed.items())}).",
@@ -180,8 +183,8 @@ def to_markdown(results: Results) -> str:
 def _sweep_table(result: SweepResult) -> list[str]:
     header = f"| {result.sweep.x_label} | order | " + " | ".join(label for _, label, _ in METRICS)
     lines = [
-        header + " | last first token, s | shared tokens, % |",
-        "|---" * (len(METRICS) + 4) + "|",
+        header + " | value-weighted TTFT, s | last first token, s | held back | shared tokens, % |",
+        "|---" * (len(METRICS) + 6) + "|",
     ]
     for i, point in enumerate(result.sweep.points):
         shared = mean_and_stderr([s.shared_percent for s in result.workloads[i]])[0]
@@ -191,8 +194,13 @@ def _sweep_table(result: SweepResult) -> list[str]:
                 _cell([scale * float(getattr(m, name)) for m in trials])
                 for name, _, scale in METRICS
             ]
+            weighted = _cell([m.value_weighted_ttft for m in trials])
             drain = _cell([m.drain for m in trials])
-            lines.append(f"| {point.x} | {order} | {' | '.join(cells)} | {drain} | {shared:.0f} |")
+            held = _cell([float(m.held) for m in trials])
+            lines.append(
+                f"| {point.x} | {order} | {' | '.join(cells)} | {weighted} | {drain} | {held} "
+                f"| {shared:.0f} |"
+            )
     return lines
 
 
@@ -221,6 +229,15 @@ def _cell(samples: list[float], suffix: str = "") -> str:
     mean, error = mean_and_stderr(samples)
     digits = 0 if abs(mean) >= 100 else 1 if abs(mean) >= 10 else 2
     return f"{mean:.{digits}f}{suffix} ± {error:.{digits}f}"
+
+
+def _deferral(deferral: dict[str, Any] | None) -> str:
+    if deferral is None:
+        return "in-step prefix deferral off"
+    return (
+        f"in-step prefix deferral on (K = {deferral['threshold_tokens']} tokens, "
+        f"holds of at most {deferral['max_hold_seconds']:g} s)"
+    )
 
 
 def _range(bounds: list[int]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -15,6 +15,7 @@ from bench.experiments.plan import FULL, Scale, figure_sweeps
 from bench.experiments.report import Results, machine, write_report
 from bench.experiments.runner import Engine, run_sweep
 from bench.experiments.workloads import OUTPUT_TOKENS
+from server.deferral import DeferralSettings
 
 __all__ = ["FIGURES", "Config", "Tracker", "run"]
 
@@ -48,11 +49,13 @@ class Config:
     workload_file: Path | None = None
     # Each query's output length is drawn from this inclusive range.
     output_tokens: tuple[int, int] = OUTPUT_TOKENS
+    # The server's in-step prefix deferral rule for the auction's orders; None: off.
+    deferral: DeferralSettings | None = field(default_factory=DeferralSettings)
 
 
 def run(config: Config, tracker: Tracker | None = None) -> Results:
     """Measure, plot and report every figure of `config`; returns all the numbers."""
-    engine = Engine()
+    engine = Engine(deferral=config.deferral)
     results = Results(settings=_settings(config, engine))
     config.out.mkdir(parents=True, exist_ok=True)
     for figure in config.figures:
@@ -131,6 +134,12 @@ def _settings(config: Config, engine: Engine) -> dict[str, object]:
         "cache_tokens": engine.cache_tokens,
         "chunked_prefill_size": engine.chunked_prefill_size,
         "output_tokens": list(config.output_tokens),
+        "deferral": None
+        if engine.deferral is None
+        else {
+            "threshold_tokens": engine.deferral.threshold_tokens,
+            "max_hold_seconds": engine.deferral.max_hold_seconds,
+        },
         "cost_model": {
             "prefill_seconds_per_token": cost.prefill_seconds_per_token,
             "prefill_seconds_per_step": cost.prefill_seconds_per_step,

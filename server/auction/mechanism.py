@@ -9,7 +9,7 @@ from fractions import Fraction
 from server.auction.payments import vcg_payment_numerators
 from server.auction.request import AuctionRequest, validate_batch
 from server.auction.schedule import average_bid_dfs
-from server.auction.tree import TreeStats, build_radix_tree
+from server.auction.tree import RadixTree, TreeStats, build_radix_tree
 
 _EMPTY_STATS = TreeStats(requests=0, nodes=0, depth=0, total_tokens=0, unique_tokens=0)
 
@@ -25,6 +25,10 @@ class AuctionOutcome:
     users: dict[str, str] = field(default_factory=dict)
     exact_payments: dict[str, Fraction] = field(default_factory=dict)
     tree: TreeStats = _EMPTY_STATS
+    # The radix tree the order was computed on, and the rids in the order they were given
+    # (the tree's request indexes): what dispatch needs to see which requests share a prefix.
+    radix_tree: RadixTree | None = field(default=None, repr=False, compare=False)
+    arrival_order: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -75,4 +79,6 @@ def run_auction(requests: Sequence[AuctionRequest]) -> AuctionOutcome:
         users=dict(zip(batch.rids, batch.users, strict=True)),
         exact_payments={user: Fraction(value, denominator) for user, value in numerators.items()},
         tree=tree.stats,
+        radix_tree=tree,
+        arrival_order=batch.rids,
     )

@@ -54,6 +54,8 @@ class RadixTree:
     leaf_of: list[int]  # node of each request's leaf
     preorder: list[int]
     stats: TreeStats
+    # Prompt tokens from the root to the end of each node: the prefix its requests share.
+    depth_tokens: list[int]
 
 
 def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
@@ -104,7 +106,7 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
 
     preorder = _preorder(children)
     stats = _stats(prompts, parent, request, depth_tokens, preorder)
-    return RadixTree(parent, children, request, leaf_of, preorder, stats)
+    return RadixTree(parent, children, request, leaf_of, preorder, stats, depth_tokens)
 
 
 class _LexicographicOrder:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from server.deferral import DEFAULT_MAX_HOLD_SECONDS, DEFAULT_THRESHOLD_TOKENS, DeferralSettings
 from server.engine.simulator import DEFAULT_CACHE_TOKENS
 
 TARGETS = ("figure1", "figure2", "figure3", "figure4", "all", "scale-out")
@@ -88,6 +89,26 @@ class _RichTracker:
     help="Each query's output length, drawn uniformly from this range (N: all N tokens). "
     "A workload file's max_new_tokens wins over it.",
 )
+@click.option(
+    "--deferral/--no-deferral",
+    default=True,
+    show_default=True,
+    help="Apply the server's in-step prefix deferral rule to the auction's orders.",
+)
+@click.option(
+    "--deferral-tokens",
+    type=click.IntRange(min=1),
+    default=DEFAULT_THRESHOLD_TOKENS,
+    show_default=True,
+    help="Shared uncached prompt tokens that make a query wait (the server's setting).",
+)
+@click.option(
+    "--deferral-max-hold",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_MAX_HOLD_SECONDS,
+    show_default=True,
+    help="The longest a query is held back, in simulated seconds.",
+)
 def experiment(
     target: str,
     out: Path,
@@ -97,6 +118,9 @@ def experiment(
     workload_file: Path | None,
     orders: str,
     output_tokens: tuple[int, int],
+    deferral: bool,
+    deferral_tokens: int,
+    deferral_max_hold: float,
 ) -> None:
     """Reproduce the paper's experiments on the emulated SGLang engine (simulated clock).
 
@@ -151,6 +175,7 @@ def experiment(
         orders=chosen,
         workload_file=workload_file,
         output_tokens=output_tokens,
+        deferral=DeferralSettings(deferral_tokens, deferral_max_hold) if deferral else None,
     )
     console = Console(stderr=True)
     columns = (

@@ -37,6 +37,22 @@ from server.settings import ServerSettings, without_password
     type=float,
     help="Emulator wall-clock seconds per model second (0.01 runs 100x faster).",
 )
+@click.option(
+    "--deferral/--no-deferral",
+    default=None,
+    help="Hold back a request while an earlier one of its batch computes their shared prefix "
+    "(priority mode).  [default: on]",
+)
+@click.option(
+    "--deferral-tokens",
+    type=click.IntRange(min=1),
+    help="Shared uncached prompt tokens that make a request wait.  [default: 32]",
+)
+@click.option(
+    "--deferral-max-hold-ms",
+    type=click.FloatRange(min=0),
+    help="The longest a request is held back.  [default: 60000]",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve(log_level: str, **options: Any) -> None:
     """Run the auction server (FastAPI on uvicorn).

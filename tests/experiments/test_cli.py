@@ -29,6 +29,7 @@ def test_quick_run_writes_every_figure_and_the_numbers(tmp_path: Path) -> None:
     assert numbers["settings"]["queue"] == 512
     assert numbers["settings"]["trials"] == 2
     assert numbers["settings"]["output_tokens"] == [8, 120]
+    assert numbers["settings"]["deferral"] == {"threshold_tokens": 32, "max_hold_seconds": 60.0}
     stars = numbers["figures"]["figure2"][0]["points"][0]
     assert stars["workload"] == "mixshare-50"
     assert set(stars["orders"]) == {"dfs-bid", "dfs-uniform", "bid-sort", "no-sort"}
@@ -50,10 +51,13 @@ def test_a_users_workload_file_is_swept_over_batch_sizes(tmp_path: Path) -> None
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out"
     args = ["figure1", "--workload", str(path), "--trials", "1", "--orders", "dfs-bid,bid-sort"]
-    result = CliRunner().invoke(experiment, [*args, "--quick", "--out", str(out)])
+    result = CliRunner().invoke(experiment, [*args, "--quick", "--no-deferral", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert (out / "figure1.png").read_bytes().startswith(PNG)
-    (sweep,) = json.loads((out / "results.json").read_text(encoding="utf-8"))["figures"]["figure1"]
+    numbers = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert numbers["settings"]["deferral"] is None
+    assert "in-step prefix deferral off" in (out / "results.md").read_text(encoding="utf-8")
+    (sweep,) = numbers["figures"]["figure1"]
     assert [p["x"] for p in sweep["points"]] == [32, 60]
     assert set(sweep["points"][0]["orders"]) == {"dfs-bid", "bid-sort"}
     assert sweep["points"][1]["shared_percent"]["mean"] > 40
