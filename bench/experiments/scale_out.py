@@ -30,7 +30,7 @@ from bench.experiments.metrics import (
     realized_priorities,
     welfare_gain_percent,
 )
-from bench.experiments.orders import queue_order
+from bench.experiments.orders import queue_batches
 from bench.experiments.runner import Engine, serve
 from bench.experiments.workloads import OUTPUT_TOKENS, Query, Workload, mixshare
 
@@ -125,7 +125,10 @@ def measure_deployment(
         if not mine:
             continue
         queries = [workload.queries[i] for i in mine]
-        served = serve(queries, queue_order(order, queries, BATCH), engine)
+        # Each worker's server clears its own batches and applies its own deferral rule.
+        batches = queue_batches(order, queries, BATCH)
+        served_order = [index for batch in batches for index in batch.indexes]
+        served = serve(queries, served_order, engine, batches)
         for local, index in enumerate(mine):
             ttfts[index] = served.ttfts[local]
         cached += sum(served.cached_tokens)
