@@ -10,7 +10,7 @@
      ├── IdempotencyConflict     409  a rid reused with another payload
      ├── RateLimited             429  with Retry-After
      ├── EngineFailed            502  the engine errored, refused or cut the stream
-     ├── Unavailable             503  shutting down or the queue is full
+     ├── Unavailable             503  shutting down, the queue is full or the ledger is down
      └── EngineTimedOut          504
 
 Every error body is `{"error": {"type": ..., "message": ..., "param": ...}}`. Services raise
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from billing import errors as ledger_errors
+import billing as ledger_errors
 
 
 class ServiceError(Exception):
@@ -91,6 +91,8 @@ class EngineTimedOut(ServiceError):
 def from_ledger_error(error: ledger_errors.LedgerError) -> ServiceError:
     """Map a refused ledger operation to the HTTP error a client should see."""
     message = str(error)
+    if isinstance(error, ledger_errors.LedgerUnavailable):
+        return Unavailable(message, headers={"Retry-After": "1"})
     if isinstance(error, ledger_errors.InsufficientFunds):
         return PaymentRequired(_insufficient_funds(error), param="bid")
     if isinstance(error, ledger_errors.BatchCapExceeded):
