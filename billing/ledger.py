@@ -278,10 +278,6 @@ class Ledger:
         now = self._now()
         return self._write(lambda s: holds.release(s, rid, reason, now))
 
-    def get_hold(self, rid: str) -> HoldView | None:
-        """The hold placed for `rid`, if any."""
-        return self._read(lambda s: holds.find_hold(s, rid))
-
     def expire_holds(
         self, now: datetime | None = None, max_age: timedelta = timedelta(hours=1)
     ) -> int:

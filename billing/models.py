@@ -277,7 +277,7 @@ class AuctionBatch(Base):
     settled_at: Mapped[datetime]
 
 
-class AuctionRequest(Base):
+class LedgerRequest(Base):
     """One request of a settled batch; its serving status is updated after dispatch."""
 
     __tablename__ = "auction_requests"

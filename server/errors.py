@@ -7,7 +7,7 @@
      ├── PaymentRequired         402  the budget cannot cover the bid
      ├── Forbidden               403  a user key on an admin route, a disabled account
      ├── NotFound                404
-     ├── IdempotencyConflict     409  a rid reused with another payload
+     ├── Conflict                409  a rid reused with another payload, a name taken
      ├── RateLimited             429  with Retry-After
      ├── EngineFailed            502  the engine errored, refused or cut the stream
      ├── Unavailable             503  shutting down, the queue is full or the ledger is down
@@ -68,8 +68,12 @@ class NotFound(ServiceError):
     status_code, error_type = 404, "not_found"
 
 
-class IdempotencyConflict(ServiceError):
+class Conflict(ServiceError):
     status_code, error_type = 409, "idempotency_conflict"
+
+
+# The old name of `Conflict`, for server/service.py until it is rewritten: not a second class.
+IdempotencyConflict = Conflict
 
 
 class RateLimited(ServiceError):
@@ -109,9 +113,9 @@ def from_ledger_error(error: ledger_errors.LedgerError) -> ServiceError:
     if isinstance(error, ledger_errors.UnknownUser | ledger_errors.UnknownBatch):
         return NotFound(message)
     if isinstance(error, ledger_errors.IdempotencyConflict):
-        return IdempotencyConflict(message, param="rid")
+        return Conflict(message, param="rid")
     if isinstance(error, ledger_errors.DuplicateUser):
-        return IdempotencyConflict(message, param="name")
+        return Conflict(message, param="name")
     if isinstance(error, ledger_errors.InvalidInput):
         return InvalidRequest(message, param=error.field)
     return InvalidRequest(message)

@@ -136,3 +136,14 @@ def test_the_cli_names_an_unreachable_database_without_its_password() -> None:
     assert "cannot use the database at postgresql://auction:***@127.0.0.1" in (result.output)
     assert "secret" not in result.output
     assert "Traceback" not in result.output
+
+
+def test_each_concept_is_one_class() -> None:
+    # Two classes of one name in the server and billing (an HTTP error and a ledger error, an
+    # auction input and an ORM row) are imported for each other sooner or later.
+    defined: dict[str, list[str]] = {}
+    for path in sorted([*ROOT.glob("server/**/*.py"), *ROOT.glob("billing/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in defined.items() if len(paths) > 1} == {}

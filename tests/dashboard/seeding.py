@@ -20,12 +20,12 @@ from sqlalchemy import insert, select, update
 from billing import Ledger
 from billing.models import (
     AuctionBatch,
-    AuctionRequest,
     Balance,
     EntryKind,
     Hold,
     HoldState,
     LedgerEntry,
+    LedgerRequest,
     RequestStatus,
     User,
 )
@@ -138,7 +138,7 @@ def seed_batches(
             )
         connection.execute(insert(AuctionBatch), rows["batches"])
         connection.execute(insert(Hold), rows["holds"])
-        connection.execute(insert(AuctionRequest), rows["requests"])
+        connection.execute(insert(LedgerRequest), rows["requests"])
         connection.execute(insert(LedgerEntry), rows["entries"])
         for name, amount in charged.items():
             connection.execute(
