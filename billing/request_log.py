@@ -13,12 +13,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.errors import InvalidInput, UnknownRequest
-from billing.models import LedgerRequest, RequestStatus, User
+from billing.models import BatchRequest, RequestStatus, User
 from billing.postings import check_id
 from billing.records import RequestView
 
 
-def request_view(request: LedgerRequest, user_name: str) -> RequestView:
+def request_view(request: BatchRequest, user_name: str) -> RequestView:
     """The public view of a request row."""
     return RequestView(
         rid=request.rid,
@@ -37,9 +37,9 @@ def request_view(request: LedgerRequest, user_name: str) -> RequestView:
 def find_request(session: Session, rid: str) -> RequestView | None:
     """The settled request `rid`, or None when no batch settled it."""
     row = session.execute(
-        select(LedgerRequest, User.name)
-        .join(User, User.id == LedgerRequest.user_id)
-        .where(LedgerRequest.rid == check_id(rid, "rid"))
+        select(BatchRequest, User.name)
+        .join(User, User.id == BatchRequest.user_id)
+        .where(BatchRequest.rid == check_id(rid, "rid"))
     ).first()
     return None if row is None else request_view(row[0], row[1])
 
@@ -70,10 +70,10 @@ def complete_request(
             "ttft_ms", f"must be a non-negative number of milliseconds, got {ttft_ms!r}"
         )
     row = session.execute(
-        select(LedgerRequest, User.name)
-        .join(User, User.id == LedgerRequest.user_id)
-        .where(LedgerRequest.rid == check_id(rid, "rid"))
-        .with_for_update(of=LedgerRequest)
+        select(BatchRequest, User.name)
+        .join(User, User.id == BatchRequest.user_id)
+        .where(BatchRequest.rid == check_id(rid, "rid"))
+        .with_for_update(of=BatchRequest)
     ).first()
     if row is None:
         raise UnknownRequest(rid, "no batch settled it")

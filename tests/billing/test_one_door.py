@@ -69,7 +69,7 @@ def test_the_walk_catches_each_kind_of_trespass(tmp_path: Path) -> None:
     bad.write_text(
         "from sqlalchemy.orm import Session\n"
         "import sqlalchemy\n"
-        "from billing.models import LedgerRequest\n"
+        "from billing.models import BatchRequest\n"
         "import billing.ledger\n"
         "from billing import ledger\n"
         "from billing import Ledger\n"

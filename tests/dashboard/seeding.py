@@ -21,11 +21,11 @@ from billing import Ledger
 from billing.models import (
     AuctionBatch,
     Balance,
+    BatchRequest,
     EntryKind,
     Hold,
     HoldState,
     LedgerEntry,
-    LedgerRequest,
     RequestStatus,
     User,
 )
@@ -138,7 +138,7 @@ def seed_batches(
             )
         connection.execute(insert(AuctionBatch), rows["batches"])
         connection.execute(insert(Hold), rows["holds"])
-        connection.execute(insert(LedgerRequest), rows["requests"])
+        connection.execute(insert(BatchRequest), rows["requests"])
         connection.execute(insert(LedgerEntry), rows["entries"])
         for name, amount in charged.items():
             connection.execute(
