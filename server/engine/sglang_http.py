@@ -214,14 +214,6 @@ class SGLangHTTPEngine(EngineBase):
             raise EngineUnavailable(f"SGLang unreachable at {self.base_url}: {error}") from None
         return response.status_code == HTTPStatus.OK
 
-    def tokenize_cache_info(self) -> dict[str, int]:
-        """Hits, misses and size of the tokenize cache."""
-        return {
-            "hits": self.tokenize_hits,
-            "misses": self.tokenize_misses,
-            "size": len(self._tokens),
-        }
-
     def _send(self, generations: list[Generation]) -> None:
         for generation in generations:
             if self._client is None:
