@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import billing as ledger_errors
+import billing
 
 
 class ServiceError(Exception):
@@ -92,14 +92,14 @@ class EngineTimedOut(ServiceError):
     status_code, error_type = 504, "engine_timeout"
 
 
-def from_ledger_error(error: ledger_errors.LedgerError) -> ServiceError:
+def from_ledger_error(error: billing.LedgerError) -> ServiceError:
     """Map a refused ledger operation to the HTTP error a client should see."""
     message = str(error)
-    if isinstance(error, ledger_errors.LedgerUnavailable):
+    if isinstance(error, billing.LedgerUnavailable):
         return Unavailable(message, headers={"Retry-After": "1"})
-    if isinstance(error, ledger_errors.InsufficientFunds):
+    if isinstance(error, billing.InsufficientFunds):
         return PaymentRequired(_insufficient_funds(error), param="bid")
-    if isinstance(error, ledger_errors.BatchCapExceeded):
+    if isinstance(error, billing.BatchCapExceeded):
         return PaymentRequired(_over_batch_cap(error), param="bid")
     rid = getattr(error, "rid", None)
     if isinstance(rid, str) and "/" in rid:
@@ -108,15 +108,15 @@ def from_ledger_error(error: ledger_errors.LedgerError) -> ServiceError:
     key = getattr(error, "key", None)
     if isinstance(key, str) and "/" in key:
         message = message.replace(repr(key), repr(key.split("/", 1)[1]))
-    if isinstance(error, ledger_errors.UserDisabled):
+    if isinstance(error, billing.UserDisabled):
         return Forbidden(message)
-    if isinstance(error, ledger_errors.UnknownUser | ledger_errors.UnknownBatch):
+    if isinstance(error, billing.UnknownUser | billing.UnknownBatch):
         return NotFound(message)
-    if isinstance(error, ledger_errors.IdempotencyConflict):
+    if isinstance(error, billing.IdempotencyConflict):
         return Conflict(message, param="rid")
-    if isinstance(error, ledger_errors.DuplicateUser):
+    if isinstance(error, billing.DuplicateUser):
         return Conflict(message, param="name")
-    if isinstance(error, ledger_errors.InvalidInput):
+    if isinstance(error, billing.InvalidInput):
         return InvalidRequest(message, param=error.field)
     return InvalidRequest(message)
 
@@ -127,7 +127,7 @@ def _credits(micros: int) -> str:
     return f"{whole:,}" + (f".{fraction:06d}".rstrip("0") if fraction else "")
 
 
-def _insufficient_funds(error: ledger_errors.InsufficientFunds) -> str:
+def _insufficient_funds(error: billing.InsufficientFunds) -> str:
     return (
         f"the bid of {_credits(error.requested_micros)} credits is more than the "
         f"{_credits(error.available_micros)} credits available to user {error.name!r} "
@@ -137,7 +137,7 @@ def _insufficient_funds(error: ledger_errors.InsufficientFunds) -> str:
     )
 
 
-def _over_batch_cap(error: ledger_errors.BatchCapExceeded) -> str:
+def _over_batch_cap(error: billing.BatchCapExceeded) -> str:
     return (
         f"user {error.name!r} may hold at most {_credits(error.cap_micros)} credits per batch "
         f"({error.cap_micros} micro-credits): {_credits(error.held_micros)} are already held "

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import billing as ledger_errors
+import billing
 from server.api.validation_messages import describe_validation_error
 from server.errors import (
     Forbidden,
@@ -36,8 +36,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return _render(error)
 
     async def ledger_error(_: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, ledger_errors.LedgerError)
-        if isinstance(error, ledger_errors.LedgerUnavailable):
+        assert isinstance(error, billing.LedgerError)
+        if isinstance(error, billing.LedgerUnavailable):
             # Unreachable, locked past its timeout or out of connections: the transaction did
             # not commit, so nothing was written. One line in the log, a 503 out.
             log.warning("ledger unavailable: %s", error.cause)
@@ -61,7 +61,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return _render(ServiceError("internal error; the request changed nothing it reported"))
 
     app.add_exception_handler(ServiceError, service_error)
-    app.add_exception_handler(ledger_errors.LedgerError, ledger_error)
+    app.add_exception_handler(billing.LedgerError, ledger_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)
