@@ -16,7 +16,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from billing.models import (
     AuctionBatch,
-    AuctionRequest,
+    BatchRequest,
     Budget,
     EntryKind,
     Hold,
@@ -177,20 +177,20 @@ def market_buckets(
         .where(*in_window)
         .group_by(batch_bucket)
     ).all()
-    reported = AuctionRequest.cached_tokens.is_not(None)
+    reported = BatchRequest.cached_tokens.is_not(None)
     serving_rows = session.execute(
         select(
             batch_bucket,
             func.coalesce(
-                func.sum(AuctionRequest.prompt_tokens).filter(reported),
+                func.sum(BatchRequest.prompt_tokens).filter(reported),
                 0,
             ),
-            func.coalesce(func.sum(AuctionRequest.cached_tokens), 0),
-            func.count(AuctionRequest.ttft_ms),
-            func.avg(AuctionRequest.ttft_ms),
-            func.max(AuctionRequest.ttft_ms),
+            func.coalesce(func.sum(BatchRequest.cached_tokens), 0),
+            func.count(BatchRequest.ttft_ms),
+            func.avg(BatchRequest.ttft_ms),
+            func.max(BatchRequest.ttft_ms),
         )
-        .join(AuctionBatch, AuctionBatch.id == AuctionRequest.batch_id)
+        .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
         .where(*in_window)
         .group_by(batch_bucket)
     ).all()
@@ -232,13 +232,13 @@ def clearing_points(
         .order_by(AuctionBatch.closed_at.desc(), AuctionBatch.id)
         .limit(limit)
     )
-    requests = select(AuctionRequest)
+    requests = select(BatchRequest)
     charges = select(LedgerEntry).where(LedgerEntry.kind == EntryKind.CHARGE)
     if user is not None:
         user_id = get_user(session, user).id
-        mine = select(AuctionRequest.batch_id).where(AuctionRequest.user_id == user_id)
+        mine = select(BatchRequest.batch_id).where(BatchRequest.user_id == user_id)
         recent_batches = recent_batches.where(AuctionBatch.id.in_(mine))
-        requests = requests.where(AuctionRequest.user_id == user_id)
+        requests = requests.where(BatchRequest.user_id == user_id)
         charges = charges.where(LedgerEntry.user_id == user_id)
     b, r, e = recent_batches.subquery(), requests.subquery(), charges.subquery()
     points = (
@@ -418,9 +418,9 @@ def account_activity(
     start, end = current_period(budget, now)
     counts = dict(
         session.execute(
-            select(AuctionRequest.status, func.count())
-            .where(AuctionRequest.user_id == user.id)
-            .group_by(AuctionRequest.status)
+            select(BatchRequest.status, func.count())
+            .where(BatchRequest.user_id == user.id)
+            .group_by(BatchRequest.status)
         ).all()
     )
     return AccountActivity(
@@ -463,10 +463,10 @@ def _spend_series(
 
 def _recent_requests(session: Session, user_id: int, limit: int) -> list[RecentRequest]:
     rows = session.execute(
-        select(AuctionRequest, AuctionBatch.closed_at, AuctionBatch.n)
-        .join(AuctionBatch, AuctionBatch.id == AuctionRequest.batch_id)
-        .where(AuctionRequest.user_id == user_id)
-        .order_by(AuctionBatch.closed_at.desc(), AuctionRequest.position)
+        select(BatchRequest, AuctionBatch.closed_at, AuctionBatch.n)
+        .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
+        .where(BatchRequest.user_id == user_id)
+        .order_by(AuctionBatch.closed_at.desc(), BatchRequest.position)
         .limit(limit)
     ).all()
     batch_ids = {request.batch_id for request, _, _ in rows}

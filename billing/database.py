@@ -14,7 +14,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry
+
+from billing.errors import LedgerUnavailable
 
 # Passed as an execution option by read-only operations: a deferred BEGIN takes no write lock.
 READ_ONLY = "ledger_read_only"
@@ -27,6 +30,22 @@ def normalize_url(url: str | URL) -> URL:
     if parsed.drivername in {"postgresql", "postgres"}:
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
+
+
+def mask_database_url(url: str) -> str:
+    """`url` with its password hidden, fit for logs and banners; unparseable text as given."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url  # not a database URL: opening it will say so
+
+
+def unavailable(error: Exception) -> LedgerUnavailable:
+    """The ledger's own error for a database that is down, locked or out of connections."""
+    # The driver's first line names the cause ("connection refused", "database is locked").
+    cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
+    first_line = str(cause).strip().splitlines()
+    return LedgerUnavailable(first_line[0] if first_line else type(cause).__name__)
 
 
 def create_ledger_engine(url: str | URL, **kwargs: Any) -> Engine:

@@ -14,7 +14,9 @@ LedgerError
  ├── HoldNotOpen                the hold was already released or settled
  ├── ChargeExceedsHold          a charge is larger than what the user held in the batch
  ├── RefundExceedsCharge        a refund is larger than what is left of the charge
- └── IdempotencyConflict        a replay of an operation carries different values
+ ├── IdempotencyConflict        a replay of an operation carries different values
+ └── LedgerUnavailable          the database is down, locked past its timeout or out of
+                                connections; nothing was written, retry shortly
 
 A refused operation leaves the ledger unchanged: validation happens before any write.
 """
@@ -166,3 +168,14 @@ class IdempotencyConflict(LedgerError):
         self.key = key
         self.detail = detail
         super().__init__(f"{key!r} was already recorded with different values: {detail}")
+
+
+class LedgerUnavailable(LedgerError):
+    """The database is unreachable, locked past its timeout or out of connections.
+
+    The transaction did not commit, so nothing was written; the same call may succeed later.
+    """
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+        super().__init__("the ledger is unavailable; retry shortly")

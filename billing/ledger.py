@@ -17,13 +17,16 @@ from types import TracebackType
 from typing import Self, TypeVar
 
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from billing import (
     activity,
     grants,
     holds,
+    market,
+    migrate,
     queries,
     reconcile,
     recovery,
@@ -32,7 +35,7 @@ from billing import (
     settlement,
     users,
 )
-from billing.database import READ_ONLY, create_ledger_engine
+from billing.database import READ_ONLY, create_ledger_engine, unavailable
 from billing.errors import InvalidInput
 from billing.export import render
 from billing.models import EntryKind
@@ -67,8 +70,10 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def _retryable(exc: DBAPIError) -> bool:
+def _retryable(exc: DBAPIError | PoolTimeout) -> bool:
     # Only races between transactions are retried; a failed CHECK is a bug and propagates.
+    if not isinstance(exc, DBAPIError):
+        return False
     orig = exc.orig
     if getattr(orig, "sqlstate", None) in _RETRY_SQLSTATES:
         return True
@@ -123,19 +128,28 @@ class Ledger:
     def _now(self) -> datetime:
         return require_aware(self._clock(), "clock")
 
+    # Down, locked past the busy timeout or out of connections: the transaction did not commit,
+    # so the caller may retry. Callers see the ledger's `LedgerUnavailable`, never SQLAlchemy's.
+
     def _write(self, work: Callable[[Session], T]) -> T:
         for attempt in range(_ATTEMPTS):
             try:
                 with Session(self._engine, expire_on_commit=False) as session, session.begin():
                     return work(session)
+            except (OperationalError, PoolTimeout) as exc:
+                if attempt == _ATTEMPTS - 1 or not _retryable(exc):
+                    raise unavailable(exc) from exc
             except DBAPIError as exc:
                 if attempt == _ATTEMPTS - 1 or not _retryable(exc):
                     raise
         raise AssertionError("unreachable")
 
     def _read(self, work: Callable[[Session], T]) -> T:
-        with Session(self._read_engine) as session, session.begin():
-            return work(session)
+        try:
+            with Session(self._read_engine) as session, session.begin():
+                return work(session)
+        except (OperationalError, PoolTimeout) as exc:
+            raise unavailable(exc) from exc
 
     # Users and budgets
 
@@ -263,10 +277,6 @@ class Ledger:
         """Release the hold of a request that will not be settled. Idempotent."""
         now = self._now()
         return self._write(lambda s: holds.release(s, rid, reason, now))
-
-    def get_hold(self, rid: str) -> HoldView | None:
-        """The hold placed for `rid`, if any."""
-        return self._read(lambda s: holds.find_hold(s, rid))
 
     def expire_holds(
         self, now: datetime | None = None, max_age: timedelta = timedelta(hours=1)
@@ -399,6 +409,10 @@ class Ledger:
         """The user's entries (every user's when `name` is None) as `csv` or `json`."""
         return self._read(lambda s: render(queries.iter_entries(s, name, since, until), fmt))
 
+    def schema_revision(self) -> str | None:
+        """The migration revision the database is at (None: not migrated)."""
+        return migrate.current_revision(self._engine)
+
     def ping(self) -> None:
         """Raise unless the database answers a trivial query (for health checks)."""
         self._read(lambda s: s.execute(text("SELECT 1")))
@@ -440,3 +454,17 @@ class Ledger:
                 s, name, now, points=points, recent=recent, clearing=clearing
             )
         )
+
+    # Pacing figures
+
+    def spend_since(self, name: str, since: datetime) -> market.SpendView:
+        """Charges net of refunds since `since`, and how many auctions the user took part in."""
+        return self._read(lambda s: market.spend_since(s, name, since))
+
+    def auctions_since(self, name: str, since: datetime) -> int:
+        """Batches closed since `since` that held at least one of the user's requests."""
+        return self._read(lambda s: market.auctions_since(s, name, since))
+
+    def recent_clearing(self, since: datetime, max_batches: int) -> list[market.ClearingSample]:
+        """Every user's priority and charge in the latest `max_batches` batches since `since`."""
+        return self._read(lambda s: market.recent_clearing(s, since, max_batches))

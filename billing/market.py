@@ -13,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from billing.models import AuctionBatch, AuctionRequest, EntryKind, LedgerEntry
+from billing.models import AuctionBatch, BatchRequest, EntryKind, LedgerEntry
 from billing.periods import require_aware
 from billing.postings import get_user
 
@@ -62,10 +62,10 @@ def auctions_since(session: Session, name: str, since: datetime) -> int:
     """Distinct batches closed at or after `since` that held at least one of the user's requests."""
     user = get_user(session, name)
     count = session.scalar(
-        select(func.count(func.distinct(AuctionRequest.batch_id)))
-        .join(AuctionBatch, AuctionBatch.id == AuctionRequest.batch_id)
+        select(func.count(func.distinct(BatchRequest.batch_id)))
+        .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
         .where(
-            AuctionRequest.user_id == user.id,
+            BatchRequest.user_id == user.id,
             AuctionBatch.closed_at >= require_aware(since, "since"),
         )
     )
@@ -85,8 +85,8 @@ def recent_clearing(session: Session, since: datetime, max_batches: int) -> list
     ids = [batch_id for batch_id, _, _ in batches]
     places: dict[tuple[str, int], list[float]] = defaultdict(list)
     for batch_id, user_id, priority in session.execute(
-        select(AuctionRequest.batch_id, AuctionRequest.user_id, AuctionRequest.priority).where(
-            AuctionRequest.batch_id.in_(ids)
+        select(BatchRequest.batch_id, BatchRequest.user_id, BatchRequest.priority).where(
+            BatchRequest.batch_id.in_(ids)
         )
     ):
         places[(batch_id, user_id)].append(float(priority))

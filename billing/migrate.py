@@ -1,13 +1,15 @@
 """Apply, undo and check the Alembic migrations of the ledger schema from Python.
 
 The Alembic configuration is the `alembic.ini` shipped inside the installed `migrations`
-package, so this works from any working directory. Each helper takes a URL (None: the one in
+package, so this works from any working directory. That package is found, never imported: its
+`env.py` imports billing, not the other way round. Each helper takes a URL (None: the one in
 `LedgerSettings`) or an Engine; an Engine is used as is, which lets tests migrate into a
 PostgreSQL schema chosen by the engine's `search_path`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,13 +21,23 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-import migrations
-from billing.database import create_ledger_engine
+from billing.database import create_ledger_engine, unavailable
 from billing.models import Base
 from billing.settings import LedgerSettings
 
-INI_PATH = Path(migrations.__file__).resolve().parent / "alembic.ini"
+
+def _ini_path() -> Path:
+    # find_spec of a top-level package locates it without running its __init__.
+    spec = importlib.util.find_spec("migrations")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the `migrations` package is not installed next to `billing`")
+    return Path(next(iter(spec.submodule_search_locations))).resolve() / "alembic.ini"
+
+
+INI_PATH = _ini_path()
 
 
 def alembic_config() -> Config:
@@ -35,14 +47,19 @@ def alembic_config() -> Config:
 
 @contextmanager
 def _engine(target: str | Engine | None) -> Iterator[Engine]:
-    if isinstance(target, Engine):
-        yield target
-        return
-    engine = create_ledger_engine(target if target is not None else LedgerSettings().database_url)
+    # A database that is down or unreadable is the ledger's `LedgerUnavailable` here too.
     try:
-        yield engine
-    finally:
-        engine.dispose()
+        if isinstance(target, Engine):
+            yield target
+            return
+        url = target if target is not None else LedgerSettings().database_url
+        engine = create_ledger_engine(url)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+    except (OperationalError, PoolTimeout) as error:
+        raise unavailable(error) from error
 
 
 def upgrade(target: str | Engine | None = None, revision: str = "head") -> None:

@@ -277,7 +277,10 @@ class AuctionBatch(Base):
     settled_at: Mapped[datetime]
 
 
-class AuctionRequest(Base):
+# The name matters beyond reading: SQLAlchemy flushed these rows after the holds' updates when
+# the class was named `LedgerRequest` (unrelated tables flush in an order that follows the
+# mapper names), and the crash tests rely on settlement writing them before closing the holds.
+class BatchRequest(Base):
     """One request of a settled batch; its serving status is updated after dispatch."""
 
     __tablename__ = "auction_requests"

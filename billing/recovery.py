@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import Exists
 
 from billing import refunds, request_log
-from billing.models import AuctionRequest, EntryKind, LedgerEntry, RequestStatus, User
+from billing.models import BatchRequest, EntryKind, LedgerEntry, RequestStatus, User
 from billing.records import RefundResult
 
 REASON = "not served: the server stopped or its refund failed while the request was at the engine"
@@ -24,16 +24,16 @@ REASON = "not served: the server stopped or its refund failed while the request 
 def _entry(kind: EntryKind) -> Exists:
     return exists().where(
         LedgerEntry.kind == kind,
-        LedgerEntry.batch_id == AuctionRequest.batch_id,
-        LedgerEntry.user_id == AuctionRequest.user_id,
+        LedgerEntry.batch_id == BatchRequest.batch_id,
+        LedgerEntry.user_id == BatchRequest.user_id,
     )
 
 
 def mark_stale_failed(session: Session, cutoff: datetime, now: datetime) -> list[str]:
     """Mark requests still `scheduled` since before `cutoff` as failed; returns their rids."""
     stale = session.scalars(
-        select(AuctionRequest.rid).where(
-            AuctionRequest.status == RequestStatus.SCHEDULED, AuctionRequest.updated_at < cutoff
+        select(BatchRequest.rid).where(
+            BatchRequest.status == RequestStatus.SCHEDULED, BatchRequest.updated_at < cutoff
         )
     ).all()
     for rid in stale:
@@ -46,15 +46,15 @@ def mark_stale_failed(session: Session, cutoff: datetime, now: datetime) -> list
 def refund_failed(session: Session, now: datetime) -> list[RefundResult]:
     """Refund each user's charge in every batch where one of their requests failed unrefunded."""
     owed = session.execute(
-        select(AuctionRequest.batch_id, User.name)
-        .join(User, User.id == AuctionRequest.user_id)
+        select(BatchRequest.batch_id, User.name)
+        .join(User, User.id == BatchRequest.user_id)
         .where(
-            AuctionRequest.status == RequestStatus.FAILED,
+            BatchRequest.status == RequestStatus.FAILED,
             _entry(EntryKind.CHARGE),
             ~_entry(EntryKind.REFUND),
         )
         .distinct()
-        .order_by(AuctionRequest.batch_id, User.name)
+        .order_by(BatchRequest.batch_id, User.name)
     ).all()
     return [
         refunds.refund(

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from billing import period_charges
 from billing.errors import IdempotencyConflict, InvalidInput, RefundExceedsCharge, UnknownBatch
 from billing.grants import open_period
-from billing.models import AuctionBatch, AuctionRequest, EntryKind, LedgerEntry
+from billing.models import AuctionBatch, BatchRequest, EntryKind, LedgerEntry
 from billing.money import check_micros
 from billing.postings import check_id, check_reason, lock_account
 from billing.records import RefundResult
@@ -45,7 +45,7 @@ def refund(
     budget = open_period(session, account, now)
     user_id = account.user.id
     if rid is not None:
-        request = session.get(AuctionRequest, rid)
+        request = session.get(BatchRequest, rid)
         if request is None or request.batch_id != batch_id or request.user_id != user_id:
             raise InvalidInput(
                 "rid", f"request {rid!r} is not one of {name!r}'s in batch {batch_id!r}"

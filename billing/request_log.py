@@ -13,12 +13,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.errors import InvalidInput, UnknownRequest
-from billing.models import AuctionRequest, RequestStatus, User
+from billing.models import BatchRequest, RequestStatus, User
 from billing.postings import check_id
 from billing.records import RequestView
 
 
-def request_view(request: AuctionRequest, user_name: str) -> RequestView:
+def request_view(request: BatchRequest, user_name: str) -> RequestView:
     """The public view of a request row."""
     return RequestView(
         rid=request.rid,
@@ -37,9 +37,9 @@ def request_view(request: AuctionRequest, user_name: str) -> RequestView:
 def find_request(session: Session, rid: str) -> RequestView | None:
     """The settled request `rid`, or None when no batch settled it."""
     row = session.execute(
-        select(AuctionRequest, User.name)
-        .join(User, User.id == AuctionRequest.user_id)
-        .where(AuctionRequest.rid == check_id(rid, "rid"))
+        select(BatchRequest, User.name)
+        .join(User, User.id == BatchRequest.user_id)
+        .where(BatchRequest.rid == check_id(rid, "rid"))
     ).first()
     return None if row is None else request_view(row[0], row[1])
 
@@ -70,10 +70,10 @@ def complete_request(
             "ttft_ms", f"must be a non-negative number of milliseconds, got {ttft_ms!r}"
         )
     row = session.execute(
-        select(AuctionRequest, User.name)
-        .join(User, User.id == AuctionRequest.user_id)
-        .where(AuctionRequest.rid == check_id(rid, "rid"))
-        .with_for_update(of=AuctionRequest)
+        select(BatchRequest, User.name)
+        .join(User, User.id == BatchRequest.user_id)
+        .where(BatchRequest.rid == check_id(rid, "rid"))
+        .with_for_update(of=BatchRequest)
     ).first()
     if row is None:
         raise UnknownRequest(rid, "no batch settled it")

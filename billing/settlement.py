@@ -30,7 +30,7 @@ from billing.grants import open_period
 from billing.holds import close_hold
 from billing.models import (
     AuctionBatch,
-    AuctionRequest,
+    BatchRequest,
     EntryKind,
     Hold,
     HoldState,
@@ -265,8 +265,8 @@ def _open_holds(
 
 def _request_row(
     batch_id: str, request: RequestRecord, user_id: int, now: datetime
-) -> AuctionRequest:
-    return AuctionRequest(
+) -> BatchRequest:
+    return BatchRequest(
         rid=request.rid,
         batch_id=batch_id,
         user_id=user_id,
@@ -309,8 +309,8 @@ def stored_result(session: Session, batch_id: str) -> SettleResult:
     """What the settlement of `batch_id` moved, read back from the ledger."""
     users = session.scalars(
         select(User.name)
-        .join(AuctionRequest, AuctionRequest.user_id == User.id)
-        .where(AuctionRequest.batch_id == batch_id)
+        .join(BatchRequest, BatchRequest.user_id == User.id)
+        .where(BatchRequest.batch_id == batch_id)
         .distinct()
     ).all()
     charged: dict[str, int] = dict.fromkeys(users, 0)

@@ -1,5 +1,5 @@
 """Alembic environment: the URL comes from the caller or `LedgerSettings`, the schema from
-`billing.models`.
+billing's `metadata` (read through billing's public interface, like the server does).
 
 `billing.migrate` passes either a live connection (`config.attributes["connection"]`) or a URL
 (`config.attributes["url"]`); run by the plain `alembic` command, neither is set and the
@@ -11,11 +11,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from billing.database import create_ledger_engine
-from billing.models import Base
-from billing.settings import LedgerSettings
+from billing import LedgerSettings, create_ledger_engine, metadata
 
-target_metadata = Base.metadata
+target_metadata = metadata
 
 
 def _configure(connection: Connection) -> None:

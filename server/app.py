@@ -8,8 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from billing import Ledger
-from billing.migrate import upgrade
+from billing import Ledger, start_ledger_jobs, upgrade_schema
 from server.api import (
     admin_routes,
     dashboard_page,
@@ -25,7 +24,6 @@ from server.api.body_decoder import BodyDecoder
 from server.api.deps import AppState, AuthenticationCache, RateLimiter
 from server.api.error_handlers import install_error_handlers
 from server.api.request_id import RequestIdMiddleware
-from server.cluster.leadership import start_jobs
 from server.cluster.replica import ReplicaHeader, rate_limit_share, replica_name
 from server.engine.base import Engine
 from server.engine.factory import make_engine
@@ -40,7 +38,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        upgrade(settings.database_url)  # an empty database gets the schema; a current one is kept
+        # An empty database gets the schema; a current one is kept.
+        upgrade_schema(settings.database_url)
         ledger = Ledger.from_url(settings.database_url)
         backend = engine or make_engine_from(settings)
         await backend.start()
@@ -49,7 +48,10 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         app.state.services = AppState(
             service=service, ledger=ledger, limiter=limiter, keys=AuthenticationCache()
         )
-        scheduler = start_jobs(ledger, settings) if settings.run_jobs else None
+        scheduler = None
+        if settings.run_jobs:
+            election = settings.jobs_leader_election
+            scheduler = start_ledger_jobs(ledger, settings, leader_election=election)
         await service.start()
         ledger_url = without_password(settings.database_url)
         log.info("auction server ready: engine %s, ledger %s", backend.name, ledger_url)

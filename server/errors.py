@@ -7,10 +7,10 @@
      ├── PaymentRequired         402  the budget cannot cover the bid
      ├── Forbidden               403  a user key on an admin route, a disabled account
      ├── NotFound                404
-     ├── IdempotencyConflict     409  a rid reused with another payload
+     ├── Conflict                409  a rid reused with another payload, a name taken
      ├── RateLimited             429  with Retry-After
      ├── EngineFailed            502  the engine errored, refused or cut the stream
-     ├── Unavailable             503  shutting down or the queue is full
+     ├── Unavailable             503  shutting down, the queue is full or the ledger is down
      └── EngineTimedOut          504
 
 Every error body is `{"error": {"type": ..., "message": ..., "param": ...}}`. Services raise
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from billing import errors as ledger_errors
+import billing
 
 
 class ServiceError(Exception):
@@ -68,8 +68,12 @@ class NotFound(ServiceError):
     status_code, error_type = 404, "not_found"
 
 
-class IdempotencyConflict(ServiceError):
+class Conflict(ServiceError):
     status_code, error_type = 409, "idempotency_conflict"
+
+
+# The old name of `Conflict`, for server/service.py until it is rewritten: not a second class.
+IdempotencyConflict = Conflict
 
 
 class RateLimited(ServiceError):
@@ -88,12 +92,14 @@ class EngineTimedOut(ServiceError):
     status_code, error_type = 504, "engine_timeout"
 
 
-def from_ledger_error(error: ledger_errors.LedgerError) -> ServiceError:
+def from_ledger_error(error: billing.LedgerError) -> ServiceError:
     """Map a refused ledger operation to the HTTP error a client should see."""
     message = str(error)
-    if isinstance(error, ledger_errors.InsufficientFunds):
+    if isinstance(error, billing.LedgerUnavailable):
+        return Unavailable(message, headers={"Retry-After": "1"})
+    if isinstance(error, billing.InsufficientFunds):
         return PaymentRequired(_insufficient_funds(error), param="bid")
-    if isinstance(error, ledger_errors.BatchCapExceeded):
+    if isinstance(error, billing.BatchCapExceeded):
         return PaymentRequired(_over_batch_cap(error), param="bid")
     rid = getattr(error, "rid", None)
     if isinstance(rid, str) and "/" in rid:
@@ -102,15 +108,15 @@ def from_ledger_error(error: ledger_errors.LedgerError) -> ServiceError:
     key = getattr(error, "key", None)
     if isinstance(key, str) and "/" in key:
         message = message.replace(repr(key), repr(key.split("/", 1)[1]))
-    if isinstance(error, ledger_errors.UserDisabled):
+    if isinstance(error, billing.UserDisabled):
         return Forbidden(message)
-    if isinstance(error, ledger_errors.UnknownUser | ledger_errors.UnknownBatch):
+    if isinstance(error, billing.UnknownUser | billing.UnknownBatch):
         return NotFound(message)
-    if isinstance(error, ledger_errors.IdempotencyConflict):
-        return IdempotencyConflict(message, param="rid")
-    if isinstance(error, ledger_errors.DuplicateUser):
-        return IdempotencyConflict(message, param="name")
-    if isinstance(error, ledger_errors.InvalidInput):
+    if isinstance(error, billing.IdempotencyConflict):
+        return Conflict(message, param="rid")
+    if isinstance(error, billing.DuplicateUser):
+        return Conflict(message, param="name")
+    if isinstance(error, billing.InvalidInput):
         return InvalidRequest(message, param=error.field)
     return InvalidRequest(message)
 
@@ -121,7 +127,7 @@ def _credits(micros: int) -> str:
     return f"{whole:,}" + (f".{fraction:06d}".rstrip("0") if fraction else "")
 
 
-def _insufficient_funds(error: ledger_errors.InsufficientFunds) -> str:
+def _insufficient_funds(error: billing.InsufficientFunds) -> str:
     return (
         f"the bid of {_credits(error.requested_micros)} credits is more than the "
         f"{_credits(error.available_micros)} credits available to user {error.name!r} "
@@ -131,7 +137,7 @@ def _insufficient_funds(error: ledger_errors.InsufficientFunds) -> str:
     )
 
 
-def _over_batch_cap(error: ledger_errors.BatchCapExceeded) -> str:
+def _over_batch_cap(error: billing.BatchCapExceeded) -> str:
     return (
         f"user {error.name!r} may hold at most {_credits(error.cap_micros)} credits per batch "
         f"({error.cap_micros} micro-credits): {_credits(error.held_micros)} are already held "

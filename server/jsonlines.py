@@ -13,8 +13,7 @@ from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from typing import Any
 
-from billing.errors import InvalidAmount
-from billing.money import parse_credits
+from billing import InvalidAmount, parse_credits
 from server.tokenizer import encode
 
 

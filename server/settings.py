@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from billing.settings import LedgerSettings
+from billing import LedgerSettings, mask_database_url
 
 
 class ServerSettings(LedgerSettings):
@@ -75,10 +75,4 @@ class ServerSettings(LedgerSettings):
 
 def without_password(url: str) -> str:
     """The database URL with its password masked, for logs and the console."""
-    scheme, sep, rest = url.partition("://")
-    if "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    if ":" not in credentials:
-        return url
-    return f"{scheme}{sep}{credentials.split(':')[0]}:***@{host}"
+    return mask_database_url(url)

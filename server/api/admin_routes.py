@@ -9,8 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from billing.money import parse_credits
-from billing.records import UserInfo
+from billing import ReconcileRecord, UserInfo, parse_credits
 from server.api.body import parse_body
 from server.api.deps import AdminUser, State
 from server.api.ledger_routes import balance_json
@@ -139,22 +138,8 @@ async def user_balance(name: UserName, _: AdminUser, state: State) -> dict[str, 
 async def reconcile(_: AdminUser, state: State) -> dict[str, Any]:
     """Check every balance against the sum of its entries (every replica's: the ledger's)."""
     report = await asyncio.to_thread(state.ledger.reconcile)
-    drifts = [
-        {
-            "user": d.user,
-            "balance_micros": d.balance_micros,
-            "expected_balance_micros": d.expected_balance_micros,
-            "held_micros": d.held_micros,
-            "expected_held_micros": d.expected_held_micros,
-        }
-        for d in report.drifts
-    ]
-    return {
-        "ok": report.ok,
-        "accounts_checked": report.accounts_checked,
-        "drifts": drifts,
-        "scope": "deployment",
-    }
+    # The CLI's record, and the scope: the ledger's, so every replica answers the same.
+    return {**ReconcileRecord.of(report).as_json(), "scope": "deployment"}
 
 
 @router.get("/timings")

@@ -16,8 +16,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from billing.activity import AccountActivity, ClearingPoint, MarketActivity
-from billing.records import UserInfo
+from billing import AccountActivity, ClearingPoint, MarketActivity, UserInfo
 from server.api.deps import AppState, CurrentUser, State, current_user
 from server.api.ledger_routes import balance_json
 from server.dashboard.health import ReconcileStatus

@@ -11,8 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from billing import Ledger
-from billing.records import UserInfo
+from billing import Ledger, UserInfo
 from server.dashboard.snapshot import DashboardState
 from server.errors import Forbidden, RateLimited, Unauthenticated
 from server.service import AuctionService

@@ -8,10 +8,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy import exc as sql_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from billing import errors as ledger_errors
+import billing
 from server.api.validation_messages import describe_validation_error
 from server.errors import (
     Forbidden,
@@ -19,7 +18,6 @@ from server.errors import (
     NotFound,
     ServiceError,
     Unauthenticated,
-    Unavailable,
     from_ledger_error,
 )
 
@@ -38,7 +36,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return _render(error)
 
     async def ledger_error(_: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, ledger_errors.LedgerError)
+        assert isinstance(error, billing.LedgerError)
+        if isinstance(error, billing.LedgerUnavailable):
+            # Unreachable, locked past its timeout or out of connections: the transaction did
+            # not commit, so nothing was written. One line in the log, a 503 out.
+            log.warning("ledger unavailable: %s", error.cause)
         return _render(from_ledger_error(error))
 
     async def validation_error(_: Request, error: Exception) -> JSONResponse:
@@ -54,24 +56,14 @@ def install_error_handlers(app: FastAPI) -> None:
         failure.status_code, failure.error_type = error.status_code, "http_error"
         return _render(failure)
 
-    async def database_error(_: Request, error: Exception) -> JSONResponse:
-        # The ledger is unreachable, locked past its timeout or out of connections: the
-        # transaction did not commit, so nothing was written. One line in the log, a 503 out.
-        log.warning("ledger unavailable: %s", str(error).splitlines()[0])
-        return _render(
-            Unavailable("the ledger is unavailable; retry shortly", headers={"Retry-After": "1"})
-        )
-
     async def unexpected(_: Request, error: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=error)
         return _render(ServiceError("internal error; the request changed nothing it reported"))
 
     app.add_exception_handler(ServiceError, service_error)
-    app.add_exception_handler(ledger_errors.LedgerError, ledger_error)
+    app.add_exception_handler(billing.LedgerError, ledger_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(sql_errors.OperationalError, database_error)
-    app.add_exception_handler(sql_errors.TimeoutError, database_error)
     app.add_exception_handler(Exception, unexpected)
 
 

@@ -17,9 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from billing.errors import InvalidAmount
-from billing.money import MICROS_PER_CREDIT, parse_credits
-from billing.records import UserInfo
+from billing import MICROS_PER_CREDIT, InvalidAmount, UserInfo, parse_credits
 from server.api.deps import AppState
 from server.engine.errors import EngineError, EngineTimeout
 from server.errors import EngineFailed, EngineTimedOut, InvalidRequest, ServiceError, Unavailable

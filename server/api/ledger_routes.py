@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
-from billing.records import BalanceView, EntryView, SummaryRow
+from billing import BalanceRecord, BalanceView, EntryRecord, SummaryRecord
 from server.api.deps import CurrentUser, State
 from server.errors import InvalidRequest
 
@@ -17,49 +17,8 @@ router = APIRouter(prefix="/v1/ledger", tags=["ledger"])
 
 
 def balance_json(view: BalanceView) -> dict[str, Any]:
-    """A balance as JSON."""
-    return {
-        "user": view.user,
-        "balance_micros": view.balance_micros,
-        "held_micros": view.held_micros,
-        "available_micros": view.available_micros,
-        "spent_this_period_micros": view.spent_this_period_micros,
-        "period": str(view.period),
-        "period_start": view.period_start.isoformat() if view.period_start else None,
-    }
-
-
-def entry_json(entry: EntryView) -> dict[str, Any]:
-    """A ledger entry as JSON."""
-    return {
-        "id": entry.id,
-        "kind": str(entry.kind),
-        "amount_micros": entry.amount_micros,
-        "batch_id": entry.batch_id,
-        "rid": public_rid(entry.user, entry.request_id),
-        "reason": entry.reason,
-        "created_at": entry.created_at.isoformat(),
-    }
-
-
-def public_rid(user: str, ledger_rid: str | None) -> str | None:
-    """The rid as the client sent it: the ledger keys holds by `user/rid` internally."""
-    if ledger_rid is None:
-        return None
-    return ledger_rid.removeprefix(f"{user}/")
-
-
-def summary_json(row: SummaryRow) -> dict[str, Any]:
-    """One summary row as JSON."""
-    return {
-        "period_start": row.period_start.isoformat(),
-        "granted_micros": row.granted_micros,
-        "charged_micros": row.charged_micros,
-        "refunded_micros": row.refunded_micros,
-        "adjusted_micros": row.adjusted_micros,
-        "net_micros": row.net_micros,
-        "entries": row.entries,
-    }
+    """A balance as JSON: billing's `BalanceRecord`, as the CLI shows it."""
+    return BalanceRecord.of(view).as_json()
 
 
 def _in_utc(moment: datetime | None, field: str) -> datetime | None:
@@ -104,7 +63,10 @@ async def entries(
         cursor=cursor,
     )
     page = await asyncio.to_thread(query)
-    return {"entries": [entry_json(e) for e in page.entries], "next_cursor": page.next_cursor}
+    return {
+        "entries": [EntryRecord.of(e).as_json() for e in page.entries],
+        "next_cursor": page.next_cursor,
+    }
 
 
 @router.get("/summary", summary="My spend per day, week or month")
@@ -118,4 +80,4 @@ async def summary(
     """Totals per calendar period in the budget's time zone."""
     since, until = _in_utc(since, "since"), _in_utc(until, "until")
     rows = await asyncio.to_thread(state.ledger.summary, user.name, by, since, until)
-    return {"by": by, "rows": [summary_json(row) for row in rows]}
+    return {"by": by, "rows": [SummaryRecord.of(row).as_json() for row in rows]}

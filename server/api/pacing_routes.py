@@ -10,10 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from sqlalchemy.orm import Session
 
-from billing import Ledger
-from billing.market import ClearingSample, auctions_since, recent_clearing, spend_since
+from billing import ClearingSample, Ledger
 from server.api.deps import CurrentUser, State
 from server.errors import InvalidRequest
 
@@ -28,8 +26,7 @@ def _budget_view(ledger: Ledger, name: str) -> dict[str, Any]:
     balance = ledger.balance(name)
     now = datetime.now(UTC)
     end = balance.period_end  # the ledger's schedule, a pending change of it included
-    with Session(ledger.engine) as session:
-        auctions = auctions_since(session, name, balance.period_start)
+    auctions = ledger.auctions_since(name, balance.period_start)
     spent = balance.spent_this_period_micros
     return {
         "user": name,
@@ -56,8 +53,7 @@ async def budget(user: CurrentUser, state: State) -> dict[str, Any]:
 
 
 def _spend_view(ledger: Ledger, name: str, since: datetime) -> dict[str, Any]:
-    with Session(ledger.engine) as session:
-        spend = spend_since(session, name, since)
+    spend = ledger.spend_since(name, since)
     balance = ledger.balance(name)
     return {
         "since": spend.since.isoformat(),
@@ -145,8 +141,5 @@ async def prices(
     now = datetime.now(UTC)
     since = now - timedelta(seconds=window_seconds)
 
-    def read() -> list[ClearingSample]:
-        with Session(state.ledger.engine) as session:
-            return recent_clearing(session, since, max_batches)
-
-    return prices_json(await asyncio.to_thread(read), since, now)
+    samples = await asyncio.to_thread(state.ledger.recent_clearing, since, max_batches)
+    return prices_json(samples, since, now)

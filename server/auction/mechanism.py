@@ -23,7 +23,6 @@ class AuctionOutcome:
     positions: dict[str, int] = field(default_factory=dict)
     bids: dict[str, int] = field(default_factory=dict)
     users: dict[str, str] = field(default_factory=dict)
-    exact_payments: dict[str, Fraction] = field(default_factory=dict)
     tree: TreeStats = _EMPTY_STATS
     # The radix tree the order was computed on, and the rids in the order they were given
     # (the tree's request indexes): what dispatch needs to see which requests share a prefix.
@@ -77,7 +76,6 @@ def run_auction(requests: Sequence[AuctionRequest]) -> AuctionOutcome:
         positions={rid: place for place, rid in enumerate(order)},
         bids=dict(zip(batch.rids, batch.bids, strict=True)),
         users=dict(zip(batch.rids, batch.users, strict=True)),
-        exact_payments={user: Fraction(value, denominator) for user, value in numerators.items()},
         tree=tree.stats,
         radix_tree=tree,
         arrival_order=batch.rids,

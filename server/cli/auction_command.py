@@ -9,7 +9,7 @@ from typing import Any, TextIO
 import click
 from rich.table import Table
 
-from billing.money import format_micros
+from billing import format_micros
 from server.auction import AuctionInputError, AuctionOutcome, AuctionRequest, run_auction
 from server.cli.console import table_console
 from server.jsonlines import RecordError, read_records, record_credits, record_tokens

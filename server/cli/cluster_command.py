@@ -14,10 +14,8 @@ from pathlib import Path
 from types import FrameType
 
 import click
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
-from server.settings import ServerSettings
+from server.settings import ServerSettings, without_password
 
 _DEFAULT_DB = ServerSettings.model_fields["database_url"].default
 
@@ -37,13 +35,6 @@ class _StopOnce:
         if not self.raised:
             self.raised = True
             raise _Stop
-
-
-def _without_password(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url  # not a URL SQLAlchemy reads; run_cluster will say so
 
 
 @click.command()
@@ -138,7 +129,7 @@ def cluster(
             for replica, target in zip(running.replicas, targets, strict=True):
                 click.echo(f"  {replica.name}: {replica.url} -> {target}")
             click.echo(
-                f"SMG ({policy}) on {running.url}; ledger {_without_password(database_url)}\n"
+                f"SMG ({policy}) on {running.url}; ledger {without_password(database_url)}\n"
                 f"Send requests there, e.g. curl -s {running.url}/generate "
                 '-H "Authorization: Bearer $KEY" -H "Content-Type: application/json" '
                 '-d \'{"text": "Hello", "bid": "0.05"}\'\n'

@@ -20,22 +20,29 @@ from typing import Any, TextIO, TypeVar
 
 import click
 from rich.table import Table
-from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
 
 from billing import (
+    BalanceRecord,
+    DriftRecord,
+    EntryRecord,
+    InvalidAmount,
     Ledger,
     LedgerError,
+    LedgerRecord,
     LedgerSettings,
+    LedgerUnavailable,
     Period,
+    ReconcileRecord,
+    SummaryRecord,
+    downgrade_schema,
     format_micros,
-    migrate,
+    head_revision,
+    mask_database_url,
     parse_credits,
+    schema_drift,
+    schema_revision,
+    upgrade_schema,
 )
-from billing.database import create_ledger_engine
-from billing.errors import InvalidAmount
-from billing.records import AccountDrift, SummaryRow
 from server.cli.console import table_console
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -87,10 +94,9 @@ def _reachable(url: str) -> Iterator[None]:
     # An unreachable or unreadable database is an operator's problem: one line, no traceback.
     try:
         yield
-    except OperationalError as error:
-        where = make_url(url).render_as_string(hide_password=True)
-        reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
-        raise click.ClickException(f"cannot use the database at {where}: {reason}") from None
+    except LedgerUnavailable as error:
+        where = mask_database_url(url)
+        raise click.ClickException(f"cannot use the database at {where}: {error.cause}") from None
 
 
 @contextmanager
@@ -100,8 +106,8 @@ def open_ledger(database_url: str | None) -> Iterator[Ledger]:
     ledger = Ledger.from_url(url)
     try:
         with _reachable(url):
-            current = migrate.current_revision(ledger.engine)
-            if current != migrate.head_revision():
+            current = ledger.schema_revision()
+            if current != head_revision():
                 raise click.ClickException(
                     f"the ledger schema is at {current or 'nothing'}, not the latest revision;"
                     " run `inference-auction db upgrade` first"
@@ -114,15 +120,11 @@ def open_ledger(database_url: str | None) -> Iterator[Ledger]:
 
 
 @contextmanager
-def open_engine(database_url: str | None) -> Iterator[Engine]:
-    """An engine for the `db` commands, disposed of afterwards."""
+def open_database(database_url: str | None) -> Iterator[str]:
+    """The URL for the `db` commands; an unreachable database is a one-line CLI error."""
     url = _url(database_url)
-    engine = create_ledger_engine(url)
-    try:
-        with _reachable(url):
-            yield engine
-    finally:
-        engine.dispose()
+    with _reachable(url):
+        yield url
 
 
 def _json(value: Any) -> None:
@@ -149,23 +151,34 @@ def _emit(rows: Sequence[Any], fmt: str, columns: Sequence[tuple[str, str]], tit
     _emit_records([_record(row) for row in rows], fmt, columns, title)
 
 
+def _emit_ledger_records(
+    records: Sequence[LedgerRecord],
+    schema: type[LedgerRecord],
+    fmt: str,
+    columns: Sequence[tuple[str, str]],
+    title: str,
+) -> None:
+    """Print billing's records as a table, or as JSON and CSV with exactly the schema's fields."""
+    rows = [record.as_json() for record in records]
+    _emit_records(rows, fmt, columns, title, fieldnames=schema.columns())
+
+
 def _emit_records(
     records: list[dict[str, Any]],
     fmt: str,
     columns: Sequence[tuple[str, str]],
     title: str,
     out: TextIO | None = None,
+    fieldnames: Sequence[str] | None = None,
 ) -> None:
     # `columns` pairs a record field with its table heading; *_micros fields print as credits.
     if fmt == "json":
         _json(records)
     elif fmt == "csv":
+        if fieldnames is None:
+            fieldnames = list(records[0]) if records else [f for f, _ in columns]
         out = io.StringIO()
-        writer = csv.DictWriter(
-            out,
-            fieldnames=list(records[0]) if records else [f for f, _ in columns],
-            lineterminator="\n",
-        )
+        writer = csv.DictWriter(out, fieldnames=fieldnames, lineterminator="\n")
         writer.writeheader()
         writer.writerows(records)
         click.echo(out.getvalue(), nl=False)
@@ -390,10 +403,11 @@ def show_balance(name: str, fmt: str, database_url: str | None) -> None:
     """Show NAME's balance, held and available funds and this period's spend."""
     with open_ledger(database_url) as book:
         view = book.balance(name)
+    record = BalanceRecord.of(view)
     if fmt == "json":
-        _json(_record(view))
+        _json(record.as_json())
         return
-    _emit([view], fmt, BALANCE_COLUMNS, f"Balance of {name}")
+    _emit_ledger_records([record], BalanceRecord, fmt, BALANCE_COLUMNS, f"Balance of {name}")
 
 
 BALANCE_COLUMNS = [
@@ -411,7 +425,7 @@ ENTRY_COLUMNS = [
     ("kind", "kind"),
     ("amount_micros", "amount"),
     ("batch_id", "batch"),
-    ("request_id", "request"),
+    ("rid", "request"),
     ("reason", "reason"),
 ]
 SUMMARY_COLUMNS = [
@@ -460,7 +474,8 @@ def list_entries(
     """List NAME's ledger entries, oldest first, one page at a time."""
     with open_ledger(database_url) as book:
         page = book.entries(name, since, until, kind, limit=limit, cursor=cursor)
-    _emit(page.entries, fmt, ENTRY_COLUMNS, f"Entries of {name}")
+    records = [EntryRecord.of(entry) for entry in page.entries]
+    _emit_ledger_records(records, EntryRecord, fmt, ENTRY_COLUMNS, f"Entries of {name}")
     if page.next_cursor is not None and fmt == "table":
         click.echo(f"More entries: --cursor {page.next_cursor}", err=True)
 
@@ -483,8 +498,8 @@ def show_summary(
 ) -> None:
     """Totals of NAME's entries per day, week or month in the budget's time zone."""
     with open_ledger(database_url) as book:
-        rows: list[SummaryRow] = book.summary(name, by, since, until)
-    _emit(rows, fmt, SUMMARY_COLUMNS, f"Summary of {name} by {by}")
+        rows = [SummaryRecord.of(row) for row in book.summary(name, by, since, until)]
+    _emit_ledger_records(rows, SummaryRecord, fmt, SUMMARY_COLUMNS, f"Summary of {name} by {by}")
 
 
 @ledger.command("export")
@@ -608,19 +623,14 @@ def reconcile(fmt: str, database_url: str | None) -> None:
     """Check every balance against its entries; exit 1 and name the accounts that drifted."""
     with open_ledger(database_url) as book:
         report = book.reconcile()
-    drifts: list[AccountDrift] = report.drifts
+    record = ReconcileRecord.of(report)
+    drifts = record.drifts
     if fmt == "json":
-        _json(
-            {
-                "ok": report.ok,
-                "accounts_checked": report.accounts_checked,
-                "drifts": [_record(d) for d in drifts],
-            }
-        )
+        _json(record.as_json())
     elif report.ok:
         click.echo(f"All {report.accounts_checked} accounts agree with their entries.")
     else:
-        _emit(drifts, "table", DRIFT_COLUMNS, "Accounts that drifted")
+        _emit_ledger_records(drifts, DriftRecord, "table", DRIFT_COLUMNS, "Accounts that drifted")
     if not report.ok:
         names = ", ".join(d.user for d in drifts)
         click.echo(
@@ -639,9 +649,9 @@ def db() -> None:
 @database_option
 def db_upgrade(revision: str, database_url: str | None) -> None:
     """Apply the migrations up to REVISION (creates the database file for SQLite)."""
-    with open_engine(database_url) as engine:
-        migrate.upgrade(engine, revision)
-        current = migrate.current_revision(engine)
+    with open_database(database_url) as url:
+        upgrade_schema(url, revision)
+        current = schema_revision(url)
     click.echo(f"Ledger schema at revision {current}.")
 
 
@@ -650,9 +660,9 @@ def db_upgrade(revision: str, database_url: str | None) -> None:
 @database_option
 def db_downgrade(revision: str, database_url: str | None) -> None:
     """Undo migrations down to REVISION (`base` drops every ledger table and its data)."""
-    with open_engine(database_url) as engine:
-        migrate.downgrade(engine, revision)
-        current = migrate.current_revision(engine)
+    with open_database(database_url) as url:
+        downgrade_schema(url, revision)
+        current = schema_revision(url)
     click.echo(f"Ledger schema at revision {current or 'base'}.")
 
 
@@ -660,17 +670,17 @@ def db_downgrade(revision: str, database_url: str | None) -> None:
 @database_option
 def db_current(database_url: str | None) -> None:
     """Print the database's revision and the newest one."""
-    with open_engine(database_url) as engine:
-        current = migrate.current_revision(engine)
-    click.echo(f"database: {current or 'base'}; newest: {migrate.head_revision()}")
+    with open_database(database_url) as url:
+        current = schema_revision(url)
+    click.echo(f"database: {current or 'base'}; newest: {head_revision()}")
 
 
 @db.command("check")
 @database_option
 def db_check(database_url: str | None) -> None:
     """Exit 1 when the database schema differs from the models."""
-    with open_engine(database_url) as engine:
-        drift = migrate.schema_drift(engine)
+    with open_database(database_url) as url:
+        drift = schema_drift(url)
     if drift:
         for difference in drift:
             click.echo(f"drift: {difference}", err=True)

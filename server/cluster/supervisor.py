@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from billing.migrate import upgrade
+from billing import upgrade_schema
 from server.cluster.smg import RouterOptions, find_smg, smg_command
 
 # The CLI run by this interpreter, so children use the same installation.
@@ -240,7 +240,7 @@ class Cluster:
 def run_cluster(plan: ClusterPlan) -> Iterator[Cluster]:
     """Start the deployment of `plan`, ready to route, and stop all of it when the block ends."""
     # Once, before any replica starts: replicas migrating an empty database at once would race.
-    upgrade(plan.database_url)
+    upgrade_schema(plan.database_url)
     cluster = Cluster(plan)
     with ExitStack() as stack:
         stack.callback(_stop_all, cluster)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from billing.activity import MarketActivity, Spender
+from billing import MarketActivity, Spender
 from server.dashboard.health import ReconcileWatch
 from server.dashboard.sessions import SessionStore
 

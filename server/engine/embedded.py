@@ -13,7 +13,7 @@ from http import HTTPStatus
 
 from server.engine.base import EngineChunk, EngineResult
 from server.engine.cost_model import CostModel
-from server.engine.errors import EngineError, EngineFailed, EngineRejected, EngineUnavailable
+from server.engine.errors import EngineError, EngineRejected, EngineServerError, EngineUnavailable
 from server.engine.generation import EngineBase, Generation
 from server.engine.live import DEFAULT_MODEL_NAME, LiveRequest, LiveSimulator
 from server.engine.sglang_request import parse_sampling_params
@@ -28,7 +28,7 @@ def _abort_error(reason: dict[str, object]) -> EngineError:
     status = reason.get("status_code")
     if status == HTTPStatus.SERVICE_UNAVAILABLE:
         return EngineUnavailable(message, engine_status=HTTPStatus.SERVICE_UNAVAILABLE)
-    return EngineFailed(message, engine_status=status if isinstance(status, int) else None)
+    return EngineServerError(message, engine_status=status if isinstance(status, int) else None)
 
 
 # Longer texts take milliseconds to tokenize: long enough to stall every other request.

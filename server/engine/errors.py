@@ -6,7 +6,7 @@ EngineError                  any failure to get a generation from the engine   -
 │                            or the engine said 503 (starting, queue full)     -> HTTP 502
 ├── EngineTimeout            the connect timeout or the request deadline passed -> HTTP 504
 ├── EngineRejected           the engine answered 4xx: bad input, duplicate rid  -> HTTP 502
-├── EngineFailed             the engine answered 5xx or aborted the request     -> HTTP 502
+├── EngineServerError        the engine answered 5xx or aborted the request     -> HTTP 502
 └── EngineProtocolError      the answer is unreadable: bad JSON, a stream cut
                              before its last chunk                             -> HTTP 502
 ```
@@ -22,9 +22,9 @@ from http import HTTPStatus
 
 __all__ = [
     "EngineError",
-    "EngineFailed",
     "EngineProtocolError",
     "EngineRejected",
+    "EngineServerError",
     "EngineTimeout",
     "EngineUnavailable",
 ]
@@ -55,7 +55,7 @@ class EngineRejected(EngineError):
     """The engine refused the request as invalid (a 4xx)."""
 
 
-class EngineFailed(EngineError):
+class EngineServerError(EngineError):
     """The engine failed while serving the request (a 5xx or an abort)."""
 
 

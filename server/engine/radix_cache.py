@@ -212,18 +212,6 @@ class RadixCache:
             heapq.heapify(self._leaves)
         return freed
 
-    def cached_sequences(self) -> list[tuple[int, ...]]:
-        """Every root-to-leaf token sequence (for tests and debugging)."""
-        sequences: list[tuple[int, ...]] = []
-        stack: list[tuple[RadixNode, tuple[int, ...]]] = [(self.root, ())]
-        while stack:
-            node, prefix = stack.pop()
-            path = prefix + node.key
-            if not node.children and node is not self.root:
-                sequences.append(path)
-            stack.extend((child, path) for child in node.children.values())
-        return sequences
-
     def _walk(self, key: tuple[int, ...]) -> tuple[int, RadixNode, int]:
         """Follow `key` down the tree, touching each node; split where a match ends mid-edge.
 

@@ -15,7 +15,7 @@ auction's order (`mode`):
 Prompts are tokenized with the server's `/tokenize`, cached per distinct text in a bounded LRU,
 with concurrent calls for one text sharing a single request. Failures map to the
 `server.engine.errors` hierarchy: no connection or a 503 -> `EngineUnavailable`, a deadline ->
-`EngineTimeout`, a 4xx -> `EngineRejected`, a 5xx or an abort -> `EngineFailed`, an unreadable
+`EngineTimeout`, a 4xx -> `EngineRejected`, a 5xx or an abort -> `EngineServerError`, an unreadable
 body or a stream cut before its last chunk -> `EngineProtocolError`. SGLang 0.5.23 answers bad
 input in three shapes (`{"error": "text"}` from its JSON contract check, `{"error": {"message":
 ...}}`, and `{"message": ...}` or `{"detail": ...}` for HTTP exceptions); all are read.
@@ -35,9 +35,9 @@ import httpx
 from server.engine.base import DispatchMode, EngineChunk, EngineResult
 from server.engine.errors import (
     EngineError,
-    EngineFailed,
     EngineProtocolError,
     EngineRejected,
+    EngineServerError,
     EngineTimeout,
     EngineUnavailable,
 )
@@ -71,7 +71,7 @@ def _status_error(status: int, message: str) -> EngineError:
     if 400 <= status < 500:
         return EngineRejected(text, engine_status=status)
     if status >= 500:
-        return EngineFailed(text, engine_status=status)
+        return EngineServerError(text, engine_status=status)
     return EngineProtocolError(text, engine_status=status)
 
 
@@ -213,14 +213,6 @@ class SGLangHTTPEngine(EngineBase):
         except httpx.HTTPError as error:
             raise EngineUnavailable(f"SGLang unreachable at {self.base_url}: {error}") from None
         return response.status_code == HTTPStatus.OK
-
-    def tokenize_cache_info(self) -> dict[str, int]:
-        """Hits, misses and size of the tokenize cache."""
-        return {
-            "hits": self.tokenize_hits,
-            "misses": self.tokenize_misses,
-            "size": len(self._tokens),
-        }
 
     def _send(self, generations: list[Generation]) -> None:
         for generation in generations:

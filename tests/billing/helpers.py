@@ -7,8 +7,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 
-from billing import BatchRecord, Ledger, RequestRecord
+from billing import BatchRecord, HoldView, Ledger, RequestRecord
+from billing.holds import find_hold
 
 TABLES = (
     "users",
@@ -88,3 +90,9 @@ def entries_total(ledger: Ledger, name: str) -> int:
         if page.next_cursor is None:
             return total
         cursor = page.next_cursor
+
+
+def get_hold(ledger: Ledger, rid: str) -> HoldView | None:
+    """The hold placed for the ledger rid `rid`, if any (the service never needs to ask)."""
+    with Session(ledger.engine) as session:
+        return find_hold(session, rid)

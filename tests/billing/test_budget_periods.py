@@ -19,7 +19,7 @@ from billing import EntryKind, InsufficientFunds, InvalidInput, Ledger, Period, 
 from billing.money import MAX_MICROS
 from server.cli.ledger_commands import budget, rollover
 from tests.billing.conftest import Clock
-from tests.billing.helpers import batch_of, hold_and_settle
+from tests.billing.helpers import batch_of, get_hold, hold_and_settle
 from tests.billing.period_checks import check_periods, period_totals
 from tests.db_fixtures import MigratedDatabase
 
@@ -33,7 +33,7 @@ def utc(*args: int) -> datetime:
 
 def settle_alone(ledger: Ledger, batch_id: str, rid: str, user: str, charge: int) -> None:
     """Settle one open hold as a batch of its own (the hold is already placed)."""
-    hold = ledger.get_hold(rid)
+    hold = get_hold(ledger, rid)
     assert hold is not None
     ledger.settle_batch(*batch_of(batch_id, [(rid, user, hold.amount_micros)], {user: charge}))
 

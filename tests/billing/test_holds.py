@@ -14,6 +14,7 @@ from billing import (
     UserDisabled,
 )
 from tests.billing.conftest import Clock
+from tests.billing.helpers import get_hold
 
 
 def test_a_hold_moves_funds_from_available_to_held(ledger: Ledger) -> None:
@@ -77,9 +78,9 @@ def test_release_is_idempotent(ledger: Ledger) -> None:
     assert [e.kind.value for e in ledger.entries("alice").entries] == ["grant", "hold", "release"]
     with pytest.raises(UnknownRequest, match="'nope'"):
         ledger.release("nope")
-    hold = ledger.get_hold("r1")
+    hold = get_hold(ledger, "r1")
     assert hold is not None and hold.state is HoldState.RELEASED
-    assert ledger.get_hold("nope") is None
+    assert get_hold(ledger, "nope") is None
 
 
 def test_expire_holds_releases_only_stale_open_holds(timed_ledger: Ledger, clock: Clock) -> None:
@@ -93,7 +94,7 @@ def test_expire_holds_releases_only_stale_open_holds(timed_ledger: Ledger, clock
     clock.advance(minutes=31)
     assert ledger.expire_holds(max_age=timedelta(hours=1)) == 1
     assert ledger.expire_holds(max_age=timedelta(hours=1)) == 0
-    states = {rid: ledger.get_hold(rid) for rid in ("old", "done", "new")}
+    states = {rid: get_hold(ledger, rid) for rid in ("old", "done", "new")}
     assert {rid: h.state.value for rid, h in states.items() if h} == {
         "old": "released",
         "done": "released",

@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 from billing import HoldState, InsufficientFunds, Ledger, Period
 from billing.periods import next_period_start
 from tests.billing.conftest import Clock
-from tests.billing.helpers import batch_of
+from tests.billing.helpers import batch_of, get_hold
 from tests.billing.period_checks import check_periods
 from tests.db_fixtures import MigratedDatabase
 
@@ -211,7 +211,7 @@ def machine_on(db: MigratedDatabase) -> type[RuleBasedStateMachine]:
         def expire(self, minutes: int) -> None:
             self.ledger.expire_holds(max_age=timedelta(minutes=minutes))
             for rid in list(self.open):
-                hold = self.ledger.get_hold(rid)
+                hold = get_hold(self.ledger, rid)
                 assert hold is not None
                 if hold.state is not HoldState.OPEN:
                     del self.open[rid]

@@ -19,7 +19,7 @@ from billing import (
     UnknownBatch,
     UnknownRequest,
 )
-from tests.billing.helpers import batch_of, entries_total, hold_and_settle, snapshot
+from tests.billing.helpers import batch_of, entries_total, get_hold, hold_and_settle, snapshot
 from tests.db_fixtures import MigratedDatabase
 
 BIDS = [("r1", "alice", 400), ("r2", "bob", 300), ("r3", "alice", 100)]
@@ -46,7 +46,7 @@ def test_settle_charges_and_releases_in_one_go(funded: Ledger) -> None:
         250,
     )
     assert (bob.balance_micros, bob.held_micros) == (1_000, 0)
-    hold = funded.get_hold("r1")
+    hold = get_hold(funded, "r1")
     assert hold is not None and (hold.state, hold.batch_id) == (HoldState.SETTLED, "b1")
     request = funded.find_request("r3")
     assert request is not None

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, text
 
 from billing import Ledger
 from billing.jobs import run_hold_expiry, run_reconcile, run_rollover
-from server.cluster.leadership import JobLeadership, start_jobs
+from billing.leadership import JobLeadership, start_jobs
 from server.settings import ServerSettings
 from tests.billing.conftest import Clock
 from tests.cluster.helpers import charges_by_batch, generate, wait_until
@@ -195,7 +195,7 @@ def test_elected_jobs_still_release_stale_holds(postgres_db: MigratedDatabase) -
     ledgers = [Ledger(postgres_db.new_engine()) for _ in range(2)]
     ledgers[0].create_user("stale", budget_micros=1_000)
     ledgers[0].place_hold("stale", "stale/r", 100)
-    jobs = [start_jobs(ledger, settings) for ledger in ledgers]
+    jobs = [start_jobs(ledger, settings, leader_election=True) for ledger in ledgers]
     try:
         assert all(j.leadership is not None for j in jobs)
         wait_until(lambda: ledgers[0].balance("stale").held_micros == 0, 15, "hold released")

@@ -36,6 +36,7 @@ from server.cluster.supervisor import (
     start_replica,
     wait_healthy,
 )
+from tests.billing.helpers import get_hold
 from tests.cluster.helpers import charges_by_batch, generate, replica_of, wait_until
 from tests.db_fixtures import MigratedDatabase
 
@@ -275,7 +276,7 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
             rid="k5-long",
         )
         wait_until(
-            lambda: all(ledger.get_hold(f"{u}/{u}-long") is not None for u in ("k4", "k5")),
+            lambda: all(get_hold(ledger, f"{u}/{u}-long") is not None for u in ("k4", "k5")),
             15,
             "k4's and k5's holds",
         )
@@ -309,10 +310,10 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
         20,
         "the dead replica's holds released",
     )
-    k5 = ledger.get_hold("k5/k5-long")
+    k5 = get_hold(ledger, "k5/k5-long")
     assert k5 is not None and str(k5.state) == "released", k5
     assert ledger.balance("k5").balance_micros == CREDIT
-    k4 = ledger.get_hold("k4/k4-long")
+    k4 = get_hold(ledger, "k4/k4-long")
     assert k4 is not None
     if results["k4"] == 200:
         assert str(k4.state) == "settled"

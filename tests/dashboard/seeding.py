@@ -20,8 +20,8 @@ from sqlalchemy import insert, select, update
 from billing import Ledger
 from billing.models import (
     AuctionBatch,
-    AuctionRequest,
     Balance,
+    BatchRequest,
     EntryKind,
     Hold,
     HoldState,
@@ -138,7 +138,7 @@ def seed_batches(
             )
         connection.execute(insert(AuctionBatch), rows["batches"])
         connection.execute(insert(Hold), rows["holds"])
-        connection.execute(insert(AuctionRequest), rows["requests"])
+        connection.execute(insert(BatchRequest), rows["requests"])
         connection.execute(insert(LedgerEntry), rows["entries"])
         for name, amount in charged.items():
             connection.execute(

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from billing.models import AuctionBatch, AuctionRequest, EntryKind, LedgerEntry, User
+from billing.models import AuctionBatch, BatchRequest, EntryKind, LedgerEntry, User
 from server.api.dashboard_routes import _projection
 from server.dashboard.sessions import COOKIE_NAME, SessionStore
 from tests.dashboard.seeding import create_users_before, seed_batches, send_traffic
@@ -119,7 +119,7 @@ def test_the_account_view_matches_the_ledger(server: RunningServer) -> None:
     assert body["spend"]["spent_micros"] == sorted(body["spend"]["spent_micros"])
     with server.ledger.engine.connect() as connection:
         user_id = connection.scalar(select(User.id).where(User.name == "alice"))
-        requests = connection.scalar(select(func.count()).where(AuctionRequest.user_id == user_id))
+        requests = connection.scalar(select(func.count()).where(BatchRequest.user_id == user_id))
         charges = dict(
             connection.execute(
                 select(LedgerEntry.batch_id, -LedgerEntry.amount_micros).where(

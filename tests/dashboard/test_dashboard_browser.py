@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import func, select
 
 from billing import format_micros
-from billing.models import AuctionRequest, User
+from billing.models import BatchRequest, User
 from server.dashboard.sessions import COOKIE_NAME
 from tests.dashboard.seeding import create_users_before, seed_batches, send_traffic
 from tests.db_fixtures import migrated_database
@@ -133,7 +133,7 @@ def _screenshot(driver: Any, name: str, tmp_path: Path) -> None:
 def _request_count(server: RunningServer, name: str) -> int:
     with server.ledger.engine.connect() as connection:
         count: int = connection.scalar(
-            select(func.count()).join(User).where(User.name == name).select_from(AuctionRequest)
+            select(func.count()).join(User).where(User.name == name).select_from(BatchRequest)
         )
     return count
 

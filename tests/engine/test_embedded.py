@@ -11,7 +11,7 @@ import pytest
 
 from server.engine import EmbeddedEngine, SGLangHTTPEngine, make_engine
 from server.engine.base import EngineRequest, EngineResult
-from server.engine.errors import EngineFailed, EngineRejected, EngineUnavailable
+from server.engine.errors import EngineRejected, EngineServerError, EngineUnavailable
 from server.engine.live import LiveSimulator
 from server.engine.simulator import EngineSimulator, Step
 from server.tokenizer import encode
@@ -154,7 +154,7 @@ def test_a_driver_failure_fails_what_is_in_flight() -> None:
             await engine.close()
 
     outcome = asyncio.run(run())
-    assert isinstance(outcome, EngineFailed)
+    assert isinstance(outcome, EngineServerError)
     assert outcome.engine_status == 500
 
 

@@ -14,9 +14,9 @@ import pytest
 from server.engine.base import DispatchMode, EngineRequest
 from server.engine.errors import (
     EngineError,
-    EngineFailed,
     EngineProtocolError,
     EngineRejected,
+    EngineServerError,
     EngineTimeout,
     EngineUnavailable,
 )
@@ -88,7 +88,7 @@ def test_an_engine_that_never_answers_times_out() -> None:
 @pytest.mark.parametrize(
     ("status", "body", "kind", "text"),
     [
-        (500, b"Internal Server Error", EngineFailed, "Internal Server Error"),
+        (500, b"Internal Server Error", EngineServerError, "Internal Server Error"),
         (
             503,
             b'{"object": "error", "message": "queue full", "code": 503}',
@@ -118,7 +118,7 @@ def test_an_aborted_request_is_a_failure() -> None:
     reason = {"type": "abort", "message": "out of memory", "status_code": 500}
     body = {"text": "", "output_ids": [], "meta_info": _meta(reason, 0)}
     error = asyncio.run(_generate(lambda _: httpx.Response(200, json=body)))
-    assert isinstance(error, EngineFailed)
+    assert isinstance(error, EngineServerError)
     assert "out of memory" in error.message
 
 
@@ -159,7 +159,7 @@ def test_an_error_event_in_a_stream_keeps_its_code() -> None:
         yield b"data: [DONE]\n\n"
 
     error = asyncio.run(_generate(_streaming(events), STREAMED))
-    assert isinstance(error, EngineFailed)
+    assert isinstance(error, EngineServerError)
     assert "scheduler crashed" in error.message
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from server.engine.radix_cache import CacheFullError, RadixCache
+from tests.engine.radix_paths import cached_sequences
 
 
 def test_match_on_an_empty_cache_finds_nothing() -> None:
@@ -22,7 +23,7 @@ def test_insert_shares_the_common_prefix() -> None:
     result = cache.insert([1, 2, 9])
     assert (result.prefix_length, result.new_tokens) == (2, 1)
     assert cache.size == 5
-    assert sorted(cache.cached_sequences()) == [(1, 2, 3, 4), (1, 2, 9)]
+    assert sorted(cached_sequences(cache)) == [(1, 2, 3, 4), (1, 2, 9)]
 
 
 def test_a_match_ending_inside_an_edge_splits_the_node() -> None:
@@ -62,7 +63,7 @@ def test_eviction_takes_the_least_recently_used_leaf_first() -> None:
     cache.insert([3, 3, 3])
     cache.match_prefix([1, 1, 1])  # 1s are now more recent than 2s and 3s
     assert cache.evict(1) == 3
-    assert sorted(cache.cached_sequences()) == [(1, 1, 1), (3, 3, 3)]
+    assert sorted(cached_sequences(cache)) == [(1, 1, 1), (3, 3, 3)]
     assert cache.stats.evicted_tokens == 3
 
 
@@ -73,7 +74,7 @@ def test_a_match_ending_inside_a_node_refreshes_the_whole_node() -> None:
     cache.insert([7, 7])
     cache.match_prefix([1, 2])
     assert cache.evict(1) == 2
-    assert cache.cached_sequences() == [(1, 2, 3, 4)]
+    assert cached_sequences(cache) == [(1, 2, 3, 4)]
 
 
 def test_a_new_leaf_is_newer_than_the_edge_its_insert_split() -> None:
@@ -83,7 +84,7 @@ def test_a_new_leaf_is_newer_than_the_edge_its_insert_split() -> None:
     cache.insert([1, 2, 5])  # splits [1, 2, 3, 4] into [1, 2] and [3, 4], then adds [5]
     assert cache.evict(1) == 1  # [9], the oldest leaf; now [3, 4] is a leaf
     assert cache.evict(1) == 2  # [3, 4], touched by the insert just before [5] was made
-    assert cache.cached_sequences() == [(1, 2, 5)]
+    assert cached_sequences(cache) == [(1, 2, 5)]
 
 
 def test_eviction_never_touches_locked_nodes_and_frees_parents_that_become_leaves() -> None:
@@ -94,7 +95,7 @@ def test_eviction_never_touches_locked_nodes_and_frees_parents_that_become_leave
     cache.lock(locked)
     assert cache.protected_size == 3
     assert cache.evict(100) == 1  # only [4] can go: [1, 2] is on the locked path
-    assert cache.cached_sequences() == [(1, 2, 3)]
+    assert cached_sequences(cache) == [(1, 2, 3)]
     cache.unlock(locked)
     assert cache.evictable_size == 3
     assert cache.evict(100) == 3
@@ -106,7 +107,7 @@ def test_only_leaves_are_evicted_so_a_shared_prefix_outlives_its_branches() -> N
     cache.insert([7, 7, 1])
     cache.insert([7, 7, 2])
     assert cache.evict(1) == 1
-    assert len(cache.cached_sequences()) == 1
+    assert len(cached_sequences(cache)) == 1
     assert cache.match_prefix([7, 7]).length == 2
 
 
@@ -116,7 +117,7 @@ def test_insert_evicts_to_stay_within_capacity() -> None:
     cache.insert([2, 2, 2])
     cache.insert([3, 3, 3])
     assert cache.size == 6
-    assert sorted(cache.cached_sequences()) == [(2, 2, 2), (3, 3, 3)]
+    assert sorted(cached_sequences(cache)) == [(2, 2, 2), (3, 3, 3)]
 
 
 def test_insert_keeps_the_path_it_extends() -> None:
@@ -125,7 +126,7 @@ def test_insert_keeps_the_path_it_extends() -> None:
     cache.insert([9, 9])
     cache.match_prefix([9, 9])  # [1, 2, 3] is now the least recently used
     cache.insert([1, 2, 3, 4, 5])  # needs 2 tokens: evicts [9, 9], not its own prefix
-    assert cache.cached_sequences() == [(1, 2, 3, 4, 5)]
+    assert cached_sequences(cache) == [(1, 2, 3, 4, 5)]
 
 
 def test_an_insert_that_cannot_fit_raises_and_changes_nothing_locked() -> None:
@@ -134,7 +135,7 @@ def test_an_insert_that_cannot_fit_raises_and_changes_nothing_locked() -> None:
     cache.lock(node)
     with pytest.raises(CacheFullError):
         cache.insert([5, 6])
-    assert cache.cached_sequences() == [(1, 2, 3, 4)]
+    assert cached_sequences(cache) == [(1, 2, 3, 4)]
     assert cache.size == 4
 
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.engine.radix_cache import CacheFullError, RadixCache, RadixNode
+from tests.engine.radix_paths import cached_sequences
 from tests.engine.reference_cache import ReferenceCache, ReferenceFull
 
 _sequences = st.lists(st.integers(0, 2), min_size=1, max_size=8)
@@ -28,7 +29,7 @@ _operations = st.lists(
 
 
 def _content(cache: RadixCache) -> set[tuple[int, ...]]:
-    return {seq[:end] for seq in cache.cached_sequences() for end in range(1, len(seq) + 1)}
+    return {seq[:end] for seq in cached_sequences(cache) for end in range(1, len(seq) + 1)}
 
 
 @settings(max_examples=400, deadline=None)

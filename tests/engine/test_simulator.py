@@ -9,6 +9,7 @@ import pytest
 
 from server.engine.cost_model import CostModel
 from server.engine.simulator import EngineSimulator, RequestOutcome, SimRequest
+from tests.engine.radix_paths import cached_sequences
 
 COST = CostModel()
 
@@ -136,7 +137,7 @@ def test_finished_requests_leave_prompt_and_output_in_the_cache() -> None:
     sim = EngineSimulator()
     prompt, output = _prompt(1, 10), [101, 102, 103]
     sim.run_batch([SimRequest("a", prompt, max_new_tokens=3, output_ids=output)])
-    assert sim.cache.cached_sequences() == [(*prompt, 101, 102)]
+    assert cached_sequences(sim.cache) == [(*prompt, 101, 102)]
     follow_up = SimRequest("b", [*prompt, 101, 102, 103, 7], max_new_tokens=1, arrival=sim.now)
     (b,) = sim.run_batch([follow_up])
     assert b.cached_tokens == 12

@@ -32,6 +32,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from billing import Ledger
+from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.faults.faulty_sglang import FaultySGLang
 from tests.processes import free_port, wait_until_healthy
@@ -165,7 +166,7 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
             for user in ("alice", "bob")
         }
         _wait_until(
-            lambda: all(ledger.get_hold(rids[u]) is not None for u in ("alice", "bob")),
+            lambda: all(get_hold(ledger, rids[u]) is not None for u in ("alice", "bob")),
             10,
             "holds of alice and bob",
         )
@@ -196,7 +197,7 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
         for user, reply in replies.items():
             with pytest.raises(httpx.TransportError):
                 reply.result(timeout=30)  # the connection dropped without an answer
-            assert ledger.get_hold(rids[user]) is not None
+            assert get_hold(ledger, rids[user]) is not None
 
     # PostgreSQL ends the dead server's sessions and rolls their transactions back.
     _wait_until(
@@ -207,7 +208,7 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
     assert _count(ledger, "auction_batches") == 0
     assert _count(ledger, "auction_requests") == 0
     for user, bid in BIDS.items():
-        hold = ledger.get_hold(rids[user])
+        hold = get_hold(ledger, rids[user])
         assert hold is not None and str(hold.state) == "open" and hold.batch_id is None
         assert [e.kind for e in ledger.entries(user).entries] == ["grant", "hold"]
         balance = ledger.balance(user)
@@ -234,7 +235,7 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
             "the stale holds released",
         )
         for user in BIDS:
-            hold = ledger.get_hold(rids[user])
+            hold = get_hold(ledger, rids[user])
             assert hold is not None and str(hold.state) == "released"
             release = ledger.entries(user).entries[-1]
             assert release.kind == "release" and (release.reason or "").startswith("expired")

@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 import billing.database
 from billing import Ledger
 from server.settings import ServerSettings
+from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.server.harness import TEST_SETTINGS, serve_app
 
@@ -121,7 +122,7 @@ def test_a_sqlite_lock_past_the_busy_timeout_is_503_and_writes_nothing(
         with ThreadPoolExecutor(2) as pool:
             # ann's hold is placed; her request waits in the pool for a second request.
             caught = pool.submit(_generate, url, keys["ann"], "caught")
-            _wait_until(lambda: ledger.get_hold("ann/caught") is not None)
+            _wait_until(lambda: get_hold(ledger, "ann/caught") is not None)
             with _exclusive_lock(sqlite_db):
                 # ben cannot place a hold; ann's batch closes alone and cannot be settled.
                 refused = _generate(url, keys["ben"], "refused")
@@ -131,9 +132,9 @@ def test_a_sqlite_lock_past_the_busy_timeout_is_503_and_writes_nothing(
         _assert_unavailable(settle_failed, "could not settle the batch; nothing was charged")
 
         # Nothing of either request was written: no hold for ben, no batch, no charge.
-        assert ledger.get_hold("ben/refused") is None
+        assert get_hold(ledger, "ben/refused") is None
         assert ledger.find_request("ann/caught") is None
-        hold = ledger.get_hold("ann/caught")
+        hold = get_hold(ledger, "ann/caught")
         assert hold is not None and str(hold.state) == "open"  # releasing it failed as well
         assert ledger.balance("ann").held_micros == 300_000
         assert [e.kind for e in ledger.entries("ann").entries] == ["grant", "hold"]
@@ -149,7 +150,7 @@ def test_a_sqlite_lock_past_the_busy_timeout_is_503_and_writes_nothing(
             balance = ledger.balance(user)
             assert balance.held_micros == 0
             assert balance.balance_micros <= GRANT
-        assert str(ledger.get_hold("ann/caught").state) == "settled"  # type: ignore[union-attr]
+        assert str(get_hold(ledger, "ann/caught").state) == "settled"  # type: ignore[union-attr]
         holds = [e for e in ledger.entries("ann").entries if e.kind == "hold"]
         assert len(holds) == 1, "the retry reused the hold placed before the lock"
         assert ledger.reconcile().ok
@@ -220,7 +221,7 @@ def test_an_unreachable_postgres_ledger_is_503_until_it_is_back(
             ]
             assert [w.result(timeout=30).status_code for w in warm] == [200, 200]
             caught = pool.submit(_generate, url, keys["ben"], "caught")
-            _wait_until(lambda: ledger.get_hold("ben/caught") is not None)
+            _wait_until(lambda: get_hold(ledger, "ben/caught") is not None)
             with _unreachable(postgres_db, server_role):
                 # cy's key was never seen, so reading it fails; ann's may still be cached, so
                 # her hold fails instead. Either way: a 503.
@@ -249,9 +250,9 @@ def test_an_unreachable_postgres_ledger_is_503_until_it_is_back(
         _assert_unavailable(settle_failed, "could not settle the batch; nothing was charged")
 
         # Nothing was half-written: no hold for the refused requests, no batch for ben's.
-        assert ledger.get_hold("ann/during") is None and ledger.get_hold("cy/during") is None
+        assert get_hold(ledger, "ann/during") is None and get_hold(ledger, "cy/during") is None
         assert ledger.find_request("ben/caught") is None
-        assert str(ledger.get_hold("ben/caught").state) == "open"  # type: ignore[union-attr]
+        assert str(get_hold(ledger, "ben/caught").state) == "open"  # type: ignore[union-attr]
         assert ledger.reconcile().ok
 
         # Back: the same requests are served, ben's retry with its open hold.

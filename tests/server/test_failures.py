@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase
 from tests.server.harness import running_server
 
@@ -91,8 +92,8 @@ def test_a_client_that_leaves_before_its_batch_closes_gets_its_hold_back(
                 assert (await busy).status_code == 200
 
         asyncio.run(scenario())
-        _wait_until(lambda: server.ledger.get_hold("zoe/leaver") is not None)
-        _wait_until(lambda: str(server.ledger.get_hold("zoe/leaver").state) != "open")  # type: ignore[union-attr]
+        _wait_until(lambda: get_hold(server.ledger, "zoe/leaver") is not None)
+        _wait_until(lambda: str(get_hold(server.ledger, "zoe/leaver").state) != "open")  # type: ignore[union-attr]
         assert server.ledger.find_request("zoe/leaver") is None  # never settled, never charged
         assert server.ledger.balance("zoe").held_micros == 0
         assert server.ledger.reconcile().ok

@@ -1,7 +1,7 @@
 """The ledger jobs on one elected replica, with failover: a PostgreSQL advisory lock.
 
 Every job is safe to run on every replica at once (billing/jobs.py), but each run on each
-replica reads the database; `reconcile` reads every entry. With `jobs_leader_election`, a
+replica reads the database; `reconcile` reads every entry. With `leader_election`, a
 replica runs a job only while it holds a session-level advisory lock, taken on a connection of
 its own and kept for as long as that connection lives. When the leader dies or loses its
 connection, PostgreSQL frees the lock, and the next replica whose job comes due takes it: the
@@ -23,9 +23,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from billing import Ledger
 from billing.jobs import start_scheduler
-from server.settings import ServerSettings
+from billing.ledger import Ledger
+from billing.settings import LedgerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +107,10 @@ def _gated(job: Callable[..., Any], leadership: JobLeadership) -> Callable[..., 
     return run
 
 
-def start_jobs(ledger: Ledger, settings: ServerSettings) -> LedgerJobs:
-    """The ledger jobs on every replica, or only on the elected one with `jobs_leader_election`."""
+def start_jobs(ledger: Ledger, settings: LedgerSettings, *, leader_election: bool) -> LedgerJobs:
+    """The ledger jobs on every replica, or only on the elected one with `leader_election`."""
     scheduler = start_scheduler(ledger, settings)
-    if not settings.jobs_leader_election or ledger.engine.dialect.name != "postgresql":
+    if not leader_election or ledger.engine.dialect.name != "postgresql":
         return LedgerJobs(scheduler, None)
     leadership = JobLeadership(ledger.engine)
     for job in scheduler.get_jobs():
