@@ -87,3 +87,51 @@ def _refunded(session: Session, user_id: int, batch_id: str) -> int:
         )
     )
     return int(total or 0)
+
+
+def refund_toward(
+    session: Session,
+    batch_id: str,
+    name: str,
+    *,
+    rid: str,
+    target_micros: int,
+    reason: str,
+    now: datetime,
+) -> RefundResult:
+    """Bring the user's refunds in the batch up to `target_micros` (capped at the charge).
+
+    Keyed by the failed request `rid`: the k-th failure of a user's requests refunds the rule's
+    value for all of them so far minus what earlier failures refunded, and nothing when that is
+    not positive. A replay returns the first result.
+    """
+    check_id(batch_id, "batch_id")
+    check_id(rid, "rid")
+    check_reason(reason)
+    check_micros(target_micros, "target_micros")
+    if session.get(AuctionBatch, batch_id) is None:
+        raise UnknownBatch(batch_id)
+    account = lock_account(session, name)
+    user_id = account.user.id
+    charge = find_entry(session, charge_key(user_id, batch_id))
+    charged = 0 if charge is None else -charge.amount_micros
+    refunded = _refunded(session, user_id, batch_id)
+    key = f"refund-request:{rid}"
+    existing = find_entry(session, key)
+    if existing is not None:
+        return RefundResult(batch_id, name, existing.amount_micros, charged, refunded)
+    amount = min(target_micros, charged) - refunded
+    if amount <= 0:
+        return RefundResult(batch_id, name, 0, charged, refunded)
+    post(
+        session,
+        account,
+        EntryKind.REFUND,
+        amount,
+        key=key,
+        now=now,
+        reason=reason,
+        batch_id=batch_id,
+        request_id=rid,
+    )
+    return RefundResult(batch_id, name, amount, charged, refunded + amount)

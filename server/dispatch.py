@@ -1,0 +1,181 @@
+"""Serving one dispatched request: its deadlines, its durable outcome, its refund.
+
+The engine's chunks go to the ticket as they come, except the last: that one is withheld until
+the request's outcome is committed to the ledger (`served`, moving it out of `scheduled` only
+if it is still there). If that commit fails, or crash recovery failed and refunded the request
+first, the client gets a 503 instead of the end of its answer. A request that fails at the
+engine is recorded `failed` together with its refund, in one transaction.
+
+Two deadlines: the stall deadline (no token for `engine_stall_timeout_seconds`) fails the
+request, refunded; the operator's total cap (`engine_max_seconds`) ends it *served*, with the
+output so far and `finish_reason` `abort`, as SGLang reports an aborted request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from billing import Ledger
+from billing.errors import RequestNotScheduled
+from server.admission import unavailable
+from server.clearing import ClearedBatch
+from server.engine.base import EngineChunk
+from server.engine.errors import EngineError, EngineTimeout
+from server.engine.generation import Generation
+from server.errors import EngineFailed, EngineTimedOut, ServiceError
+from server.metrics import Metrics
+from server.settings import ServerSettings
+from server.tickets import Chunk, Ticket
+
+log = logging.getLogger(__name__)
+
+_REASON_CHARS = 400  # the ledger keeps reasons of up to 500 characters
+
+
+class _Stalled(Exception):
+    """No chunk came within the stall deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Streamed:
+    final: Chunk | None  # the last chunk, withheld from the ticket; None if none came
+    ttft: float | None  # seconds from dispatch to the first chunk
+
+
+@dataclass
+class Serving:
+    """Follows dispatched requests to their end (one `serve` task per request)."""
+
+    settings: ServerSettings
+    ledger: Ledger
+    metrics: Metrics
+    freed: Callable[[], None]  # called once a request no longer occupies the engine
+
+    async def serve(self, ticket: Ticket, generation: Generation, batch: ClearedBatch) -> None:
+        """Stream the generation into the ticket; record the outcome before the last byte."""
+        error: ServiceError | None = None
+        streamed = _Streamed(None, None)
+        try:
+            streamed = await self._stream(ticket, generation)
+        except _Stalled:
+            generation.cancel("the auction server's stall deadline passed")
+            seconds = self.settings.engine_stall_timeout_seconds
+            error = EngineTimedOut(
+                f"the engine produced nothing for request {ticket.rid!r} in {seconds:g} s"
+            )
+        except EngineTimeout as failure:
+            error = EngineTimedOut(f"the engine timed out on request {ticket.rid!r}: {failure}")
+        except EngineError as failure:
+            error = EngineFailed(f"the engine failed request {ticket.rid!r}: {failure}")
+        finally:
+            self.freed()
+        if error is None and streamed.final is None:
+            error = EngineFailed(f"the engine returned nothing for request {ticket.rid!r}")
+        if error is not None:
+            await self._fail(ticket, batch, error)
+            await ticket.finish(error)
+            return
+        assert streamed.final is not None
+        refused = await self._record_served(ticket, streamed)
+        if refused is None:
+            await ticket.push(streamed.final)
+        await ticket.finish(refused)
+
+    async def _stream(self, ticket: Ticket, generation: Generation) -> _Streamed:
+        assert ticket.dispatched is not None
+        loop = asyncio.get_running_loop()
+        cap = self.settings.engine_max_seconds
+        deadline = None if cap is None else loop.time() + cap
+        stall = self.settings.engine_stall_timeout_seconds
+        chunks: AsyncIterator[EngineChunk] = generation.chunks().__aiter__()
+        last: Chunk | None = None
+        ttft: float | None = None
+        while True:
+            wait = stall if deadline is None else min(stall, max(deadline - loop.time(), 0))
+            try:
+                engine_chunk = await asyncio.wait_for(anext(chunks), wait)
+            except StopAsyncIteration:
+                return _Streamed(last, ttft)
+            except TimeoutError:
+                if deadline is None or loop.time() < deadline or last is None:
+                    raise _Stalled from None
+                generation.cancel("the operator's total-time cap passed")
+                return _Streamed(_capped(last, cap), ttft)
+            if ttft is None:
+                ttft = time.monotonic() - ticket.dispatched
+                self.metrics.engine_ttft.observe(ttft)
+            chunk = Chunk(
+                engine_chunk.text, list(engine_chunk.output_ids), dict(engine_chunk.meta_info)
+            )
+            if last is not None:
+                await ticket.push(last)  # every chunk but the last goes out at once
+            last = chunk
+
+    async def _record_served(self, ticket: Ticket, streamed: _Streamed) -> ServiceError | None:
+        """Commit `served`; the error to answer instead if that fails (None: committed)."""
+        assert streamed.final is not None
+        meta = streamed.final.meta_info
+        cached = meta.get("cached_tokens")
+        cached_tokens = (
+            min(max(cached, 0), len(ticket.tokens))
+            if isinstance(cached, int) and not isinstance(cached, bool)
+            else None
+        )
+        ttft_ms = None if streamed.ttft is None else streamed.ttft * 1000
+        try:
+            await asyncio.to_thread(
+                self.ledger.record_served, ticket.ledger_rid, cached_tokens, ttft_ms
+            )
+        except RequestNotScheduled:
+            self.metrics.requests.labels(status="failed").inc()
+            log.warning("request %r was recorded unserved (recovery) before its answer", ticket.rid)
+            return unavailable(
+                f"request {ticket.rid!r} was counted unserved and refunded before its answer "
+                "could be recorded; send it again with a new rid"
+            )
+        except Exception as failure:
+            self.metrics.ledger_errors.labels(operation="record").inc()
+            self.metrics.requests.labels(status="failed").inc()
+            log.error("recording request %r served failed: %s", ticket.rid, failure)
+            return unavailable(
+                f"the answer to request {ticket.rid!r} could not be recorded; it counts as "
+                "unserved and will be refunded; send it again with a new rid"
+            )
+        self.metrics.requests.labels(status="served").inc()
+        self.metrics.record_cache(
+            int(meta.get("prompt_tokens", len(ticket.tokens))), cached_tokens or 0
+        )
+        return None
+
+    async def _fail(self, ticket: Ticket, batch: ClearedBatch, error: ServiceError) -> None:
+        """Record the request failed and refund what its failure is worth, at once."""
+        self.metrics.requests.labels(status="failed").inc()
+        target = batch.refund_after_failure(ticket.user, ticket.ledger_rid)
+        try:
+            await asyncio.to_thread(
+                self.ledger.record_failed,
+                ticket.ledger_rid,
+                batch.batch_id,
+                ticket.user,
+                target_micros=target,
+                reason=f"engine: {error.message}"[:_REASON_CHARS],
+            )
+        except RequestNotScheduled:  # recovery failed and refunded it first
+            log.info("request %r was already recorded unserved", ticket.rid)
+        except Exception as failure:  # it stays scheduled: `refund-unserved` refunds it
+            self.metrics.ledger_errors.labels(operation="refund").inc()
+            log.error(
+                "recording request %r failed (refund owed, run refund-unserved): %s",
+                ticket.rid,
+                failure,
+            )
+
+
+def _capped(last: Chunk, cap: float | None) -> Chunk:
+    """The last chunk, finished as SGLang finishes an aborted request."""
+    reason = {"type": "abort", "message": f"the server's total-time cap of {cap:g} s passed"}
+    return Chunk(last.text, last.output_ids, {**last.meta_info, "finish_reason": reason})
