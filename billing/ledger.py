@@ -390,7 +390,8 @@ class Ledger:
         self, older_than: timedelta, rule: RefundRule | None = None
     ) -> list[RefundResult]:
         """Fail every request `scheduled` for longer than `older_than` and refund it by `rule`
-        (without one, or for batches settled without their tree shape: the whole charge).
+        (without one, or for batches settled without their tree shape: the whole charge);
+        returns the refunds made (a failed request whose failure is worth nothing makes none).
 
         Safe at any time, on any replica, while servers run: a request is failed only if it is
         still scheduled, and a server records an answer only if it is, so each request is
@@ -412,7 +413,7 @@ class Ledger:
             )
             for rid, batch_id, name in stale
         ]
-        return [result for result in results if result is not None]
+        return [result for result in results if result is not None and result.amount_micros]
 
     def find_request(self, rid: str) -> RequestView | None:
         """The settled request `rid`, or None if no batch settled it."""

@@ -552,13 +552,13 @@ def refund_unserved(older_than: float, database_url: str | None) -> None:
     from server.clearing import refund_rule  # noqa: PLC0415
 
     with open_ledger(database_url) as book:
-        failed = book.refund_unserved(timedelta(seconds=older_than), rule=refund_rule)
-    for result in failed:
+        refunded = book.refund_unserved(timedelta(seconds=older_than), rule=refund_rule)
+    for result in refunded:
         click.echo(
             f"Refunded {format_micros(result.amount_micros)} credits to {result.user!r}"
             f" in batch {result.batch_id}."
         )
-    click.echo(f"{len(failed)} requests failed unserved.")
+    click.echo(f"{len(refunded)} refunds.")
 
 
 DRIFT_COLUMNS = [
