@@ -42,8 +42,9 @@ class _Stalled(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Streamed:
-    final: Chunk | None  # the last chunk, withheld from the ticket; None if none came
+    final: Chunk | None  # the finishing chunk, withheld from the ticket until recorded
     ttft: float | None  # seconds from dispatch to the first chunk
+    streamed: bool = False  # whether the engine sent anything at all
 
 
 @dataclass
@@ -73,15 +74,14 @@ class Serving:
             error = EngineFailed(f"the engine failed request {ticket.rid!r}: {failure}")
         finally:
             self.freed()
-        if error is None and streamed.final is None:
+        if error is None and not streamed.streamed:
             error = EngineFailed(f"the engine returned nothing for request {ticket.rid!r}")
         if error is not None:
             await self._fail(ticket, batch, error)
             await ticket.finish(error)
             return
-        assert streamed.final is not None
         refused = await self._record_served(ticket, streamed)
-        if refused is None:
+        if refused is None and streamed.final is not None:
             await ticket.push(streamed.final)
         await ticket.finish(refused)
 
@@ -99,26 +99,27 @@ class Serving:
             try:
                 engine_chunk = await asyncio.wait_for(anext(chunks), wait)
             except StopAsyncIteration:
-                return _Streamed(last, ttft)
+                return _Streamed(None, ttft, streamed=last is not None)
             except TimeoutError:
                 if deadline is None or loop.time() < deadline or last is None:
                     raise _Stalled from None
                 generation.cancel("the operator's total-time cap passed")
-                return _Streamed(_capped(last, cap), ttft)
+                return _Streamed(_capped(last, cap), ttft, streamed=True)
             if ttft is None:
                 ttft = time.monotonic() - ticket.dispatched
                 self.metrics.engine_ttft.observe(ttft)
             chunk = Chunk(
                 engine_chunk.text, list(engine_chunk.output_ids), dict(engine_chunk.meta_info)
             )
-            if last is not None:
-                await ticket.push(last)  # every chunk but the last goes out at once
+            if engine_chunk.finished:
+                return _Streamed(chunk, ttft, streamed=True)  # withheld until recorded
+            await ticket.push(chunk)
             last = chunk
 
     async def _record_served(self, ticket: Ticket, streamed: _Streamed) -> ServiceError | None:
         """Commit `served`; the error to answer instead if that fails (None: committed)."""
-        assert streamed.final is not None
-        meta = streamed.final.meta_info
+        final = streamed.final or (ticket.chunks[-1] if ticket.chunks else None)
+        meta = {} if final is None else final.meta_info
         cached = meta.get("cached_tokens")
         cached_tokens = (
             min(max(cached, 0), len(ticket.tokens))

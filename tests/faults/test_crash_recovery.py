@@ -250,13 +250,21 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
         assert checked.returncode == 0, checked.stderr
         assert "agree with their entries" in checked.stdout
 
-        # The old request id is spent (its hold was released); a new one is served.
+        # Nothing was served or charged: the client's retry with the same rid and payload is
+        # admitted afresh on its re-opened hold, and served once; another payload is a 409.
         retried = _post(url, keys["alice"], "crash", BIDS["alice"])
-        assert retried.status_code == 409, retried.text
-        assert "use a new rid" in retried.json()["error"]["message"]
+        assert retried.status_code == 200, retried.text
+        charge = retried.json()["meta_info"]["auction"]["user_batch_charge_micros"]
+        assert ledger.balance("alice").balance_micros == GRANT - charge
+        assert ledger.balance("alice").held_micros == 0
+        hold = ledger.get_hold(rids["alice"])
+        assert hold is not None and str(hold.state) == "settled"
+        other = _post(url, keys["alice"], "crash", "0.3")
+        assert other.status_code == 409, other.text
+        assert "alice/crash" not in other.text  # the client's rid, never the ledger's id
         served = _post(url, keys["alice"], "after-restart", BIDS["alice"])
         assert served.status_code == 200, served.text
-        charge = served.json()["meta_info"]["auction"]["charge_micros"]
+        charge += served.json()["meta_info"]["auction"]["user_batch_charge_micros"]
         assert ledger.balance("alice").balance_micros == GRANT - charge
         assert ledger.balance("alice").held_micros == 0
         assert ledger.reconcile().ok
