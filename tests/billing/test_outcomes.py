@@ -1,4 +1,4 @@
-"""Per-request outcomes: conditional served/failed writes, partial refunds, claims, re-opened holds."""
+"""Per-request outcomes: conditional outcome writes, partial refunds, claims, re-opened holds."""
 
 from __future__ import annotations
 

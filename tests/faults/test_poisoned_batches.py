@@ -35,7 +35,7 @@ async def _round(
     server: RunningServer, keys: dict[str, str], bodies: dict[str, dict[str, Any]]
 ) -> dict[str, httpx.Response]:
     async def send(name: str) -> httpx.Response:
-        user = name.split("-")[0]
+        user = name.split("-", maxsplit=1)[0]
         async with server.async_client(keys[user]) as client:
             return await client.post("/generate", json=bodies[name])
 
