@@ -69,9 +69,11 @@ class Serving:
                 f"the engine produced nothing for request {ticket.rid!r} in {seconds:g} s"
             )
         except EngineTimeout as failure:
-            error = EngineTimedOut(f"the engine timed out on request {ticket.rid!r}: {failure}")
+            detail = _client_words(failure, ticket)
+            error = EngineTimedOut(f"the engine timed out on request {ticket.rid!r}: {detail}")
         except EngineError as failure:
-            error = EngineFailed(f"the engine failed request {ticket.rid!r}: {failure}")
+            detail = _client_words(failure, ticket)
+            error = EngineFailed(f"the engine failed request {ticket.rid!r}: {detail}")
         finally:
             self.freed()
         if error is None and not streamed.streamed:
@@ -174,6 +176,11 @@ class Serving:
                 ticket.rid,
                 failure,
             )
+
+
+def _client_words(failure: EngineError, ticket: Ticket) -> str:
+    """The engine's message, naming the request by the client's rid, not the ledger's id."""
+    return str(failure).replace(ticket.ledger_rid, ticket.rid)
 
 
 def _capped(last: Chunk, cap: float | None) -> Chunk:

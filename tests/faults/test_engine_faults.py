@@ -155,6 +155,7 @@ def test_an_engine_fault_is_a_clear_error_and_refunds_the_batch(
     assert error["type"] == expected.error_type
     assert any(m in error["message"] for m in expected.messages), error
     assert f"{mode}-a" in error["message"]
+    assert f"alice/{mode}-a" not in error["message"]  # the client's rid, not the ledger's id
     if mode == "error":
         assert "illegal memory access" in error["message"]  # the engine's own words
 
