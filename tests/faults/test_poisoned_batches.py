@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from tests.db_fixtures import MigratedDatabase
-from tests.faults.faulty_sglang import FaultySGLang
+from tests.faults.faulty_sglang import MAX_MODEL_LEN, FaultySGLang
 from tests.server.harness import RunningServer, running_server
 
 GRANT = 100_000_000
@@ -159,3 +159,19 @@ def test_a_stalling_zero_bid_poison_refunds_nothing(ledger_db: MigratedDatabase)
         assert refunded == 0  # the zero-bid poison's failure is worth nothing
         assert _money(server, "bob") == (reported["bob"], 0)
         assert server.ledger.reconcile().ok
+
+
+def test_sglangs_context_length_is_refused_at_admission_too(ledger_db: MigratedDatabase) -> None:
+    # Over HTTP the server learns the context length from SGLang's /tokenize (max_model_len).
+    faulty = FaultySGLang()
+    with faulty.serve() as engine_url, running_server(ledger_db, engine_url=engine_url) as server:
+        key = server.create_user("mallory", budget=GRANT)
+        with server.client(key) as client:
+            reply = client.post(
+                "/generate",
+                json={"input_ids": [5] * MAX_MODEL_LEN, "bid": "0", "rid": "poison"},
+            )
+        assert reply.status_code == 400, reply.text
+        assert f"longer than the model's context length ({MAX_MODEL_LEN} tokens)" in reply.text
+        assert server.ledger.get_hold("mallory/poison") is None
+        assert faulty.received == []  # never dispatched
