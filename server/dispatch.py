@@ -66,7 +66,8 @@ class Serving:
             generation.cancel("the auction server's stall deadline passed")
             seconds = self.settings.engine_stall_timeout_seconds
             error = EngineTimedOut(
-                f"the engine produced nothing for request {ticket.rid!r} in {seconds:g} s"
+                f"the engine produced nothing for request {ticket.rid!r} within its deadline "
+                f"({seconds:g} s without a token)"
             )
         except EngineTimeout as failure:
             detail = _client_words(failure, ticket)

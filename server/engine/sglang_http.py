@@ -136,6 +136,7 @@ class SGLangHTTPEngine(EngineBase):
         self._client: httpx.AsyncClient | None = None
         self._tokens: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._context_length: int | None = None
+        self._context_asked = False  # an SGLang without `max_model_len` is asked only once
         self._tokenize_cache_size = tokenize_cache_size
         self._tokenizing: dict[str, asyncio.Task[tuple[int, ...]]] = {}
         self.tokenize_hits = 0
@@ -205,8 +206,9 @@ class SGLangHTTPEngine(EngineBase):
 
     async def context_length(self) -> int | None:
         """SGLang's context length (`max_model_len` of its `/tokenize`), asked once."""
-        if self._context_length is None:
-            await self._fetch_tokens("")
+        if self._context_length is None and not self._context_asked:
+            await self._fetch_tokens("a")
+            self._context_asked = True
         return self._context_length
 
     async def flush_cache(self) -> bool:

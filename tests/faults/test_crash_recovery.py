@@ -9,7 +9,10 @@ serving again.
 
 While requests are at the engine: their batch settled, so their users were charged, and the
 process that would have refunded a failure is gone. The charges stay and the requests stay
-`scheduled` until the recovery procedure of docs/OPERATIONS.md refunds them.
+`scheduled` until the recovery procedure of docs/OPERATIONS.md refunds them. A request whose
+answer was sent before the kill was recorded `served` first: it keeps its charge, and the
+recovery (run while a restarted server serves) refunds only the others, by the per-request
+rule.
 """
 
 from __future__ import annotations
