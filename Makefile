@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint types check bench experiments clean
+.PHONY: run test test-cluster lint types check bench experiments clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 run: $(STAMP)  ## Start the auction server with the embedded engine and an SQLite ledger
 	$(BIN)/inference-auction serve
 
-test: $(STAMP)  ## Run the whole test suite (PostgreSQL tests run when it is reachable)
-	$(BIN)/python -m pytest
+test: $(STAMP)  ## Run the test suite but the scale-out tests (PostgreSQL tests run when reachable)
+	$(BIN)/python -m pytest -m "not cluster"
+
+test-cluster: $(STAMP)  ## Run the scale-out tests: SMG in front of several auction servers
+	$(BIN)/python -m pytest -m cluster
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -14,6 +14,12 @@ against the best fixed multiplier in hindsight: `max_alpha U(alpha)` subject to 
 `alpha` over the same realized auctions staying within `B`, found exactly by sweeping the
 multipliers at which the user starts to outrank each competitor.
 
+Several processes of one user (`--processes P`): the auctions go to the processes in turn,
+each process is a `PacingBidder` of the same plan, and every `--sync-every` auctions each one
+takes the user's ledger-wide spend and auction count (`sync_shared`), as the clients do with
+`GET /v1/spend`; `--restarts R` replaces every process with a fresh one (multiplier lost) R
+times, evenly spread. Regret is the user's, over all auctions, against the same benchmark.
+
 Run `python -m bench.pacing_regret` for the table and the fitted slope of log regret on log T.
 """
 
@@ -24,6 +30,7 @@ import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Literal
 
@@ -37,6 +44,18 @@ from sdk import Budget, PacingBidder
 
 MICROS = 1_000_000
 DEFAULT_HORIZONS = (100, 200, 500, 1000, 2000, 5000, 10000)
+# The plan's start as the shared sync reports it; the simulation has no wall clock.
+_PLAN_START = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """How many processes of the user share the plan, how often they sync, how often they die."""
+
+    processes: int = 1
+    sync_every: int = 0
+    """Auctions between ledger syncs (0: never; one process needs none)."""
+    restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,32 +131,54 @@ def simulate(
     gamma: float,
     seed: int,
     pacing: Literal["smooth", "asap"] = "smooth",
+    fleet: Fleet = Fleet(),  # frozen: a shared default is safe
 ) -> Run:
     """Run the pacing bidder for `horizon` auctions with target spend `gamma` micros each."""
     rng = np.random.default_rng(seed)
     values, bids = market.draw(horizon, rng)
     budget_micros = int(gamma * horizon)
-    total = Decimal(budget_micros).scaleb(-6)
-    bidder = PacingBidder(Budget(total=total, auctions=horizon, pacing=pacing))
+    budget = Budget(total=Decimal(budget_micros).scaleb(-6), auctions=horizon, pacing=pacing)
+    bidders = [PacingBidder(budget) for _ in range(fleet.processes)]
+    restarts = {horizon * (r + 1) // (fleet.restarts + 1) for r in range(fleet.restarts)}
+    spent = 0
     utility = 0.0
     alpha_sum = 0.0
     for t, (value, row) in enumerate(zip(values, bids, strict=True)):
+        if t in restarts:
+            bidders = [PacingBidder(budget) for _ in range(fleet.processes)]
+            _sync(bidders, spent, t)
+        elif fleet.sync_every and t % fleet.sync_every == 0:
+            _sync(bidders, spent, t)
+        bidder = bidders[t % fleet.processes]
         alpha_sum += bidder.alpha
         (bid,) = bidder.bid([value])
         gain, payment = _outcome_of_bid(value, bid, row, market.competitors)
         bidder.settle(f"b{t}", payment, reserved=bid)
+        spent += payment
         utility += gain
     best_utility, best_alpha = best_fixed_multiplier(values, bids, budget_micros)
     return Run(
         horizon=horizon,
         budget=budget_micros,
         utility=utility,
-        spent=bidder.spent_micros,
+        spent=spent,
         alpha=bidder.alpha,
         mean_alpha=alpha_sum / horizon,
         best_utility=best_utility,
         best_alpha=best_alpha,
     )
+
+
+def _sync(bidders: Sequence[PacingBidder], spent: int, auctions: int) -> None:
+    """Every process takes the user's ledger-wide spend and auction count."""
+    for bidder in bidders:
+        bidder.sync_shared(
+            marker=bidder.sync_marker(),
+            spent_micros=spent,
+            auctions=auctions,
+            window=(_PLAN_START, None),
+            now=_PLAN_START,
+        )
 
 
 def best_fixed_multiplier(
@@ -166,6 +207,7 @@ def sweep(
     seeds: int,
     budget_share: float,
     on_run: Callable[[], None] | None = None,
+    fleet: Fleet = Fleet(),  # frozen: a shared default is safe
 ) -> list[Row]:
     """Mean regret, utilization and final alpha per horizon over `seeds` runs each."""
     gamma = budget_share * market.spend_rate(np.random.default_rng(12345))
@@ -173,7 +215,7 @@ def sweep(
     for horizon in horizons:
         runs = []
         for seed in range(seeds):
-            runs.append(simulate(market, horizon, gamma, seed=1000 * horizon + seed))
+            runs.append(simulate(market, horizon, gamma, seed=1000 * horizon + seed, fleet=fleet))
             if on_run is not None:
                 on_run()
         regrets = np.array([r.regret for r in runs])
@@ -219,7 +261,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--budget-share", type=float, default=0.5)
     parser.add_argument("--horizons", type=int, nargs="+", default=list(DEFAULT_HORIZONS))
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--sync-every", type=int, default=0)
+    parser.add_argument("--restarts", type=int, default=0)
     args = parser.parse_args(argv)
+    fleet = Fleet(args.processes, args.sync_every, args.restarts)
     market = Market()
     console = Console()
     horizons: list[int] = args.horizons
@@ -231,10 +277,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.seeds,
             args.budget_share,
             lambda: progress.advance(binding_task),
+            fleet,
         )
         loose_task = progress.add_task("budget loose", total=len(horizons) * args.seeds)
-        loose = sweep(market, horizons, args.seeds, 4.0, lambda: progress.advance(loose_task))
-    table = Table(title=f"Pacing bidder, {args.seeds} seeds per row (means)")
+        loose = sweep(
+            market, horizons, args.seeds, 4.0, lambda: progress.advance(loose_task), fleet
+        )
+    title = f"Pacing bidder, {args.seeds} seeds per row (means)"
+    if fleet.processes > 1 or fleet.restarts:
+        title += (
+            f"; {fleet.processes} processes, sync every {fleet.sync_every} auctions,"
+            f" {fleet.restarts} restarts"
+        )
+    table = Table(title=title)
     columns = ("T", "regret (credits)", "± s.e.", "regret/√T", "spent/B", "mean α", "α loose")
     for column in columns:
         table.add_column(column, justify="right")

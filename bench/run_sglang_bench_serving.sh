@@ -24,6 +24,10 @@
 #
 # INFERENCE_AUCTION_* variables in the environment reach the server as usual (for example
 # INFERENCE_AUCTION_ENGINE_URL to put a real SGLang server behind it).
+#
+# CLUSTER_WORKERS=N runs step 1 as `inference-auction cluster --workers N` instead: N emulated
+# SGLang workers, an auction server in front of each, SMG in front of those (docs/SCALE-OUT.md),
+# all on the one SQLite ledger; bench_serving then talks to SMG.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -89,16 +93,26 @@ BASE_URL="http://127.0.0.1:$PORT"
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
 export no_proxy="$NO_PROXY"
 
-echo "== 1. server on $BASE_URL, ledger $DB_URL"
-INFERENCE_AUCTION_DATABASE_URL="$DB_URL" "$IA" serve --host 127.0.0.1 --port "$PORT" \
-    --time-scale 0.01 >"$WORK/server.log" 2>&1 &
+if [[ -n "${CLUSTER_WORKERS:-}" ]]; then
+    echo "== 1. SMG on $BASE_URL in front of $CLUSTER_WORKERS auction servers, ledger $DB_URL"
+    "$IA" db upgrade --database-url "$DB_URL" >/dev/null
+    "$IA" cluster --workers "$CLUSTER_WORKERS" --host 127.0.0.1 --port "$PORT" \
+        --time-scale 0.01 --database-url "$DB_URL" --log-dir "$WORK/cluster-logs" \
+        >"$WORK/server.log" 2>&1 &
+    READY_PATH="/readiness"
+else
+    echo "== 1. server on $BASE_URL, ledger $DB_URL"
+    INFERENCE_AUCTION_DATABASE_URL="$DB_URL" "$IA" serve --host 127.0.0.1 --port "$PORT" \
+        --time-scale 0.01 >"$WORK/server.log" 2>&1 &
+    READY_PATH="/health"
+fi
 SERVER_PID=$!
-for _ in $(seq 120); do
+for _ in $(seq 240); do
     kill -0 "$SERVER_PID" 2>/dev/null || die "the server exited at start"
-    curl -sf -o /dev/null "$BASE_URL/health" && break
+    curl -sf -o /dev/null "$BASE_URL$READY_PATH" && break
     sleep 0.5
 done
-curl -sf -o /dev/null "$BASE_URL/health" || die "the server did not answer /health within 60 s"
+curl -sf -o /dev/null "$BASE_URL$READY_PATH" || die "the server did not answer $READY_PATH within 120 s"
 
 echo "== 2. user bench, budget 1000 credits"
 KEY="$("$IA" users create bench --budget 1000 --format json --database-url "$DB_URL" \

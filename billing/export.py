@@ -22,6 +22,7 @@ COLUMNS = (
     "request_id",
     "reason",
     "idempotency_key",
+    "period_start",
 )
 
 
@@ -37,6 +38,7 @@ def entry_record(entry: EntryView) -> dict[str, Any]:
         "request_id": entry.request_id,
         "reason": entry.reason,
         "idempotency_key": entry.idempotency_key,
+        "period_start": None if entry.period_start is None else entry.period_start.isoformat(),
     }
 
 

@@ -2,6 +2,8 @@
 
 A hold moves money from available to held (a `hold` entry); settling its batch or releasing it
 moves it back (a `release` entry). Both are keyed by the request id, so each happens once.
+A hold belongs to the budget period it was placed in: released after that period ended, its
+money expires with it (see `billing.grants`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from billing.errors import (
     UnknownRequest,
     UserDisabled,
 )
-from billing.models import Budget, EntryKind, Hold, HoldState, User
+from billing.grants import expire_ended, open_period
+from billing.models import REASON_LENGTH, Budget, EntryKind, Hold, HoldState, User
 from billing.money import check_micros
 from billing.postings import Account, check_id, check_reason, lock_account, post
 from billing.records import HoldView
@@ -69,6 +72,9 @@ def place_hold(
         return hold_view(existing, name)
     if account.user.disabled:
         raise UserDisabled(name)
+    # The boundary may have passed since the last operation: yesterday's leftovers must not
+    # be spendable after midnight, whether or not the rollover job ran.
+    period = open_period(session, account, now).current_period_start
     _check_cap(session, account, amount_micros)
     if account.available < amount_micros:
         raise InsufficientFunds(name, account.available, amount_micros)
@@ -80,10 +86,18 @@ def place_hold(
         created_at=now,
         fingerprint=fingerprint,
         attempt=1,
+        period_start=period,
     )
     session.add(hold)
     post(
-        session, account, EntryKind.HOLD, amount_micros, key=f"hold:{rid}", now=now, request_id=rid
+        session,
+        account,
+        EntryKind.HOLD,
+        amount_micros,
+        key=f"hold:{rid}",
+        now=now,
+        request_id=rid,
+        period_start=period,
     )
     session.flush()
     return hold_view(hold, name)
@@ -97,6 +111,8 @@ def _entry_key(kind: str, hold: Hold) -> str:
 def _reopen(session: Session, account: Account, hold: Hold, now: datetime) -> None:
     if account.user.disabled:
         raise UserDisabled(account.user.name)
+    # A re-opened hold is placed anew: in the current period, against what is available now.
+    period = open_period(session, account, now).current_period_start
     _check_cap(session, account, hold.amount_micros)
     if account.available < hold.amount_micros:
         raise InsufficientFunds(account.user.name, account.available, hold.amount_micros)
@@ -104,6 +120,8 @@ def _reopen(session: Session, account: Account, hold: Hold, now: datetime) -> No
     hold.state = HoldState.OPEN
     hold.created_at = now
     hold.closed_at = None
+    hold.batch_id = None
+    hold.period_start = period
     post(
         session,
         account,
@@ -112,6 +130,7 @@ def _reopen(session: Session, account: Account, hold: Hold, now: datetime) -> No
         key=_entry_key("hold", hold),
         now=now,
         request_id=hold.rid,
+        period_start=period,
     )
     session.flush()
 
@@ -157,6 +176,25 @@ def close_hold(
         reason=reason,
         batch_id=batch_id,
         request_id=hold.rid,
+        period_start=hold.period_start,
+    )
+
+
+def drop_hold(
+    session: Session, account: Account, hold: Hold, *, reason: str, now: datetime
+) -> None:
+    """Release an open hold unused; if its period has ended, the money expires with it."""
+    budget = open_period(session, account, now)
+    close_hold(session, account, hold, HoldState.RELEASED, reason=reason, now=now)
+    expire_ended(
+        session,
+        account,
+        budget,
+        hold.period_start,
+        hold.amount_micros,
+        key=_entry_key("expire-hold", hold),
+        reason=f"released after its period ended ({reason})"[:REASON_LENGTH],
+        now=now,
     )
 
 
@@ -180,7 +218,7 @@ def release(session: Session, rid: str, reason: str, now: datetime) -> HoldView:
     hold = session.get(Hold, rid, populate_existing=True)
     assert hold is not None
     if hold.state is HoldState.OPEN:
-        close_hold(session, account, hold, HoldState.RELEASED, reason=reason, now=now)
+        drop_hold(session, account, hold, reason=reason, now=now)
         session.flush()
     return hold_view(hold, found.user)
 
@@ -212,6 +250,6 @@ def expire_user_holds(
         # Re-checked under the lock: a settlement or another replica may have closed it.
         if hold.state is HoldState.OPEN and hold.created_at < now - max_age:
             reason = f"expired: not settled within {max_age.total_seconds():g} s"
-            close_hold(session, account, hold, HoldState.RELEASED, reason=reason, now=now)
+            drop_hold(session, account, hold, reason=reason, now=now)
             released += 1
     return released

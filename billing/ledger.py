@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from billing import (
+    activity,
     grants,
     holds,
     queries,
@@ -198,7 +199,11 @@ class Ledger:
         timezone: str | None = None,
         batch_cap_micros: int | _Unset | None = UNSET,
     ) -> UserInfo:
-        """Change the given budget fields (None: unchanged; a cap of None: no cap)."""
+        """Change the given budget fields (None: unchanged; a cap of None: no cap).
+
+        The batch cap changes at once; amount, period and time zone at the next boundary of
+        the schedule in force (`pending_*` in the result), a lifetime amount at once.
+        """
         now = self._now()
         return self._write(
             lambda s: users.set_budget(
@@ -217,7 +222,8 @@ class Ledger:
     def grant(
         self, name: str, period_start: datetime, amount_micros: int, *, reason: str | None = None
     ) -> EntryView:
-        """Grant for the period starting at `period_start`; idempotent per user and period."""
+        """Grant more to the current period, the one containing `period_start`; once per user
+        and period. A period that has ended or not started is refused (`InvalidInput`)."""
         now = self._now()
         return self._write(
             lambda s: grants.grant(s, name, period_start, amount_micros, reason=reason, now=now)
@@ -234,7 +240,10 @@ class Ledger:
         )
 
     def rollover(self, now: datetime | None = None) -> RolloverResult:
-        """Open the current budget period of every user due; idempotent."""
+        """Open the current budget period of every enabled user not yet in it; idempotent.
+
+        Every money operation opens its user's period itself; this only does it for idle users.
+        """
         moment = self._now() if now is None else require_aware(now, "now")
         due = self._read(lambda s: grants.due_for_rollover(s, moment))
         # One transaction per user keeps each lock short; each re-checks under its lock.
@@ -469,3 +478,37 @@ class Ledger:
     def reconcile(self) -> ReconcileReport:
         """Check every balance row against the sum of its entries."""
         return self._read(reconcile.reconcile)
+
+    # Dashboard aggregates
+
+    def market_activity(
+        self,
+        window: timedelta = timedelta(minutes=15),
+        width: timedelta = timedelta(seconds=15),
+        *,
+        points: int = 1500,
+        spenders: int = 10,
+    ) -> activity.MarketActivity:
+        """The market over the last `window` in `width` buckets, summed in the database."""
+        now = self._now()
+        return self._read(
+            lambda s: activity.market_activity(
+                s, now, window, width, points=points, spenders=spenders
+            )
+        )
+
+    def top_spenders(self, limit: int = 10) -> list[activity.Spender]:
+        """The users with the highest net spend in their current budget period."""
+        now = self._now()
+        return self._read(lambda s: activity.top_spenders(s, now, limit))
+
+    def account_activity(
+        self, name: str, *, points: int = 120, recent: int = 50, clearing: int = 300
+    ) -> activity.AccountActivity:
+        """The user's spend this period, request counts, recent requests and charges."""
+        now = self._now()
+        return self._read(
+            lambda s: activity.account_activity(
+                s, name, now, points=points, recent=recent, clearing=clearing
+            )
+        )

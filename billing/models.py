@@ -142,13 +142,24 @@ class User(Base):
 
 
 class Budget(Base):
-    """How much a user is granted per period, and the start of the period granted last."""
+    """How much a user is granted per period, and the start of the period granted last.
+
+    `amount_micros`, `period` and `timezone` are the schedule in force; a change waits in the
+    `pending_*` columns until `pending_from`, the next boundary of that schedule.
+    """
 
     __tablename__ = "budgets"
     __table_args__ = (
         CheckConstraint("amount_micros >= 0", name="amount_non_negative"),
         CheckConstraint("batch_cap_micros IS NULL OR batch_cap_micros > 0", name="cap_positive"),
         CheckConstraint(_in("period", Period), name="period_valid"),
+        CheckConstraint(
+            "(pending_from IS NULL AND pending_amount_micros IS NULL AND pending_period IS NULL"
+            " AND pending_timezone IS NULL) OR (pending_from IS NOT NULL"
+            f" AND pending_amount_micros >= 0 AND {_in('pending_period', Period)}"
+            " AND pending_timezone IS NOT NULL)",
+            name="pending_complete",
+        ),
     )
 
     user_id: Mapped[int] = mapped_column(
@@ -160,6 +171,10 @@ class Budget(Base):
     batch_cap_micros: Mapped[int | None] = mapped_column(BigInteger)
     current_period_start: Mapped[datetime]
     updated_at: Mapped[datetime]
+    pending_amount_micros: Mapped[int | None] = mapped_column(BigInteger)
+    pending_period: Mapped[Period | None] = mapped_column(_str_enum(Period))
+    pending_timezone: Mapped[str | None] = mapped_column(String(64))
+    pending_from: Mapped[datetime | None]
 
 
 class Balance(Base):
@@ -196,6 +211,7 @@ class LedgerEntry(Base):
         ),
         Index(None, "user_id", "created_at"),
         Index(None, "batch_id"),
+        Index(None, "user_id", "period_start"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
@@ -209,6 +225,9 @@ class LedgerEntry(Base):
     reason: Mapped[str | None] = mapped_column(String(REASON_LENGTH))
     idempotency_key: Mapped[str] = mapped_column(String(KEY_LENGTH), unique=True)
     created_at: Mapped[datetime]
+    # The start of the budget period the money belongs to (see `billing.grants`); NULL on
+    # entries written before periods were recorded.
+    period_start: Mapped[datetime | None]
 
 
 class Hold(Base):
@@ -231,6 +250,8 @@ class Hold(Base):
     )
     created_at: Mapped[datetime]
     closed_at: Mapped[datetime | None]
+    # The budget period the hold was placed in; NULL for holds placed before it was recorded.
+    period_start: Mapped[datetime | None]
     # SHA-256 of the request's payload: a retry must repeat it, even after a restart.
     fingerprint: Mapped[str | None] = mapped_column(String(64))
     # A released hold is opened again by a retry of the same payload; each opening counts.
@@ -245,6 +266,7 @@ class AuctionBatch(Base):
         CheckConstraint("n > 0", name="n_positive"),
         CheckConstraint("revenue_micros >= 0", name="revenue_non_negative"),
         CheckConstraint("welfare_micros >= 0", name="welfare_non_negative"),
+        Index(None, "closed_at"),  # the dashboard reads the batches of the last minutes
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)

@@ -80,6 +80,26 @@ def format_micros(micros: int) -> str:
     return f"{sign}{whole}.{frac:06d}"
 
 
+# The largest value a signed 64-bit (BIGINT) money column holds.
+MAX_TOTAL_MICROS = 2**63 - 1
+
+
+def check_total_micros(value: object, field: str) -> int:
+    """Return `value` if it is a non-negative int sum of amounts that fits a BIGINT column.
+
+    A sum of several valid amounts may exceed `MAX_MICROS`; only the column bounds it.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidAmount(
+            field, f"must be an integer number of micro-credits, got {type(value).__name__}"
+        )
+    if value < 0:
+        raise InvalidAmount(field, f"must not be negative, got {value}")
+    if value > MAX_TOTAL_MICROS:
+        raise InvalidAmount(field, f"{value} is above the maximum of {MAX_TOTAL_MICROS}")
+    return value
+
+
 def check_micros(value: object, field: str, *, positive: bool = False) -> int:
     """Return `value` if it is an int amount in [0, MAX_MICROS] (> 0 when `positive`)."""
     if isinstance(value, bool) or not isinstance(value, int):

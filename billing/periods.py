@@ -1,9 +1,13 @@
-"""Budget periods: calendar-aligned days, weeks (from Monday) and months in a time zone."""
+"""Budget periods: calendar-aligned days, weeks (from Monday) and months in a time zone.
+
+Pure date arithmetic; which period a moment belongs to for a given user (a schedule that
+changes at a boundary, a first period that starts mid-day) is `billing.grants`' business.
+"""
 
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from billing.errors import InvalidInput
@@ -52,7 +56,24 @@ def period_start(moment: datetime, period: Period, tz: ZoneInfo) -> datetime:
         day -= timedelta(days=day.weekday())
     elif period is Period.MONTH:
         day = day.replace(day=1)
-    # Local midnight; where a DST jump skips midnight, zoneinfo resolves it to the instant of
-    # the jump, which still lies at or before `moment`.
-    midnight = datetime(day.year, day.month, day.day, tzinfo=tz)
-    return midnight.astimezone(UTC)
+    return _local_midnight(day, tz)
+
+
+def next_period_start(moment: datetime, period: Period, tz: ZoneInfo) -> datetime:
+    """Start (in UTC) of the calendar day, week or month in `tz` that follows `moment`'s."""
+    if period is Period.NONE:
+        raise ValueError("a lifetime budget has no calendar periods")
+    day = period_start(moment, period, tz).astimezone(tz).date()
+    if period is Period.DAY:
+        day += timedelta(days=1)
+    elif period is Period.WEEK:
+        day += timedelta(days=7)
+    else:
+        day = date(day.year + day.month // 12, day.month % 12 + 1, 1)
+    return _local_midnight(day, tz)
+
+
+def _local_midnight(day: date, tz: ZoneInfo) -> datetime:
+    # Where a DST jump skips midnight, zoneinfo resolves it to the instant of the jump, which
+    # still lies at or before every moment of that day.
+    return datetime(day.year, day.month, day.day, tzinfo=tz).astimezone(UTC)

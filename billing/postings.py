@@ -127,8 +127,12 @@ def post(
     reason: str | None = None,
     batch_id: str | None = None,
     request_id: str | None = None,
+    period_start: datetime | None = None,
 ) -> LedgerEntry:
-    """Append one entry and move the locked balance row by it; callers validated already."""
+    """Append one entry and move the locked balance row by it; callers validated already.
+
+    `period_start` is the budget period the money belongs to (see `billing.grants`).
+    """
     entry = LedgerEntry(
         user_id=account.user.id,
         kind=kind,
@@ -138,6 +142,7 @@ def post(
         reason=reason,
         idempotency_key=key,
         created_at=now,
+        period_start=period_start,
     )
     if kind in BALANCE_KINDS:
         account.balance.balance_micros += amount_micros
@@ -165,6 +170,7 @@ def entry_view(entry: LedgerEntry, user_name: str) -> EntryView:
         reason=entry.reason,
         idempotency_key=entry.idempotency_key,
         created_at=entry.created_at,
+        period_start=entry.period_start,
     )
 
 

@@ -6,10 +6,11 @@ from collections import defaultdict
 from collections.abc import Iterator
 from datetime import datetime
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from billing.errors import InvalidInput
+from billing.grants import period_at, period_end, schedule_at
 from billing.models import Balance, Budget, EntryKind, LedgerEntry, User
 from billing.periods import Period, parse_period, parse_timezone, period_start, require_aware
 from billing.postings import check_name, entry_view, get_user
@@ -19,20 +20,38 @@ MAX_PAGE = 1000
 
 
 def balance(session: Session, name: str, now: datetime) -> BalanceView:
-    """Balance, held and available funds, and the net spend of the current period."""
+    """Balance, held and available funds, and the net spend of the current period.
+
+    When the period's boundary has passed but nothing has opened it yet, the answer is what
+    opening it will leave: the new grant available and nothing spent.
+    """
     user = get_user(session, name)
     account = session.get(Balance, user.id)
     budget = session.get(Budget, user.id)
     assert account is not None and budget is not None
-    if budget.period is Period.NONE:
-        start = budget.current_period_start
-    else:
-        start = period_start(now, budget.period, parse_timezone(budget.timezone))
+    start = period_at(budget, now)
+    if start > budget.current_period_start:
+        amount, period, _ = schedule_at(budget, now)
+        return BalanceView(
+            user=name,
+            balance_micros=account.held_micros + amount,
+            held_micros=account.held_micros,
+            available_micros=amount,
+            spent_this_period_micros=0,
+            period=period,
+            period_start=start,
+            period_end=period_end(budget, now),
+        )
+    start = budget.current_period_start
     spent = session.scalar(
         select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
             LedgerEntry.user_id == user.id,
             LedgerEntry.kind.in_([EntryKind.CHARGE, EntryKind.REFUND]),
-            LedgerEntry.created_at >= start,
+            or_(
+                LedgerEntry.period_start == start,
+                # Entries from before periods were recorded count by their time.
+                and_(LedgerEntry.period_start.is_(None), LedgerEntry.created_at >= start),
+            ),
         )
     )
     return BalanceView(
@@ -40,10 +59,12 @@ def balance(session: Session, name: str, now: datetime) -> BalanceView:
         balance_micros=account.balance_micros,
         held_micros=account.held_micros,
         available_micros=account.balance_micros - account.held_micros,
-        # Charges are negative entries; refunds in the period count against them.
-        spent_this_period_micros=-int(spent or 0),
+        # Charges are negative entries; refunds are credited to their charge's period, so
+        # this is never negative (old untagged entries aside, hence the floor).
+        spent_this_period_micros=max(0, -int(spent or 0)),
         period=budget.period,
         period_start=start,
+        period_end=period_end(budget, now),
     )
 
 

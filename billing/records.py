@@ -91,6 +91,11 @@ class UserInfo:
     period: Period
     timezone: str
     batch_cap_micros: int | None
+    # A budget change that waits for the next period boundary, `pending_from`.
+    pending_budget_micros: int | None = None
+    pending_period: Period | None = None
+    pending_timezone: str | None = None
+    pending_from: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +170,8 @@ class BalanceView:
     spent_this_period_micros: int
     period: Period
     period_start: datetime
+    # The next boundary (a calendar one, or a budget change waiting for it); None: lifetime.
+    period_end: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +187,8 @@ class EntryView:
     reason: str | None
     idempotency_key: str
     created_at: datetime
+    # The budget period the money belongs to; None on entries from before it was recorded.
+    period_start: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

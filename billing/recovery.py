@@ -19,13 +19,12 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing import refunds
+from billing import period_charges, refunds
 from billing.errors import RequestNotScheduled
-from billing.models import AuctionRequest, RequestStatus, User
-from billing.postings import find_entry, lock_account
+from billing.models import AuctionRequest, Budget, RequestStatus, User
+from billing.postings import lock_account
 from billing.records import PricedRequest, RefundResult, RefundRule
 from billing.request_log import finish_scheduled
-from billing.settlement import charge_key
 
 REASON = (
     "not served: the server stopped, or could not record the answer, while it was at the engine"
@@ -114,8 +113,8 @@ def _price_failures(session: Session, batch_id: str, name: str, rule: RefundRule
         .execution_options(populate_existing=True)
     ).all()
     account_id = next(request.user_id for request, owner in rows if owner == name)
-    entry = find_entry(session, charge_key(account_id, batch_id))
-    charge = 0 if entry is None else -entry.amount_micros
+    budget = session.get(Budget, account_id)
+    charge = 0 if budget is None else period_charges.charged(session, budget, batch_id)
     failed = frozenset(
         request.rid
         for request, owner in rows

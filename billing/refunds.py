@@ -2,7 +2,8 @@
 
 A refund gives back (part of) one user's charge in one batch. The total refunded never exceeds
 the charge. Without `rid`, a refund is keyed by (user, batch) and happens once; with `rid`, by
-the request, so several requests of one user in a batch can each be refunded once.
+the request, so several requests of one user in a batch can each be refunded once. A refund
+is credited to the budget periods of the charge it refunds (`billing.period_charges`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from billing import period_charges
 from billing.errors import IdempotencyConflict, InvalidInput, RefundExceedsCharge, UnknownBatch
+from billing.grants import open_period
 from billing.models import AuctionBatch, AuctionRequest, EntryKind, LedgerEntry
 from billing.money import check_micros
-from billing.postings import check_id, check_reason, find_entry, lock_account, post
+from billing.postings import check_id, check_reason, lock_account
 from billing.records import RefundResult
-from billing.settlement import charge_key
 
 
 def refund(
@@ -40,6 +42,7 @@ def refund(
     if session.get(AuctionBatch, batch_id) is None:
         raise UnknownBatch(batch_id)
     account = lock_account(session, name)
+    budget = open_period(session, account, now)
     user_id = account.user.id
     if rid is not None:
         request = session.get(AuctionRequest, rid)
@@ -47,33 +50,32 @@ def refund(
             raise InvalidInput(
                 "rid", f"request {rid!r} is not one of {name!r}'s in batch {batch_id!r}"
             )
-    charge = find_entry(session, charge_key(user_id, batch_id))
-    charged = 0 if charge is None else -charge.amount_micros
+    charged = period_charges.charged(session, budget, batch_id)
     refunded = _refunded(session, user_id, batch_id)
     key = f"refund:{user_id}:{batch_id}" if rid is None else f"refund-request:{rid}"
-    existing = find_entry(session, key)
+    existing = period_charges.recorded_refund(session, user_id, batch_id, rid)
     if existing is not None:
-        if amount_micros is not None and amount_micros != existing.amount_micros:
+        if amount_micros is not None and amount_micros != existing:
             raise IdempotencyConflict(
-                key, f"refunded {existing.amount_micros} micro-credits, now {amount_micros}"
+                key, f"refunded {existing} micro-credits, now {amount_micros}"
             )
-        return RefundResult(batch_id, name, existing.amount_micros, charged, refunded)
+        return RefundResult(batch_id, name, existing, charged, refunded)
     refundable = charged - refunded
     amount = refundable if amount_micros is None else amount_micros
     if amount > refundable:
         raise RefundExceedsCharge(batch_id, name, amount, refundable)
     if amount == 0:
         return RefundResult(batch_id, name, 0, charged, refunded)
-    post(
+    period_charges.post_refund(
         session,
         account,
-        EntryKind.REFUND,
-        amount,
+        budget,
+        amount_micros=amount,
         key=key,
-        now=now,
         reason=reason,
         batch_id=batch_id,
-        request_id=rid,
+        rid=rid,
+        now=now,
     )
     return RefundResult(batch_id, name, amount, charged, refunded + amount)
 
@@ -112,26 +114,25 @@ def refund_toward(
     if session.get(AuctionBatch, batch_id) is None:
         raise UnknownBatch(batch_id)
     account = lock_account(session, name)
+    budget = open_period(session, account, now)
     user_id = account.user.id
-    charge = find_entry(session, charge_key(user_id, batch_id))
-    charged = 0 if charge is None else -charge.amount_micros
+    charged = period_charges.charged(session, budget, batch_id)
     refunded = _refunded(session, user_id, batch_id)
-    key = f"refund-request:{rid}"
-    existing = find_entry(session, key)
+    existing = period_charges.recorded_refund(session, user_id, batch_id, rid)
     if existing is not None:
-        return RefundResult(batch_id, name, existing.amount_micros, charged, refunded)
+        return RefundResult(batch_id, name, existing, charged, refunded)
     amount = min(target_micros, charged) - refunded
     if amount <= 0:
         return RefundResult(batch_id, name, 0, charged, refunded)
-    post(
+    period_charges.post_refund(
         session,
         account,
-        EntryKind.REFUND,
-        amount,
-        key=key,
-        now=now,
+        budget,
+        amount_micros=amount,
+        key=f"refund-request:{rid}",
         reason=reason,
         batch_id=batch_id,
-        request_id=rid,
+        rid=rid,
+        now=now,
     )
     return RefundResult(batch_id, name, amount, charged, refunded + amount)

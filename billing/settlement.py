@@ -3,7 +3,8 @@
 All of it happens in one transaction, so a batch is either fully settled or not at all. A batch
 id is settled once: replaying the same contents returns the first result and writes nothing
 (a different `closed_at` counts as the same contents; the first is kept), while other
-contents under the same id raise `IdempotencyConflict`.
+contents under the same id raise `IdempotencyConflict`. Each charge counts in the budget
+periods its holds were placed in (`billing.period_charges`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from billing.errors import (
     InvalidBatch,
     UnknownRequest,
 )
+from billing.grants import open_period
 from billing.holds import close_hold
 from billing.models import (
     AuctionBatch,
@@ -36,9 +38,10 @@ from billing.models import (
     RequestStatus,
     User,
 )
-from billing.money import check_micros
+from billing.money import check_micros, check_total_micros
+from billing.period_charges import post_charge
 from billing.periods import require_aware
-from billing.postings import Account, check_id, check_name, lock_accounts, post
+from billing.postings import Account, check_id, check_name, lock_accounts
 from billing.records import BatchRecord, ClaimedBatch, RequestRecord, SettleResult
 
 # The claimable rids -> the cleared batch, its requests and every user's charge.
@@ -138,8 +141,9 @@ def _validate(
         value = getattr(batch, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InvalidBatch(batch_id, f"{name} must be a non-negative integer, got {value!r}")
-    check_micros(batch.revenue_micros, "revenue_micros")
-    check_micros(batch.welfare_micros, "welfare_micros")
+    # Totals over the batch: each charge is capped, their sum only by the column.
+    check_total_micros(batch.revenue_micros, "revenue_micros")
+    check_total_micros(batch.welfare_micros, "welfare_micros")
     if batch.n != len(requests) or batch.n == 0:
         raise InvalidBatch(batch_id, f"n is {batch.n} but {len(requests)} requests were given")
     rids: set[str] = set()
@@ -219,9 +223,14 @@ def _settle(
     now: datetime,
 ) -> SettleResult:
     holds = _open_holds(session, batch.batch_id, requests, accounts)
+    # Before any hold is released: opening a period expires what is available at that moment.
+    budgets = {name: open_period(session, account, now) for name, account in accounts.items()}
     held: dict[str, int] = defaultdict(int)
+    by_period: dict[str, list[tuple[datetime | None, int]]] = defaultdict(list)
     for request in requests:
-        held[request.user] += holds[request.rid].amount_micros
+        hold = holds[request.rid]
+        held[request.user] += hold.amount_micros
+        by_period[request.user].append((hold.period_start, hold.amount_micros))
     for name, amount in charges.items():
         if amount > held[name]:
             raise ChargeExceedsHold(batch.batch_id, name, amount, held[name])
@@ -254,19 +263,18 @@ def _settle(
             now=now,
             batch_id=batch.batch_id,
         )
-    for name in sorted(charges):
-        if charges[name]:
-            account = accounts[name]
-            post(
-                session,
-                account,
-                EntryKind.CHARGE,
-                -charges[name],
-                key=charge_key(account.user.id, batch.batch_id),
-                now=now,
-                reason=f"VCG payment in batch {batch.batch_id}",
-                batch_id=batch.batch_id,
-            )
+    for name in sorted(accounts):
+        account = accounts[name]
+        post_charge(
+            session,
+            account,
+            budgets[name],
+            held=by_period[name],
+            charge_micros=charges.get(name, 0),
+            key=charge_key(account.user.id, batch.batch_id),
+            batch_id=batch.batch_id,
+            now=now,
+        )
     session.flush()
     return SettleResult(
         batch_id=batch.batch_id,

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from billing import apikeys
 from billing.errors import DuplicateUser
-from billing.grants import post_period_grant
+from billing.grants import change_budget, post_period_grant
 from billing.models import Balance, Budget, User
 from billing.money import check_micros
 from billing.periods import Period, parse_period, parse_timezone, period_start
@@ -40,6 +40,10 @@ def user_info(user: User, budget: Budget) -> UserInfo:
         period=budget.period,
         timezone=budget.timezone,
         batch_cap_micros=budget.batch_cap_micros,
+        pending_budget_micros=budget.pending_amount_micros,
+        pending_period=budget.pending_period,
+        pending_timezone=budget.pending_timezone,
+        pending_from=budget.pending_from,
     )
 
 
@@ -159,7 +163,10 @@ def set_budget(
     batch_cap_micros: int | _Unset | None,
     now: datetime,
 ) -> UserInfo:
-    """Change a budget; the new amount is granted from the next period boundary on."""
+    """Change a budget: the batch cap at once, the rest at the next period boundary.
+
+    A lifetime budget's new amount applies at once (see `billing.grants.change_budget`).
+    """
     if budget_micros is not None:
         check_micros(budget_micros, "budget_micros")
     new_period = None if period is None else parse_period(period)
@@ -168,14 +175,14 @@ def set_budget(
     if not isinstance(batch_cap_micros, _Unset):
         _check_cap(batch_cap_micros)
     account = lock_account(session, name)
-    budget = budget_of(session, account.user)
-    if budget_micros is not None:
-        budget.amount_micros = budget_micros
-    if new_period is not None:
-        budget.period = new_period
-    if timezone is not None:
-        budget.timezone = timezone
+    budget = change_budget(
+        session,
+        account,
+        amount_micros=budget_micros,
+        period=new_period,
+        timezone=timezone,
+        now=now,
+    )
     if not isinstance(batch_cap_micros, _Unset):
         budget.batch_cap_micros = batch_cap_micros
-    budget.updated_at = now
     return user_info(account.user, budget)

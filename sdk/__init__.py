@@ -4,6 +4,7 @@ The client turns values into bids under a budget with a pacing autobidder, retri
 (every request's id is its idempotency key), and reads the account's ledger.
 """
 
+from ._base_client import BudgetExhaustedWarning, RawResponse
 from ._budget import Budget
 from ._client import AsyncAuctionClient, AuctionClient
 from ._exceptions import (
@@ -15,6 +16,8 @@ from ._exceptions import (
     AuctionError,
     AuthenticationError,
     BadRequestError,
+    BudgetExhaustedError,
+    ClientClosedError,
     ConfigurationError,
     ConflictError,
     EngineError,
@@ -30,18 +33,27 @@ from ._exceptions import (
     StreamError,
     UnprocessableEntityError,
 )
-from ._ledger import AsyncLedger, Ledger
+from ._ledger import AsyncLedger, AsyncMarket, AsyncModels, Ledger, Market, Models
 from ._models import (
     Auction,
     Balance,
+    BudgetPeriod,
     ChatChoice,
     ChatCompletion,
     ChatMessage,
+    Completion,
+    CompletionChoice,
     Generation,
     LedgerEntry,
     LedgerPage,
     LedgerSummary,
     LedgerSummaryRow,
+    MarketPrices,
+    Model,
+    ModelList,
+    PriceBand,
+    PricePerPriority,
+    Spend,
     Usage,
 )
 from ._money import format_credits, to_micros
@@ -59,6 +71,8 @@ __all__ = [
     "APITimeoutError",
     "AsyncAuctionClient",
     "AsyncLedger",
+    "AsyncMarket",
+    "AsyncModels",
     "AsyncStream",
     "Auction",
     "AuctionClient",
@@ -67,9 +81,15 @@ __all__ = [
     "BadRequestError",
     "Balance",
     "Budget",
+    "BudgetExhaustedError",
+    "BudgetExhaustedWarning",
+    "BudgetPeriod",
     "ChatChoice",
     "ChatCompletion",
     "ChatMessage",
+    "ClientClosedError",
+    "Completion",
+    "CompletionChoice",
     "ConfigurationError",
     "ConflictError",
     "EngineError",
@@ -84,12 +104,21 @@ __all__ = [
     "LedgerPage",
     "LedgerSummary",
     "LedgerSummaryRow",
+    "Market",
+    "MarketPrices",
+    "Model",
+    "ModelList",
+    "Models",
     "NotFoundError",
     "NotGiven",
     "PacingBidder",
     "PermissionDeniedError",
+    "PriceBand",
+    "PricePerPriority",
     "RateLimitError",
+    "RawResponse",
     "ServiceUnavailableError",
+    "Spend",
     "Stream",
     "StreamError",
     "UnprocessableEntityError",

@@ -6,17 +6,19 @@ responses and the pacing bidder all live here; the two clients only send and sle
 
 from __future__ import annotations
 
+import copy
 import email.utils
 import os
 import random
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 import httpx
 import pydantic
@@ -29,29 +31,88 @@ from ._exceptions import (
     APIConnectionError,
     APIResponseValidationError,
     APITimeoutError,
+    BudgetExhaustedError,
+    ClientClosedError,
     ConfigurationError,
     error_type,
 )
+from ._logs import logger, setup_logging
 from ._models import (
-    Balance,
+    BudgetPeriod,
     ChatCompletion,
     ChatMessage,
+    Completion,
     GenerateResponse,
     Generation,
-    LedgerEntry,
+    Spend,
+    _Model,
+    finish_type,
 )
 from ._money import format_credits, to_micros
 from ._pacing import PacingBidder
 from ._settlement import Settlement
 from ._state_file import load_state, save_state
-from ._types import Money, NotGiven, TimeoutTypes
+from ._types import NOT_GIVEN, Money, NotGiven, TimeoutTypes
 from ._version import __version__
 
-__all__ = ["BaseClient", "Call", "ChatMessageParam"]
+__all__ = [
+    "BaseClient",
+    "BudgetExhaustedWarning",
+    "Call",
+    "ChatMessageParam",
+    "OnBudgetExhausted",
+    "RawResponse",
+    "RequestOptions",
+]
 
 ChatMessageParam = Mapping[str, Any] | ChatMessage
+OnBudgetExhausted: TypeAlias = Literal["raise", "bid_zero"]
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound=pydantic.BaseModel)
+_R = TypeVar("_R")
+
+
+class BudgetExhaustedWarning(UserWarning):
+    """A request was sent at bid 0 because the budget of its period is spent."""
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """Per-call overrides, as openai-python takes them."""
+
+    extra_headers: Mapping[str, str] | None = None
+    extra_query: Mapping[str, str | int] | None = None
+    extra_body: Mapping[str, Any] | None = None
+    max_retries: int | NotGiven = NOT_GIVEN
+    timeout: TimeoutTypes | NotGiven = NOT_GIVEN
+
+
+class RawResponse(Generic[_R]):
+    """An HTTP response with its parsed result: status, headers and the server's request id."""
+
+    def __init__(self, response: httpx.Response, parsed: _R) -> None:
+        self.http_response = response
+        self._parsed = parsed
+
+    @property
+    def status_code(self) -> int:
+        """The HTTP status code."""
+        return self.http_response.status_code
+
+    @property
+    def headers(self) -> httpx.Headers:
+        """The response headers."""
+        return self.http_response.headers
+
+    @property
+    def request_id(self) -> str | None:
+        """The server's `x-request-id`."""
+        value: str | None = self.http_response.headers.get("x-request-id")
+        return value
+
+    def parse(self) -> _R:
+        """The result the plain call would have returned."""
+        return self._parsed
 
 
 @dataclass(frozen=True)
@@ -66,20 +127,25 @@ class Call:
 class BaseClient:
     """Configuration and non-I/O logic shared by `AuctionClient` and `AsyncAuctionClient`."""
 
+    _owns_http: bool
+
     def __init__(
         self,
         *,
         base_url: str | httpx.URL | None,
         api_key: str | None,
-        budget: Budget,
+        budget: Budget | None,
         timeout: TimeoutTypes | NotGiven,
         max_retries: int,
         state_file: str | os.PathLike[str] | None,
         sync_on_start: bool,
+        sync_interval: float | None,
+        on_budget_exhausted: OnBudgetExhausted,
         default_headers: Mapping[str, str] | None,
         clock: Callable[[], float],
         client_timeout: TimeoutTypes,
     ) -> None:
+        setup_logging()
         base_url = base_url or os.environ.get(BASE_URL_ENV)
         if not base_url:
             raise ConfigurationError(f"pass base_url= or set {BASE_URL_ENV}")
@@ -88,6 +154,10 @@ class BaseClient:
             raise ConfigurationError(f"pass api_key= or set {API_KEY_ENV}")
         if max_retries < 0:
             raise ConfigurationError("max_retries must not be negative")
+        if on_budget_exhausted not in ("raise", "bid_zero"):
+            raise ConfigurationError("on_budget_exhausted must be 'raise' or 'bid_zero'")
+        if sync_interval is not None and not sync_interval > 0:
+            raise ConfigurationError("sync_interval must be positive (or None: never)")
         # A trailing slash makes relative joins keep any path prefix of the base URL.
         url = httpx.URL(str(base_url))
         self._base_url = url if url.raw_path.endswith(b"/") else httpx.URL(f"{url}/")
@@ -95,16 +165,25 @@ class BaseClient:
         self._timeout: TimeoutTypes = client_timeout if isinstance(timeout, NotGiven) else timeout
         self._max_retries = max_retries
         self._default_headers = dict(default_headers or {})
-        self._sync_on_start = sync_on_start
+        self._on_exhausted: OnBudgetExhausted = on_budget_exhausted
+        # Without a Budget the plan is the user's budget period on the server, which only
+        # the server knows: syncing with it is not optional then.
+        self._server_period = budget is None
+        self._sync_on_start = sync_on_start or self._server_period
+        self._sync_interval = sync_interval if self._sync_on_start else None
         self._synced = False
+        self._last_sync = 0.0
         self._state_path = None if state_file is None else Path(state_file)
         self._state_lock = threading.Lock()
         self._state_written = -1
+        pacing = budget if budget is not None else Budget(total=0, period=timedelta(days=1))
         state = None if self._state_path is None else load_state(self._state_path)
         if state is None:
-            self._bidder = PacingBidder(budget, clock=clock)
+            self._bidder = PacingBidder(pacing, clock=clock, server_period=self._server_period)
         else:
-            self._bidder = PacingBidder.from_state(budget, state, clock=clock)
+            self._bidder = PacingBidder.from_state(
+                pacing, state, clock=clock, server_period=self._server_period
+            )
 
     @property
     def base_url(self) -> httpx.URL:
@@ -115,6 +194,11 @@ class BaseClient:
     def bidder(self) -> PacingBidder:
         """The pacing state: `alpha`, `mu`, spend and what remains of the budget."""
         return self._bidder
+
+    @property
+    def budget_limited(self) -> bool:
+        """Whether the budget holds bids below the values now (or is spent)."""
+        return self._bidder.budget_limited
 
     @property
     def max_retries(self) -> int:
@@ -129,21 +213,80 @@ class BaseClient:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={str(self._base_url)!r})"
 
+    def _copy_with(
+        self,
+        *,
+        timeout: TimeoutTypes | NotGiven,
+        max_retries: int | NotGiven,
+        default_headers: Mapping[str, str] | None,
+        on_budget_exhausted: OnBudgetExhausted | NotGiven,
+    ) -> Any:
+        """A shallow copy sharing the connection pool and the pacing state."""
+        clone = copy.copy(self)
+        if not isinstance(timeout, NotGiven):
+            clone._timeout = timeout
+        if not isinstance(max_retries, NotGiven):
+            if max_retries < 0:
+                raise ConfigurationError("max_retries must not be negative")
+            clone._max_retries = max_retries
+        if default_headers is not None:
+            clone._default_headers = {**self._default_headers, **default_headers}
+        if not isinstance(on_budget_exhausted, NotGiven):
+            clone._on_exhausted = on_budget_exhausted
+        # The copy does not own the pool: closing it must not close the original's.
+        clone._owns_http = False
+        clone._bind_resources()
+        return clone
+
+    def _bind_resources(self) -> None:
+        """(Re)create the sub-resources (`ledger`, `models`, ...) bound to this instance."""
+        raise NotImplementedError
+
     # -- requests ----------------------------------------------------------------------------
 
     def _url(self, path: str) -> httpx.URL:
         return self._base_url.join(path.lstrip("/"))
 
-    def _headers(self, *, stream: bool = False) -> dict[str, str]:
+    def _headers(
+        self, *, stream: bool = False, extra: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
         return {
             "Accept": "text/event-stream" if stream else "application/json",
             "User-Agent": f"inference-auctions-sdk/{__version__}",
             **self._default_headers,
+            **(extra or {}),
             "Authorization": f"Bearer {self._api_key}",
         }
 
     def _timeout_for(self, timeout: TimeoutTypes | NotGiven) -> TimeoutTypes:
         return self._timeout if isinstance(timeout, NotGiven) else timeout
+
+    def _retries_for(self, options: RequestOptions) -> int:
+        if isinstance(options.max_retries, NotGiven):
+            return self._max_retries
+        if options.max_retries < 0:
+            raise ConfigurationError("max_retries must not be negative")
+        return options.max_retries
+
+    def _check_open(self, closed: bool) -> None:
+        if closed:
+            raise ClientClosedError(
+                "this client is closed; create a new one (or use it in a `with` block)"
+            )
+
+    @staticmethod
+    def _log_retry(
+        method: str, url: httpx.URL, delay: float, attempt: int, retries: int, why: str
+    ) -> None:
+        logger.info(
+            "Retrying %s %s in %.2f s (retry %d of %d) after %s",
+            method,
+            url.path,
+            delay,
+            attempt + 1,
+            retries,
+            why,
+        )
 
     # -- retry policy ------------------------------------------------------------------------
 
@@ -184,9 +327,25 @@ class BaseClient:
     def _place(
         self, value: Money, max_bid: Money | None, rid: str | None
     ) -> tuple[str, int, Settlement]:
-        """Turn a value into a guarded bid and reserve it."""
+        """Turn a value into a guarded bid and reserve it; say so when the budget is spent."""
         values = [to_micros(value, name="value")]
         cap = None if max_bid is None else to_micros(max_bid, name="max_bid")
+        if self._bidder.exhausted:
+            spent, total = self._bidder.spent_micros, self._bidder.total_micros
+            message = (
+                f"the budget is spent: {format_credits(spent)} of {format_credits(total)} "
+                "credits in this period"
+            )
+            if self._on_exhausted == "raise":
+                raise BudgetExhaustedError(
+                    message + "; nothing was sent (pass on_budget_exhausted='bid_zero' to "
+                    "send at bid 0 instead)",
+                    spent_micros=spent,
+                    total_micros=total,
+                )
+            logger.warning("%s; sending at bid 0", message)
+            # Five frames up is the caller of `generate`, `chat` or `completions.create`.
+            warnings.warn(message + "; sending at bid 0", BudgetExhaustedWarning, stacklevel=5)
         (bid,) = self._bidder.bid(values, max_bid=cap)
         rid = rid or uuid.uuid4().hex
         settlement = Settlement(self._bidder, rid=rid, reserved=bid, on_change=self._save_state)
@@ -202,11 +361,13 @@ class BaseClient:
         sampling_params: Mapping[str, Any] | None,
         max_bid: Money | None,
         rid: str | None,
+        options: RequestOptions,
     ) -> Call:
         params = dict(sampling_params or {})
         params.update({k: v for k, v in sampling.items() if not isinstance(v, NotGiven)})
         rid, bid, settlement = self._place(value, max_bid, rid)
         body = {
+            **(options.extra_body or {}),
             "text": prompt,
             "sampling_params": params,
             "rid": rid,
@@ -215,41 +376,49 @@ class BaseClient:
         }
         return Call(rid=rid, body=body, settlement=settlement)
 
-    def _chat_call(
+    def _openai_call(
         self,
-        messages: Iterable[ChatMessageParam],
+        fields: Mapping[str, object | NotGiven],
         *,
         value: Money,
         stream: bool,
-        options: Mapping[str, object | NotGiven],
-        extra_body: Mapping[str, Any] | None,
         max_bid: Money | None,
         rid: str | None,
+        options: RequestOptions,
     ) -> Call:
-        wire = [
+        rid, bid, settlement = self._place(value, max_bid, rid)
+        body: dict[str, Any] = dict(options.extra_body or {})
+        body.update({k: v for k, v in fields.items() if not isinstance(v, NotGiven)})
+        body.update(stream=stream, rid=rid, bid=format_credits(bid))
+        return Call(rid=rid, body=body, settlement=settlement)
+
+    @staticmethod
+    def _chat_messages(messages: Iterable[ChatMessageParam]) -> list[dict[str, Any]]:
+        return [
             m.model_dump(exclude_none=True) if isinstance(m, ChatMessage) else dict(m)
             for m in messages
         ]
-        rid, bid, settlement = self._place(value, max_bid, rid)
-        body: dict[str, Any] = dict(extra_body or {})
-        body.update({k: v for k, v in options.items() if not isinstance(v, NotGiven)})
-        body.update(messages=wire, stream=stream, rid=rid, bid=format_credits(bid))
-        return Call(rid=rid, body=body, settlement=settlement)
 
     @staticmethod
     def _complete(call: Call, response: httpx.Response, parse: Callable[[object, Call], _T]) -> _T:
         """Parse a read 2xx response, settling the bid even when the body is unusable."""
         try:
-            return _validated(response, lambda payload: parse(payload, call))
+            result = _validated(response, lambda payload: parse(payload, call))
         except BaseException as exc:
             # The server accepted the request, so it may well have charged it.
             call.settlement.fail(exc)
             raise
+        if isinstance(result, _Model):
+            result._request_id = response.headers.get("x-request-id")
+        return result
 
     @staticmethod
     def _parse(response: httpx.Response, model: type[_M]) -> _M:
         """A read 2xx response as `model`."""
-        return _validated(response, model.model_validate)
+        result = _validated(response, model.model_validate)
+        if isinstance(result, _Model):
+            result._request_id = response.headers.get("x-request-id")
+        return result
 
     @staticmethod
     def _generation(payload: object, call: Call) -> Generation:
@@ -260,10 +429,11 @@ class BaseClient:
             raise ValueError("the response has no auction object")
         call.settlement.charged(meta.auction)
         return Generation(
-            rid=meta.id or call.rid,
+            rid=call.rid,
             text=raw.text,
             output_ids=raw.output_ids,
-            finish_reason=meta.finish_reason,
+            finish_reason=finish_type(meta.finish_reason),
+            finish_reason_detail=meta.finish_reason,
             usage=meta.usage(),
             auction=meta.auction,
             e2e_latency=meta.e2e_latency,
@@ -280,39 +450,65 @@ class BaseClient:
             call.settlement.charged(completion.auction)
         return completion
 
+    @staticmethod
+    def _text_completion(payload: object, call: Call) -> Completion:
+        """Parse a text completion and settle the bid with its charge."""
+        completion = Completion.model_validate(payload)
+        if completion.auction is None:
+            call.settlement.unknown()
+        else:
+            call.settlement.charged(completion.auction)
+        return completion
+
     # -- ledger sync and the state file ------------------------------------------------------
 
-    def _sync_uses_balance(self) -> bool:
-        """Calendar-period budgets can take their spend from the balance in one request."""
-        return isinstance(self._bidder.budget.period, str)
-
-    def _apply_balance(self, balance: Balance) -> bool:
-        """Sync from the balance alone when the server's period is the budget's period."""
-        period = self._bidder.budget.period
-        if isinstance(period, str) and balance.period == period:
-            self._bidder.sync(balance.spent_this_period_micros, period_start=balance.period_start)
-            self._save_state()
+    def _sync_due(self, now: float) -> bool:
+        """Whether the ledger-wide figures are due for a refresh before the next bid."""
+        if not self._synced:
+            return self._sync_on_start
+        if self._bidder.needs_sync:
             return True
-        return False
+        return self._sync_interval is not None and now - self._last_sync >= self._sync_interval
 
-    def _apply_entries(self, entries: Iterable[LedgerEntry]) -> None:
-        """Sync from ledger rows since the start of the horizon or period."""
-        spent = 0
-        batches: dict[str, int] = {}
-        for entry in entries:
-            # Signs differ between ledgers that book debits as negative and those that do
-            # not; the kind says which way the money went.
-            if entry.kind == "charge":
-                amount = abs(entry.amount_micros)
-            elif entry.kind == "refund":
-                amount = -abs(entry.amount_micros)
-            else:
-                continue
-            spent += amount
-            if entry.batch_id is not None:
-                batches[entry.batch_id] = batches.get(entry.batch_id, 0) + amount
-        self._bidder.sync(max(0, spent), batches=batches)
+    def _sync_request(self) -> tuple[str, dict[str, str | int]]:
+        """The path and query of the sync: the server period, or spend since the plan start."""
+        if self._server_period:
+            return "/v1/budget", {}
+        return "/v1/spend", ledger_params(since=self._bidder.spend_since)
+
+    def _apply_sync(self, marker: tuple[int, int], payload: BudgetPeriod | Spend) -> None:
+        """Take the user's ledger-wide figures as the spend of the plan or period."""
+        if isinstance(payload, BudgetPeriod):
+            if payload.period_end is None:
+                raise ConfigurationError(
+                    f"user {payload.user!r} has a lifetime grant on the server, with no period "
+                    "to pace over: pass budget=Budget(total=..., auctions=...) instead"
+                )
+            self._bidder.sync_shared(
+                marker=marker,
+                spent_micros=payload.spent_micros,
+                auctions=payload.auctions,
+                window=(payload.period_start, payload.period_end),
+                now=payload.now,
+                total_micros=payload.grant_micros,
+            )
+        else:
+            window = self._bidder.window
+            self._bidder.sync_shared(
+                marker=marker,
+                spent_micros=payload.spent_micros,
+                auctions=payload.auctions,
+                window=(payload.since, None if window is None else window[1]),
+                now=payload.now,
+            )
+        self._synced = True
+        self._last_sync = time.monotonic()
         self._save_state()
+
+    def _sync_failed(self, exc: Exception) -> None:
+        """A periodic sync failed: pace on local figures until the next one succeeds."""
+        self._last_sync = time.monotonic()
+        logger.warning("syncing spend with the ledger failed, retrying later: %s", exc)
 
     def _save_state(self) -> None:
         """Write the pacing state file, skipping snapshots older than the one on disk."""

@@ -25,6 +25,10 @@ class Budget:
     `Budget(total, period=...)` renews `total` every period (a `timedelta`, or "day", "week" or
     "month" aligned to UTC like the server's ledger); then `auctions`, if given, is the number of
     auctions expected per period, a starting guess the client refines from the rate it sees.
+
+    A client given no Budget paces the user's budget period on the server instead. A Budget is
+    a plan of the client's own; its spend is the user's ledger-wide spend since `start`, so
+    every process (and every restart) given the same `start` shares the plan.
     """
 
     total: Money

@@ -21,3 +21,7 @@ MAX_RETRY_AFTER: Final = 60.0
 MICROS_PER_CREDIT: Final = 1_000_000
 # Ledger pages are fetched this many rows at a time when syncing spend.
 LEDGER_PAGE_SIZE: Final = 500
+# `info` logs retries and pacing warnings, `debug` every request too (see `sdk._logs`).
+LOG_ENV: Final = "INFERENCE_AUCTION_LOG"
+# Pacing re-reads the user's ledger-wide spend at least this often (seconds).
+DEFAULT_SYNC_INTERVAL: Final = 2.0

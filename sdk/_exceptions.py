@@ -5,6 +5,8 @@ Our exception hierarchy:
 * AuctionError
   + ConfigurationError - no base URL or API key, or an unusable state file.
   + InvalidAmountError - a money amount that is negative, NaN, or finer than a micro-credit.
+  + BudgetExhaustedError - the budget is spent and the client was told to raise.
+  + ClientClosedError - a call on a client after `close()`.
   + APIError
     + APIConnectionError - the server could not be reached or the connection broke.
       - APITimeoutError
@@ -41,6 +43,8 @@ __all__ = [
     "AuctionError",
     "AuthenticationError",
     "BadRequestError",
+    "BudgetExhaustedError",
+    "ClientClosedError",
     "ConfigurationError",
     "ConflictError",
     "EngineError",
@@ -70,6 +74,23 @@ class InvalidAmountError(AuctionError, ValueError):
     """A money amount cannot be represented exactly in micro-credits."""
 
 
+class BudgetExhaustedError(AuctionError):
+    """The budget of the current horizon or period is spent; nothing was sent.
+
+    Raised only with `on_budget_exhausted="raise"` (the default); `"bid_zero"` sends the
+    request at bid 0 instead, with a warning.
+    """
+
+    def __init__(self, message: str, *, spent_micros: int, total_micros: int) -> None:
+        super().__init__(message)
+        self.spent_micros = spent_micros
+        self.total_micros = total_micros
+
+
+class ClientClosedError(AuctionError):
+    """The client was closed; create a new one (or use it as a context manager)."""
+
+
 class APIError(AuctionError):
     """An error talking to the auction server."""
 
@@ -78,6 +99,8 @@ class APIError(AuctionError):
     body: object | None
     type: str | None
     param: str | None
+    request_id: str | None
+    """The server's `x-request-id` of the failed response, to quote to its operator."""
 
     def __init__(self, message: str, request: httpx.Request, *, body: object | None) -> None:
         super().__init__(message)
@@ -87,6 +110,7 @@ class APIError(AuctionError):
         error = _error_object(body)
         self.type = _str_or_none(error.get("type"))
         self.param = _str_or_none(error.get("param"))
+        self.request_id = None
 
 
 class APIConnectionError(APIError):
@@ -125,6 +149,7 @@ class APIResponseValidationError(APIError):
         super().__init__(f"Unexpected response body: {detail}", response.request, body=body)
         self.response = response
         self.status_code = response.status_code
+        self.request_id = response.headers.get("x-request-id")
 
 
 class StreamError(APIError):
@@ -141,6 +166,7 @@ class APIStatusError(APIError):
         super().__init__(message, response.request, body=body)
         self.response = response
         self.status_code = response.status_code
+        self.request_id = response.headers.get("x-request-id")
 
 
 class BadRequestError(APIStatusError):
@@ -218,6 +244,9 @@ def make_status_error(response: httpx.Response) -> APIStatusError:
     error = _error_object(body)
     message = _str_or_none(error.get("message")) or f"HTTP {response.status_code}"
     message = f"{response.status_code} {message}"
+    request_id = response.headers.get("x-request-id")
+    if request_id:
+        message = f"{message} (request id {request_id})"
     if response.status_code == 409 and error.get("type") == IDEMPOTENCY_CONFLICT:
         return IdempotencyConflictError(message, response=response, body=body)
     cls = _STATUS_ERRORS.get(response.status_code)

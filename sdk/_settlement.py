@@ -35,8 +35,18 @@ class Settlement:
         """The batch cleared: record its charge and free the reservation."""
         if self._finish():
             self._batch_id = auction.batch_id
+            # Count each request's share when the server splits the charge; otherwise the
+            # batch charge, once per batch: never the batch charge once per request.
+            per_request = auction.per_request_charges
+            charge = (
+                auction.request_charge_micros if per_request else auction.user_batch_charge_micros
+            )
             self._bidder.settle(
-                auction.batch_id, auction.charge_micros, reserved=self.reserved, rid=self.rid
+                auction.batch_id,
+                charge,
+                reserved=self.reserved,
+                rid=self.rid,
+                per_request=per_request,
             )
             self._on_change()
 

@@ -26,16 +26,28 @@ from ._models import (
     ChatChoice,
     ChatCompletion,
     ChatMessage,
+    Completion,
+    CompletionChoice,
     GenerateResponse,
     Generation,
     MetaInfo,
     Usage,
+    _Model,
+    finish_type,
 )
 from ._settlement import Settlement
 
-__all__ = ["AsyncStream", "ChatParser", "GenerateParser", "SSEDecoder", "Stream", "StreamCore"]
+__all__ = [
+    "AsyncStream",
+    "ChatParser",
+    "CompletionParser",
+    "GenerateParser",
+    "SSEDecoder",
+    "Stream",
+    "StreamCore",
+]
 
-R = TypeVar("R")
+R = TypeVar("R", bound=_Model)
 _DONE = "[DONE]"
 
 
@@ -118,7 +130,8 @@ class GenerateParser(StreamParser[Generation]):
             rid=self._rid,
             text=self.text,
             output_ids=self._output_ids,
-            finish_reason=self._meta.finish_reason,
+            finish_reason=finish_type(self._meta.finish_reason),
+            finish_reason_detail=self._meta.finish_reason,
             usage=self._meta.usage(),
             auction=self.auction,
             e2e_latency=self._meta.e2e_latency,
@@ -166,6 +179,46 @@ class ChatParser(StreamParser[ChatCompletion]):
         )
 
 
+class CompletionParser(StreamParser[Completion]):
+    """OpenAI-style `text_completion` chunks with an `auction` object on one of them."""
+
+    def __init__(self, rid: str) -> None:
+        self._id = rid
+        self._model = ""
+        self._created = 0
+        self._finish_reason: str | None = None
+
+    def feed(self, payload: Mapping[str, Any]) -> list[Auction | str]:
+        """Items carried by one chunk."""
+        items = self._take_auction(payload.get("auction"))
+        self._id = str(payload.get("id") or self._id)
+        self._model = str(payload.get("model") or self._model)
+        self._created = int(payload.get("created") or self._created)
+        if payload.get("usage"):
+            self.usage = Usage.model_validate(payload["usage"])
+        for choice in payload.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            text = choice.get("text")
+            if text:
+                self.text += text
+                items.append(text)
+            self._finish_reason = choice.get("finish_reason") or self._finish_reason
+        return items
+
+    def result(self) -> Completion:
+        """The whole completion."""
+        choice = CompletionChoice(index=0, text=self.text, finish_reason=self._finish_reason)
+        return Completion(
+            id=self._id,
+            created=self._created,
+            model=self._model,
+            choices=[choice],
+            usage=self.usage,
+            auction=self.auction,
+        )
+
+
 class StreamCore(Generic[R]):
     """What a stream does with each event, with no I/O: parse, settle the bid, raise errors."""
 
@@ -177,6 +230,18 @@ class StreamCore(Generic[R]):
         self.response = response
         self.request = response.request
         self.done = False
+        # The error that ended the stream, raised again by `get_final`.
+        self.error: BaseException | None = None
+
+    def final(self) -> R:
+        """The complete response; raises what ended the stream if it did not end normally."""
+        if self.error is not None:
+            raise self.error
+        if not self.done:
+            raise StreamError("the stream was closed before it ended", self.request, body=None)
+        result = self.parser.result()
+        result._request_id = self.response.headers.get("x-request-id")
+        return result
 
     def handle(self, data: str) -> list[Auction | str]:
         """Items of one event; sets `done` at the end of the stream."""
@@ -195,6 +260,8 @@ class StreamCore(Generic[R]):
             error = payload["error"]
             message = str(error.get("message") or "stream error")
             failure = StreamError(message, self.request, body=payload)
+            failure.request_id = self.response.headers.get("x-request-id")
+            self.error = failure
             self.settlement.fail(failure)
             raise failure
         had_auction = self.parser.auction is not None
@@ -212,6 +279,7 @@ class StreamCore(Generic[R]):
             error: APIConnectionError = APITimeoutError(self.request)
         else:
             error = APIConnectionError(self.request, message="The stream ended unexpectedly.")
+        self.error = error
         self.settlement.fail(error)
         return error
 
@@ -240,6 +308,12 @@ class _StreamBase(Generic[R]):
     def rid(self) -> str:
         """The request id, which is also its idempotency key."""
         return self._core.settlement.rid
+
+    @property
+    def request_id(self) -> str | None:
+        """The server's `x-request-id` of this response."""
+        value: str | None = self.response.headers.get("x-request-id")
+        return value
 
 
 class Stream(_StreamBase[R]):
@@ -274,10 +348,13 @@ class Stream(_StreamBase[R]):
         self._core.settlement.unknown()
 
     def get_final(self) -> R:
-        """Read the rest of the stream and return the complete response."""
+        """Read the rest of the stream and return the complete response.
+
+        Raises the stream's error if it failed, and `StreamError` if it was closed early.
+        """
         for _ in self._iterator:
             pass
-        return self._core.parser.result()
+        return self._core.final()
 
     def _iterate(self) -> Generator[Auction | str, None, None]:
         core = self._core
@@ -299,6 +376,8 @@ class Stream(_StreamBase[R]):
         except BaseException as exc:
             # Includes the user stopping early: what the server charged is then unknown
             # unless the auction had already arrived.
+            if isinstance(exc, Exception) and core.error is None:
+                core.error = exc
             core.settlement.fail(exc)
             raise
         finally:
@@ -336,10 +415,13 @@ class AsyncStream(_StreamBase[R]):
         self._core.settlement.unknown()
 
     async def get_final(self) -> R:
-        """Read the rest of the stream and return the complete response."""
+        """Read the rest of the stream and return the complete response.
+
+        Raises the stream's error if it failed, and `StreamError` if it was closed early.
+        """
         async for _ in self._iterator:
             pass
-        return self._core.parser.result()
+        return self._core.final()
 
     async def _iterate(self) -> AsyncGenerator[Auction | str, None]:
         core = self._core
@@ -361,6 +443,8 @@ class AsyncStream(_StreamBase[R]):
         except httpx.TransportError as exc:
             raise core.broken(exc) from exc
         except BaseException as exc:
+            if isinstance(exc, Exception) and core.error is None:
+                core.error = exc
             core.settlement.fail(exc)
             raise
         finally:

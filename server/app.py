@@ -9,22 +9,28 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from billing import Ledger
-from billing.jobs import start_scheduler
 from billing.migrate import upgrade
 from server.api import (
     admin_routes,
+    dashboard_page,
+    dashboard_routes,
     engine_routes,
     ledger_routes,
     openai_routes,
     ops_routes,
+    pacing_routes,
     sglang_routes,
 )
+from server.api.body_decoder import BodyDecoder
 from server.api.deps import AppState, AuthenticationCache, RateLimiter
 from server.api.error_handlers import install_error_handlers
+from server.api.request_id import RequestIdMiddleware
+from server.cluster.leadership import start_jobs
+from server.cluster.replica import ReplicaHeader, rate_limit_share, replica_name
 from server.engine.base import Engine
 from server.engine.factory import make_engine
 from server.service import AuctionService
-from server.settings import ServerSettings
+from server.settings import ServerSettings, without_password
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +45,14 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         backend = engine or make_engine_from(settings)
         await backend.start()
         service = AuctionService(settings, ledger, backend)
-        limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
+        limiter = RateLimiter(*rate_limit_share(settings))
         app.state.services = AppState(
             service=service, ledger=ledger, limiter=limiter, keys=AuthenticationCache()
         )
-        scheduler = start_scheduler(ledger, settings) if settings.run_jobs else None
+        scheduler = start_jobs(ledger, settings) if settings.run_jobs else None
         await service.start()
-        log.info(
-            "auction server ready: engine %s, ledger %s", backend.name, _safe(settings.database_url)
-        )
+        ledger_url = without_password(settings.database_url)
+        log.info("auction server ready: engine %s, ledger %s", backend.name, ledger_url)
         try:
             yield
         finally:
@@ -56,6 +61,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
                 scheduler.shutdown(wait=False)
             await backend.close()
             ledger.close()
+            decoder.close()
 
     app = FastAPI(
         title="inference-auctions",
@@ -63,10 +69,23 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         version="0.1.0",
         lifespan=lifespan,
     )
+    decoder = app.state.body_decoder = BodyDecoder()
     install_error_handlers(app)
-    routes = (sglang_routes, engine_routes, openai_routes, ledger_routes, admin_routes, ops_routes)
+    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(ReplicaHeader, replica=replica_name(settings))
+    routes = (
+        sglang_routes,
+        engine_routes,
+        openai_routes,
+        ledger_routes,
+        pacing_routes,
+        admin_routes,
+        ops_routes,
+    )
     for module in routes:
         app.include_router(module.router)
+    app.include_router(dashboard_routes.router)
+    app.include_router(dashboard_page.router)
     return app
 
 
@@ -86,12 +105,3 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         timeout=None,
         model_name=settings.model_name,
     )
-
-
-def _safe(url: str) -> str:
-    """The URL without its password, for logs."""
-    scheme, sep, rest = url.partition("://")
-    if "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    return f"{scheme}{sep}{credentials.split(':')[0]}:***@{host}"

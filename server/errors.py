@@ -2,6 +2,7 @@
 
     ServiceError (status, type, message, param)
      ├── InvalidRequest          400  bad JSON, a bad field, a limit exceeded
+     │    └── ClientGone         400  the client left mid-body (nobody reads the answer)
      ├── Unauthenticated         401  missing or unknown API key
      ├── PaymentRequired         402  the budget cannot cover the bid
      ├── Forbidden               403  a user key on an admin route, a disabled account
@@ -47,6 +48,10 @@ class InvalidRequest(ServiceError):
     status_code, error_type = 400, "invalid_request"
 
 
+class ClientGone(InvalidRequest):
+    error_type = "client_disconnected"
+
+
 class Unauthenticated(ServiceError):
     status_code, error_type = 401, "unauthenticated"
 
@@ -86,8 +91,17 @@ class EngineTimedOut(ServiceError):
 def from_ledger_error(error: ledger_errors.LedgerError) -> ServiceError:
     """Map a refused ledger operation to the HTTP error a client should see."""
     message = str(error)
-    if isinstance(error, ledger_errors.InsufficientFunds | ledger_errors.BatchCapExceeded):
-        return PaymentRequired(message, param="bid")
+    if isinstance(error, ledger_errors.InsufficientFunds):
+        return PaymentRequired(_insufficient_funds(error), param="bid")
+    if isinstance(error, ledger_errors.BatchCapExceeded):
+        return PaymentRequired(_over_batch_cap(error), param="bid")
+    rid = getattr(error, "rid", None)
+    if isinstance(rid, str) and "/" in rid:
+        # The ledger keys a request as "<user>/<rid>"; the client knows it by its own rid.
+        message = message.replace(repr(rid), repr(rid.split("/", 1)[1]))
+    key = getattr(error, "key", None)
+    if isinstance(key, str) and "/" in key:
+        message = message.replace(repr(key), repr(key.split("/", 1)[1]))
     if isinstance(error, ledger_errors.UserDisabled):
         return Forbidden(message)
     if isinstance(error, ledger_errors.UnknownUser | ledger_errors.UnknownBatch):
@@ -99,3 +113,28 @@ def from_ledger_error(error: ledger_errors.LedgerError) -> ServiceError:
     if isinstance(error, ledger_errors.InvalidInput):
         return InvalidRequest(message, param=error.field)
     return InvalidRequest(message)
+
+
+def _credits(micros: int) -> str:
+    """Micro-credits as credits, exactly: 20000000 -> '20', 1500 -> '0.0015'."""
+    whole, fraction = divmod(micros, 1_000_000)
+    return f"{whole:,}" + (f".{fraction:06d}".rstrip("0") if fraction else "")
+
+
+def _insufficient_funds(error: ledger_errors.InsufficientFunds) -> str:
+    return (
+        f"the bid of {_credits(error.requested_micros)} credits is more than the "
+        f"{_credits(error.available_micros)} credits available to user {error.name!r} "
+        f"({error.requested_micros} micro-credits requested, {error.available_micros} "
+        "available); bid less, wait for held bids to settle, or ask an admin to raise "
+        "the budget"
+    )
+
+
+def _over_batch_cap(error: ledger_errors.BatchCapExceeded) -> str:
+    return (
+        f"user {error.name!r} may hold at most {_credits(error.cap_micros)} credits per batch "
+        f"({error.cap_micros} micro-credits): {_credits(error.held_micros)} are already held "
+        f"and this bid is {_credits(error.requested_micros)}; bid less, or send the request "
+        "after the current batch closes"
+    )

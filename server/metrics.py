@@ -101,6 +101,19 @@ class Metrics:
     def _hit_rate(self) -> float:
         return self._cached_total / self._prompt_total if self._prompt_total else 0.0
 
+    def cache_hit_rate_value(self) -> float:
+        """cached_tokens / prompt_tokens over the server's life (0 before any request)."""
+        return self._hit_rate()
+
+    def ledger_error_counts(self) -> dict[str, int]:
+        """Failed ledger operations since start, by operation (those that never failed: 0)."""
+        counts = dict.fromkeys(("hold", "release", "settle", "refund", "record"), 0)
+        for family in self.ledger_errors.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    counts[sample.labels["operation"]] = int(sample.value)
+        return counts
+
     def render(self) -> bytes:
         """The text exposition format."""
         return generate_latest(self.registry)

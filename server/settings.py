@@ -45,10 +45,39 @@ class ServerSettings(LedgerSettings):
     max_prompt_tokens: int = Field(default=131_072, ge=1)
     max_prompt_chars: int = Field(default=1_000_000, ge=1)
     max_new_tokens_limit: int = Field(default=32_768, ge=1)
+    # Hostile bodies: refused by name before any recursive walk or costly validation.
+    max_json_depth: int = Field(default=32, ge=2, le=500)
+    max_logit_bias_entries: int = Field(default=4_096, ge=0)
+    max_custom_params_bytes: int = Field(default=65_536, ge=0)
 
-    # Per-key rate limit (token bucket): sustained requests per second and burst.
+    # Connections: a request whose headers and body have not all arrived this long after its
+    # first byte (or after the connection opened) is cut off; above `max_connections` open
+    # connections, a new one is answered 503 and closed at once.
+    http_read_timeout_seconds: float = Field(default=30.0, gt=0)
+    max_connections: int = Field(default=2_048, ge=1)
+
+    # Per-key rate limit (token bucket): sustained requests per second and burst, for the
+    # whole deployment; each of `rate_limit_replicas` replicas enforces its equal share.
     rate_limit_per_second: float = Field(default=200.0, gt=0)
     rate_limit_burst: int = Field(default=400, ge=1)
+    rate_limit_replicas: int = Field(default=1, ge=1, le=1024)
 
-    # The ledger's periodic jobs (period rollover, stale holds, reconciliation).
+    # This replica's name on its health, responses and (only when set) metrics; by default
+    # host:port.
+    replica_name: str | None = Field(default=None, min_length=1, max_length=128)
+
+    # The ledger's periodic jobs (period rollover, stale holds, reconciliation); with the
+    # election, only the replica holding a PostgreSQL advisory lock runs them.
     run_jobs: bool = True
+    jobs_leader_election: bool = False
+
+
+def without_password(url: str) -> str:
+    """The database URL with its password masked, for logs and the console."""
+    scheme, sep, rest = url.partition("://")
+    if "@" not in rest:
+        return url
+    credentials, _, host = rest.rpartition("@")
+    if ":" not in credentials:
+        return url
+    return f"{scheme}{sep}{credentials.split(':')[0]}:***@{host}"

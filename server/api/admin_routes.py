@@ -14,6 +14,7 @@ from billing.records import UserInfo
 from server.api.body import parse_body
 from server.api.deps import AdminUser, State
 from server.api.ledger_routes import balance_json
+from server.cluster.replica import replica_name
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 UserName = Annotated[str, Path(min_length=1, max_length=64)]
@@ -51,6 +52,11 @@ def user_json(user: UserInfo) -> dict[str, Any]:
         "timezone": user.timezone,
         "batch_cap_micros": user.batch_cap_micros,
         "created_at": user.created_at.isoformat(),
+        # A budget change that waits for the next period boundary (all None when there is none).
+        "pending_budget_micros": user.pending_budget_micros,
+        "pending_period": None if user.pending_period is None else str(user.pending_period),
+        "pending_timezone": user.pending_timezone,
+        "pending_from": None if user.pending_from is None else user.pending_from.isoformat(),
     }
 
 
@@ -131,7 +137,7 @@ async def user_balance(name: UserName, _: AdminUser, state: State) -> dict[str, 
 
 @router.get("/reconcile")
 async def reconcile(_: AdminUser, state: State) -> dict[str, Any]:
-    """Check every balance against the sum of its entries."""
+    """Check every balance against the sum of its entries (every replica's: the ledger's)."""
     report = await asyncio.to_thread(state.ledger.reconcile)
     drifts = [
         {
@@ -143,12 +149,18 @@ async def reconcile(_: AdminUser, state: State) -> dict[str, Any]:
         }
         for d in report.drifts
     ]
-    return {"ok": report.ok, "accounts_checked": report.accounts_checked, "drifts": drifts}
+    return {
+        "ok": report.ok,
+        "accounts_checked": report.accounts_checked,
+        "drifts": drifts,
+        "scope": "deployment",
+    }
 
 
 @router.get("/timings")
 async def timings(_: AdminUser, state: State) -> dict[str, Any]:
-    """Percentiles of the auction layer's overhead and of the batching wait (recent requests)."""
+    """Percentiles of the auction layer's overhead and of the batching wait (recent requests
+    of this replica only: the answer says which)."""
     samples = list(state.service.timings)
 
     def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -166,4 +178,6 @@ async def timings(_: AdminUser, state: State) -> dict[str, Any]:
         "requests": len(samples),
         "overhead": percentiles([overhead for overhead, _ in samples]),
         "batching_wait": percentiles([wait for _, wait in samples]),
+        "scope": "replica",
+        "replica": replica_name(state.service.settings),
     }

@@ -1,65 +1,38 @@
-"""Read a JSON request body exactly: numbers with a fraction become `Decimal`, never float.
-
-A bid of 0.1 credits must be 100,000 micro-credits, not the nearest binary float; NaN and
-Infinity (which Python's json accepts) come through as non-finite Decimals for the money
-parser to refuse by name.
+"""Read a request body within its limits and hand it to the decoder.
 
 Hostile bodies are refused while reading, before they cost memory or time: a body over the
-size limit (by its Content-Length, or as it streams in), a number too long or too far out of
-range to mean anything here (exact parsing of `1e999999999` would expand a billion digits),
-and a string holding an unpaired UTF-16 surrogate (`"\\ud800"`: valid JSON, but not Unicode,
-so no tokenizer or engine can encode it).
+size limit (by its Content-Length, or as it streams in). A client that goes away mid-body is
+logged once, at INFO: it is the client's doing, not a server fault. Decoding, the checks on
+the decoded JSON and validation are `server.api.json_reader`, `server.api.schemas` and
+`server.api.body_decoder`.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from decimal import Decimal
+import asyncio
+import logging
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
-from server.api.error_handlers import validation_to_invalid_request
-from server.errors import InvalidRequest
+from server.api.body_decoder import INLINE_BODY_BYTES, BodyDecoder
+from server.api.json_reader import BodyRefused
+from server.api.schemas import BodyLimits
+from server.errors import ClientGone, InvalidRequest, Unavailable
 
 Model = TypeVar("Model", bound=BaseModel)
 
+log = logging.getLogger(__name__)
+
 MAX_BODY_BYTES = 16 * 1024 * 1024
-# No field takes a number longer than this or beyond this decimal exponent (floats end near
-# 1e308, money at 1e9 credits).
-MAX_NUMBER_CHARS = 100
-MAX_NUMBER_EXPONENT = 400
-# The JSON escape of a surrogate, \uD800 to \uDFFF: paired (an emoji) or not. Only a body
-# with one, or with non-ASCII bytes (Python's JSON decoder lets encoded surrogates through),
-# needs the slower check for unpaired ones.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _too_large(size: int | str) -> InvalidRequest:
     shown = f"{size:,}" if isinstance(size, int) else size[:24]
     return InvalidRequest(f"the body is {shown} bytes; the limit is {MAX_BODY_BYTES:,}")
-
-
-def _out_of_range(text: str) -> InvalidRequest:
-    shown = text if len(text) <= 24 else text[:24] + "..."
-    return InvalidRequest(f"the body has a number out of range: {shown}")
-
-
-def _integer(text: str) -> int:
-    if len(text) > MAX_NUMBER_CHARS:
-        raise _out_of_range(text)
-    return int(text)
-
-
-def _decimal(text: str) -> Decimal:
-    if len(text) > MAX_NUMBER_CHARS:
-        raise _out_of_range(text)
-    value = Decimal(text)
-    if abs(value.adjusted()) > MAX_NUMBER_EXPONENT:
-        raise _out_of_range(text)
-    return value
 
 
 async def _read_body(request: Request) -> bytes:
@@ -70,43 +43,79 @@ async def _read_body(request: Request) -> bytes:
         raise _too_large(declared)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _too_large(size)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise _too_large(size)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        log.info(
+            "%s disconnected after %s of its %s body bytes (%s %s)",
+            _client(request),
+            f"{size:,}",
+            declared or "undeclared",
+            request.method,
+            request.url.path,
+        )
+        raise ClientGone("the client disconnected before sending its whole body") from None
     return b"".join(chunks)
 
 
-async def read_json(request: Request) -> Any:
-    """Parse the body as JSON with exact decimals; 400 with the reason when it is not."""
-    body = await _read_body(request)
-    try:
-        data = json.loads(body, parse_float=_decimal, parse_int=_integer, parse_constant=Decimal)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise InvalidRequest(f"the body is not valid JSON: {error}") from None
-    except RecursionError:
-        raise InvalidRequest("the body is nested too deeply") from None
-    if not body.isascii() or _SURROGATE_ESCAPE.search(body):
-        try:
-            json.dumps(data, ensure_ascii=False, default=str).encode()
-        except UnicodeEncodeError:
-            raise InvalidRequest(
-                "the body has a string with an unpaired surrogate (\\ud800-\\udfff): "
-                "not valid Unicode"
-            ) from None
-    return data
+def body_limits(request: Request) -> BodyLimits:
+    """The body limits of the app serving `request` (the defaults before it has started)."""
+    services = getattr(request.app.state, "services", None)
+    if services is None:
+        return BodyLimits()
+    return BodyLimits.from_settings(services.service.settings)
+
+
+def _decoder(request: Request) -> BodyDecoder:
+    decoder = getattr(request.app.state, "body_decoder", None)
+    if decoder is None:
+        decoder = request.app.state.body_decoder = BodyDecoder()
+    assert isinstance(decoder, BodyDecoder)
+    return decoder
 
 
 async def parse_body(request: Request, model: type[Model]) -> Model:
     """Read and validate the body as `model`; a 400 names the first bad field."""
-    data = await read_json(request)
-    if not isinstance(data, dict):
-        raise InvalidRequest("the body must be a JSON object")
+    body = await _read_body(request)
     try:
-        return model.model_validate(data)
-    except ValidationError as error:
-        raise validation_to_invalid_request(error.errors()) from None
+        decoding = _decoder(request).validate(body, model, body_limits(request))
+        if len(body) <= INLINE_BODY_BYTES:
+            return await decoding
+        return await _unless_gone(request, asyncio.ensure_future(decoding))
+    except BodyRefused as error:
+        raise InvalidRequest(error.message, param=error.param) from None
+    except BrokenProcessPool:
+        raise Unavailable("the server could not decode the body; retry shortly") from None
+
+
+async def _unless_gone(request: Request, decoding: asyncio.Future[Model]) -> Model:
+    """The decoded body, or `ClientGone` as soon as the client leaves: its body then waits
+    for no worker (and a request that nobody reads holds up no shutdown)."""
+    gone = asyncio.ensure_future(_disconnected(request))
+    either: set[asyncio.Future[Any]] = {decoding, gone}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not decoding.done():
+        decoding.cancel()
+        log.info("%s left while its body was being decoded", _client(request))
+        raise ClientGone("the client disconnected while its body was being decoded")
+    return decoding.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _client(request: Request) -> str:
+    client = request.client
+    return f"{client.host}:{client.port}" if client else "a client"
 
 
 def json_body_schema(model: type[BaseModel]) -> dict[str, Any]:

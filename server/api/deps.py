@@ -6,13 +6,14 @@ import asyncio
 import hashlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from billing import Ledger
 from billing.records import UserInfo
+from server.dashboard.snapshot import DashboardState
 from server.errors import Forbidden, RateLimited, Unauthenticated
 from server.service import AuctionService
 
@@ -78,6 +79,7 @@ class AppState:
     ledger: Ledger
     limiter: RateLimiter
     keys: AuthenticationCache
+    dashboard: DashboardState = field(default_factory=DashboardState)
 
 
 def get_state(request: Request) -> AppState:

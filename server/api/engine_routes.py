@@ -1,8 +1,9 @@
 """SGLang's management endpoints, as clients of SGLang expect them on this server.
 
-`/model_info` and `/server_info` describe this server (and the engine behind it); flushing
-the engine's prefix cache slows every user's next requests, so `/flush_cache` needs the
-admin key (SGLang's `bench_serving --flush-cache` must then run with it).
+`/model_info` and `/server_info` describe this server (and the engine behind it), also under
+the deprecated names SGLang still serves (`sgl.RuntimeEndpoint` calls `/get_model_info`
+first); flushing the engine's prefix cache slows every user's next requests, so `/flush_cache`
+needs the admin key (SGLang's `bench_serving --flush-cache` must then run with it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from server.api.deps import AdminUser, CurrentUser, State
+from server.cluster.replica import replica_name
 from server.engine.errors import EngineError
 from server.errors import EngineFailed
 
@@ -20,6 +22,12 @@ router = APIRouter(tags=["sglang"])
 
 
 @router.get("/model_info", summary="Model information (SGLang-compatible)")
+@router.get(
+    "/get_model_info",
+    summary="Model information (SGLang's deprecated alias)",
+    operation_id="get_model_info_alias",
+    deprecated=True,
+)
 async def model_info(_: CurrentUser, state: State) -> dict[str, Any]:
     """The served model's name, as SGLang's `/model_info` gives it."""
     name = state.service.settings.model_name
@@ -27,8 +35,15 @@ async def model_info(_: CurrentUser, state: State) -> dict[str, Any]:
 
 
 @router.get("/server_info", summary="Server information (SGLang-compatible)")
-async def server_info(_: CurrentUser, state: State) -> dict[str, Any]:
-    """This server's scheduling settings, in the spirit of SGLang's `/server_info`."""
+@router.get(
+    "/get_server_info",
+    summary="Server information (SGLang's deprecated alias)",
+    operation_id="get_server_info_alias",
+    deprecated=True,
+)
+async def server_info(state: State) -> dict[str, Any]:
+    """This server's scheduling settings, in the spirit of SGLang's `/server_info`; no key
+    needed (routers such as SMG probe it, as SGLang's)."""
     settings = state.service.settings
     return {
         "model_path": settings.model_name,
@@ -38,6 +53,7 @@ async def server_info(_: CurrentUser, state: State) -> dict[str, Any]:
         "max_wait_ms": settings.max_wait_ms,
         "max_inflight": settings.max_inflight,
         "schedule_policy": "average-bid-dfs auction",
+        "replica": replica_name(settings),
     }
 
 

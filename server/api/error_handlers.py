@@ -12,6 +12,7 @@ from sqlalchemy import exc as sql_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from billing import errors as ledger_errors
+from server.api.validation_messages import describe_validation_error
 from server.errors import (
     Forbidden,
     InvalidRequest,
@@ -76,8 +77,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
 def validation_to_invalid_request(errors: Any) -> InvalidRequest:
     """Turn pydantic's error list into one message that names the first bad field."""
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query")]
-    param = ".".join(location) or None
-    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    message, param = describe_validation_error(errors)
     return InvalidRequest(message, param=param)

@@ -56,8 +56,14 @@ async def prompt_tokens(
 ) -> list[int]:
     """Token ids of the prompt (tokenized by the engine, cached), within the size limits."""
     settings = state.service.settings
-    if (text is None) == (input_ids is None):
-        raise InvalidRequest(f"give exactly one of '{field}' (text) or 'input_ids'", param=field)
+    if text is None and input_ids is None:
+        raise InvalidRequest(
+            f"{field} is missing: send the prompt as '{field}' (a string) "
+            "or as 'input_ids' (a list of token ids)",
+            param=field,
+        )
+    if text is not None and input_ids is not None:
+        raise InvalidRequest(f"send either '{field}' or 'input_ids', not both", param=field)
     if text is not None:
         if len(text) > settings.max_prompt_chars:
             raise InvalidRequest(

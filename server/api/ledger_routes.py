@@ -36,10 +36,17 @@ def entry_json(entry: EntryView) -> dict[str, Any]:
         "kind": str(entry.kind),
         "amount_micros": entry.amount_micros,
         "batch_id": entry.batch_id,
-        "rid": entry.request_id,
+        "rid": public_rid(entry.user, entry.request_id),
         "reason": entry.reason,
         "created_at": entry.created_at.isoformat(),
     }
+
+
+def public_rid(user: str, ledger_rid: str | None) -> str | None:
+    """The rid as the client sent it: the ledger keys holds by `user/rid` internally."""
+    if ledger_rid is None:
+        return None
+    return ledger_rid.removeprefix(f"{user}/")
 
 
 def summary_json(row: SummaryRow) -> dict[str, Any]:

@@ -36,8 +36,8 @@ def _schema(model: type[CompletionBody] | type[ChatBody]) -> dict[str, Any]:
 
 
 @router.get("/models", summary="List models")
-async def models(_: CurrentUser, state: State) -> dict[str, Any]:
-    """The one model this server serves."""
+async def models(state: State) -> dict[str, Any]:
+    """The one model this server serves; no key needed (routers probe it, as SGLang's)."""
     name = state.service.settings.model_name
     entry = {"id": name, "object": "model", "created": 0, "owned_by": "inference-auctions"}
     return {"object": "list", "data": [entry]}

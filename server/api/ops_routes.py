@@ -1,15 +1,22 @@
-"""`GET /health` and `GET /metrics` (Prometheus); no key needed."""
+"""`GET /health`, `GET /metrics` (Prometheus) and `GET /version`; no key needed.
+
+All three answer for this replica alone. `/health` names it, and when it has a configured
+name (`INFERENCE_AUCTION_REPLICA_NAME`) every metric sample carries it as the label `replica`,
+so that a scraper of several replicas can tell them apart.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.api.deps import State
+from server.cluster.replica import ReplicaLabelled, replica_name
 
 router = APIRouter(tags=["operations"])
 # A health check must answer quickly even when the database does not.
@@ -29,6 +36,7 @@ async def health(state: State) -> Response:
         "ledger": "ok" if ledger_ok else "unavailable",
         "queue": len(service.pool),
         "inflight": service.inflight,
+        "replica": replica_name(service.settings),
     }
     return JSONResponse(body, status_code=503 if problems else 200)
 
@@ -43,5 +51,20 @@ async def _ledger_answers(state: State) -> bool:
 
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
-    """Prometheus text format."""
-    return Response(state.service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus text format; with `replica_name` set, every sample carries it as `replica`."""
+    service = state.service
+    name = service.settings.replica_name
+    if name is None:  # one server alone: its samples stay as they always were
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    labelled = ReplicaLabelled(service.metrics.registry, name)
+    return Response(generate_latest(labelled), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/version")
+async def server_version() -> dict[str, str]:
+    """This server's version, as SGLang's `/version` answers it (routers probe it)."""
+    try:
+        number = version("inference-auctions")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        number = "unknown"
+    return {"version": number}

@@ -1,19 +1,66 @@
-"""Request bodies of the generation endpoints, as SGLang and OpenAI clients send them."""
+"""Request bodies of the generation endpoints, as SGLang and OpenAI clients send them.
+
+Each body is checked in two steps: `check_raw` on the decoded JSON (cheap, bounded checks that
+must come before pydantic walks it: typos of top-level keys, per-field size limits), then the
+pydantic model.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
-# A rid is the client's idempotency key; it also reaches the ledger and the engine.
+from server.api.field_names import check_top_level_keys
+from server.api.json_reader import BodyRefused
+
+# A rid is the client's idempotency key; it also reaches the ledger and the engine. The ledger
+# keys a request as "<user>/<rid>" in 128 characters and a user name takes up to 64, so 63
+# leave room for every user: the limit is the same whoever sends the rid.
+RID_MAX_LENGTH = 63
 RequestId = Annotated[
-    str, StringConstraints(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9._:@+=-]+$")
+    str,
+    StringConstraints(min_length=1, max_length=RID_MAX_LENGTH, pattern=r"^[A-Za-z0-9._:@+=-]+$"),
 ]
 TokenId = Annotated[StrictInt, Field(ge=0, lt=2**31)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _BodySettings(Protocol):
+    max_json_depth: int
+    max_logit_bias_entries: int
+    max_custom_params_bytes: int
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """The size limits a body is checked against before validation (server settings)."""
+
+    max_json_depth: int = 32
+    max_logit_bias_entries: int = 4_096
+    max_custom_params_bytes: int = 65_536
+
+    @classmethod
+    def from_settings(cls, settings: _BodySettings) -> BodyLimits:
+        """The limits the server is configured with."""
+        return cls(
+            settings.max_json_depth,
+            settings.max_logit_bias_entries,
+            settings.max_custom_params_bytes,
+        )
 
 
 def _engine_json(value: Any) -> Any:
@@ -31,8 +78,44 @@ def _engine_json(value: Any) -> Any:
     return value
 
 
+def check_sampling_limits(params: Mapping[str, Any], limits: BodyLimits, prefix: str) -> None:
+    """Refuse a `logit_bias` or `custom_params` over its size limit, before it is validated."""
+    bias = params.get("logit_bias")
+    if isinstance(bias, dict) and len(bias) > limits.max_logit_bias_entries:
+        raise BodyRefused(
+            f"{prefix}logit_bias: {len(bias):,} entries; the limit is "
+            f"{limits.max_logit_bias_entries:,}",
+            param=f"{prefix}logit_bias",
+        )
+    custom = params.get("custom_params")
+    if custom is not None:
+        size = len(json.dumps(custom, default=str, separators=(",", ":")).encode())
+        if size > limits.max_custom_params_bytes:
+            raise BodyRefused(
+                f"{prefix}custom_params: {size:,} bytes of JSON; the limit is "
+                f"{limits.max_custom_params_bytes:,}",
+                param=f"{prefix}custom_params",
+            )
+
+
+class RequestBody(BaseModel):
+    """A generation body: unknown top-level keys are ignored (as SGLang ignores them), except
+    near-misses of a field, which are refused with the field they were probably meant as."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @classmethod
+    def check_raw(cls, data: Mapping[str, Any], limits: BodyLimits) -> None:
+        """Checks on the decoded JSON, before validation; `BodyRefused` names the field."""
+        try:
+            check_top_level_keys(data, cls.model_fields)
+        except ValueError as error:
+            raise BodyRefused(str(error)) from None
+
+
 class SamplingParams(BaseModel):
-    """SGLang's sampling parameters; an unknown key is a 400, as SGLang answers it."""
+    """SGLang 0.5.23's 27 sampling parameters, checked as SGLang checks them: an unknown key is
+    a 400, `null` means the default, and the values SGLang's `verify` refuses are refused."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -47,45 +130,116 @@ class SamplingParams(BaseModel):
     repetition_penalty: float = Field(default=1.0, gt=0, le=2, allow_inf_nan=False)
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
+    stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     n: Literal[1] = 1
+    beam_width: StrictInt | None = None
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None
+    stream_interval: StrictInt | None = Field(default=None, ge=1)
     sampling_seed: StrictInt | None = None
     logit_bias: dict[str, FiniteFloat] | None = None
     custom_params: dict[str, Any] | None = None
+    watermark: dict[str, Any] | None = None
 
-    @field_validator("custom_params")
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        # SGLang reads a null parameter as its default; its own frontend sends nulls.
+        if isinstance(data, dict):  # an unknown key stays, to be refused even when null
+            fields = cls.model_fields
+            return {k: v for k, v in data.items() if v is not None or k not in fields}
+        return data
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("top_k must be -1 (disable) or at least 1, got 0")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not (key.isascii() and key.isdigit()) or len(key) > 10:
+                raise ValueError(f"logit_bias keys must be token ids (0, 1, ...), got {key[:24]!r}")
+        return value
+
+    @field_validator("custom_params", "watermark")
     @classmethod
     def _sendable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if value is None else _engine_json(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SamplingParams:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be in [0, max_new_tokens ({self.max_new_tokens})], "
+                f"got {self.min_new_tokens}"
+            )
+        grammars = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name)]
+        if len(grammars) > 1:
+            raise ValueError("only one of regex, json_schema or ebnf can be set")
+        return self
 
     def for_engine(self) -> dict[str, Any]:
         """Only what the client set, so the engine keeps its own defaults for the rest."""
         return self.model_dump(exclude_unset=True)
 
 
-class GenerateBody(BaseModel):
-    """`POST /generate`: SGLang's request plus `bid` (credits; number or decimal string)."""
+_LOGPROBS_REFUSED = (
+    "return_logprob: this server returns no logprobs. The embedded SGLang emulator has no "
+    "model to score tokens with, and each request is one bid on one prompt, so SGLang's "
+    "frontend `select` (which scores all its choices in one batched request) cannot run "
+    "here; constrain `gen` with a `regex` such as '(yes|no)' instead"
+)
 
-    model_config = ConfigDict(extra="ignore")  # SGLang ignores unknown top-level keys too
+
+class GenerateBody(RequestBody):
+    """`POST /generate`: SGLang's request plus `bid` (credits; number or decimal string)."""
 
     text: str | list[str] | None = None
     input_ids: list[TokenId] | None = None
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     rid: RequestId | None = None
     stream: bool = False
-    bid: Any = Field(default="0", description="Credits: a JSON number or a decimal string")
+    bid: Any = Field(
+        default="0", description="Credits: a JSON number or a decimal string; none means 0"
+    )
+
+    @classmethod
+    def check_raw(cls, data: Mapping[str, Any], limits: BodyLimits) -> None:
+        """Near-miss keys, logprobs (not served here), then the sampling size limits."""
+        super().check_raw(data, limits)
+        if data.get("return_logprob"):
+            raise BodyRefused(_LOGPROBS_REFUSED, param="return_logprob")
+        params = data.get("sampling_params")
+        if isinstance(params, dict):
+            check_sampling_limits(params, limits, "sampling_params.")
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return value
+        raise ValueError("text must be a string or a list of strings")
+
+    @field_validator("sampling_params", mode="before")
+    @classmethod
+    def _params_default(cls, value: Any) -> Any:
+        return {} if value is None else value
 
 
-class CompletionBody(BaseModel):
+class CompletionBody(RequestBody):
     """`POST /v1/completions` with the extra body field `bid`."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     prompt: str | list[str] | list[TokenId]
@@ -97,7 +251,9 @@ class CompletionBody(BaseModel):
     stream: bool = False
     seed: StrictInt | None = None
     rid: RequestId | None = None
-    bid: Any = Field(default="0", description="Credits: a JSON number or a decimal string")
+    bid: Any = Field(
+        default="0", description="Credits: a JSON number or a decimal string; none means 0"
+    )
 
 
 class ChatMessage(BaseModel):
@@ -109,10 +265,8 @@ class ChatMessage(BaseModel):
     content: str
 
 
-class ChatBody(BaseModel):
+class ChatBody(RequestBody):
     """`POST /v1/chat/completions` with the extra body field `bid`."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
@@ -125,4 +279,6 @@ class ChatBody(BaseModel):
     stream: bool = False
     seed: StrictInt | None = None
     rid: RequestId | None = None
-    bid: Any = Field(default="0", description="Credits: a JSON number or a decimal string")
+    bid: Any = Field(
+        default="0", description="Credits: a JSON number or a decimal string; none means 0"
+    )

@@ -23,6 +23,7 @@ def _register() -> None:
     # Imported here so that `main` exists before the command modules attach to it.
     from server.cli import (  # noqa: PLC0415
         auction_command,
+        cluster_command,
         emulate_command,
         ledger_commands,
         serve_command,
@@ -31,6 +32,7 @@ def _register() -> None:
     main.add_command(auction_command.auction)
     main.add_command(serve_command.serve)
     main.add_command(emulate_command.emulate_sglang)
+    main.add_command(cluster_command.cluster)
     for group in ledger_commands.GROUPS:
         main.add_command(group)
     from server.cli.experiment_command import experiment  # noqa: PLC0415  (as above)

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from billing.money import format_micros
 from server.auction import AuctionInputError, AuctionOutcome, AuctionRequest, run_auction
+from server.cli.console import table_console
 from server.jsonlines import RecordError, read_records, record_credits, record_tokens
 
 
@@ -99,7 +99,7 @@ def outcome_json(outcome: AuctionOutcome) -> dict[str, Any]:
 
 def print_outcome(outcome: AuctionOutcome) -> None:
     """Print the schedule and the payments as tables."""
-    console = Console()
+    console = table_console()
     schedule = Table(title=f"Schedule ({outcome.size} requests, first served first)")
     for column in ("position", "rid", "user", "bid", "priority"):
         schedule.add_column(column, justify="left" if column in ("rid", "user") else "right")
@@ -112,6 +112,11 @@ def print_outcome(outcome: AuctionOutcome) -> None:
             f"{float(outcome.priority(rid)):.4f}",
         )
     console.print(schedule)
+    console.print(
+        "Requests that share a prompt prefix are served together (the cache reuses the prefix); "
+        "subtrees go in order of their average bid, so a high bid in a low-bidding group can "
+        "be served after a lone lower bid."
+    )
 
     payments = Table(title="VCG payments (credits)")
     for column in ("user", "requests", "value", "payment"):

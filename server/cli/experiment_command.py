@@ -17,7 +17,7 @@ from rich.table import Table
 
 from server.engine.simulator import DEFAULT_CACHE_TOKENS
 
-TARGETS = ("figure1", "figure2", "figure3", "figure4", "all")
+TARGETS = ("figure1", "figure2", "figure3", "figure4", "all", "scale-out")
 # Figures 3 and 4 need the generators' cluster and user structure; a file has neither.
 FILE_FIGURES = ("figure1", "figure2")
 
@@ -103,6 +103,8 @@ def experiment(
     TARGET is figure1 (stars: batch size, sharing fraction, value correlation), figure2 (tree
     topologies), figure3 (one cluster bids), figure4 (pacing autobidders) or all. Each figure
     is written as a PNG, and every number goes to results.json and results.md in --out.
+    scale-out runs K = 1, 2, 4, 8 workers, an auction each, behind a prefix-aware or a
+    round-robin router (scale-out.png, .json and .md in --out; docs/SCALE-OUT.md).
 
     With --workload FILE, figure1 sweeps the batch size over your queue and figure2 compares
     the orders on it whole. FILE has one query per line, in arrival order:
@@ -124,6 +126,15 @@ def experiment(
     unknown = [name for name in chosen if name not in ORDERS]
     if unknown or not chosen:
         raise click.BadParameter(f"choose from {', '.join(ORDERS)}", param_hint="--orders")
+    if target == "scale-out":
+        if workload_file is not None:
+            raise click.UsageError("scale-out needs the synthetic workload; drop --workload")
+        from server.cli.scale_out_command import run_scale_out_target  # noqa: PLC0415
+
+        given = click.get_current_context().get_parameter_source("orders")
+        default = given is click.core.ParameterSource.DEFAULT
+        run_scale_out_target(out, quick, trials, seed, None if default else chosen, output_tokens)
+        return
     figures: tuple[str, ...] = FIGURES if target == "all" else (target,)
     if workload_file is not None:
         if target != "all" and target not in FILE_FIGURES:

@@ -19,16 +19,24 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO, TypeVar
 
 import click
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from billing import Ledger, LedgerError, LedgerSettings, format_micros, migrate, parse_credits
+from billing import (
+    Ledger,
+    LedgerError,
+    LedgerSettings,
+    Period,
+    format_micros,
+    migrate,
+    parse_credits,
+)
 from billing.database import create_ledger_engine
 from billing.errors import InvalidAmount
 from billing.records import AccountDrift, SummaryRow
+from server.cli.console import table_console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -167,7 +175,7 @@ def _emit_records(
             table.add_column(heading, justify="right" if field.endswith("_micros") else "left")
         for record in records:
             table.add_row(*(_cell(field, record[field]) for field, _ in columns))
-        Console(file=out).print(table)
+        table_console(out).print(table)
 
 
 def _cell(field: str, value: Any) -> str:
@@ -180,7 +188,7 @@ def _cell(field: str, value: Any) -> str:
     return str(value)
 
 
-TIME_FIELDS = {"created_at", "period_start"}
+TIME_FIELDS = {"created_at", "period_start", "period_end", "pending_from"}
 
 
 USER_COLUMNS = [
@@ -189,6 +197,9 @@ USER_COLUMNS = [
     ("period", "period"),
     ("timezone", "time zone"),
     ("batch_cap_micros", "batch cap"),
+    ("pending_budget_micros", "next budget"),
+    ("pending_period", "next period"),
+    ("pending_from", "from"),
     ("is_admin", "admin"),
     ("disabled", "disabled"),
     ("created_at", "created"),
@@ -326,20 +337,44 @@ def set_budget(
     no_batch_cap: bool,
     database_url: str | None,
 ) -> None:
-    """Change NAME's budget; the new amount is granted from the next period on."""
+    """Change NAME's budget at the next period boundary (the batch cap at once).
+
+    A daily, weekly or monthly budget keeps its amount, period and time zone until the end of
+    the current period; the change starts the next one. A lifetime budget has no boundary: a
+    new amount is granted at once (a lower one is taken back from the available funds), and a
+    change to a daily, weekly or monthly period starts at that period's next boundary, where
+    the lifetime funds left expire.
+    """
     if batch_cap is not None and no_batch_cap:
         raise click.UsageError("give --batch-cap or --no-batch-cap, not both")
     changes: dict[str, Any] = {"budget_micros": amount, "period": period, "timezone": timezone}
     if batch_cap is not None or no_batch_cap:
         changes["batch_cap_micros"] = batch_cap
     with open_ledger(database_url) as ledger:
+        before = ledger.get_user(name)
         info = ledger.set_budget(name, **changes)
     cap = "none" if info.batch_cap_micros is None else format_micros(info.batch_cap_micros)
-    click.echo(
-        f"Budget of {name!r}: {format_micros(info.budget_micros)} credits per"
-        f" {'lifetime' if info.period.value == 'none' else info.period.value}"
-        f" ({info.timezone}), batch cap {cap}; it applies from the next period on."
-    )
+    click.echo(f"Budget of {name!r}: {_schedule(info.budget_micros, info.period, info.timezone)}.")
+    if info.pending_from is not None:
+        assert info.pending_budget_micros is not None and info.pending_period is not None
+        click.echo(
+            f"From {info.pending_from.isoformat()} (the next period boundary) on:"
+            f" {_schedule(info.pending_budget_micros, info.pending_period, info.pending_timezone)}."
+        )
+    elif info.period.value == "none" and info.budget_micros != before.budget_micros:
+        difference = format_micros(abs(info.budget_micros - before.budget_micros))
+        click.echo(
+            f"Granted {difference} more credits now."
+            if info.budget_micros > before.budget_micros
+            else f"Took back up to {difference} credits from the available funds now."
+        )
+    click.echo(f"Batch cap: {cap} (in force now).")
+
+
+def _schedule(amount_micros: int, period: Period, timezone: str | None) -> str:
+    if period is Period.NONE:
+        return f"{format_micros(amount_micros)} credits for the user's lifetime"
+    return f"{format_micros(amount_micros)} credits per {period.value} ({timezone})"
 
 
 @click.group()
@@ -368,6 +403,7 @@ BALANCE_COLUMNS = [
     ("spent_this_period_micros", "spent this period"),
     ("period", "period"),
     ("period_start", "period start"),
+    ("period_end", "period end"),
 ]
 ENTRY_COLUMNS = [
     ("id", "id"),
@@ -499,7 +535,12 @@ def adjust(
 @ledger.command("rollover")
 @database_option
 def rollover(database_url: str | None) -> None:
-    """Open the current budget period of every user that is due (what the server does hourly)."""
+    """Open the current budget period of every user who has not used the ledger since it began.
+
+    Optional: every hold, settlement, release and refund opens its user's period itself. The
+    server runs this every ROLLOVER_INTERVAL_SECONDS (60 s by default), so that idle users'
+    grant entries appear on time too.
+    """
     with open_ledger(database_url) as book:
         granted = book.rollover().granted
     click.echo(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from typing import Any
 
 import click
 import uvicorn
 
-from server.settings import ServerSettings
+from server.settings import ServerSettings, without_password
 
 
 @click.command()
@@ -47,19 +49,39 @@ def serve(log_level: str, **options: Any) -> None:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    listener = _listen(settings.host, settings.port)  # a busy port fails before the banner
     # Imported late: the app pulls in the engine and the web stack, which --help never needs.
     from server.app import create_app  # noqa: PLC0415
+    from server.http_protocol import uvicorn_config  # noqa: PLC0415
 
     click.echo(_first_steps(settings))
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)
+    config = uvicorn_config(create_app(settings), settings, log_level=log_level)
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, or a usage error that says how to choose another port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise click.ClickException(
+                f"port {port} on {host} is already in use (another inference-auction serve?); "
+                "choose another with --port or INFERENCE_AUCTION_PORT"
+            ) from None
+        raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror}") from None
 
 
 def _first_steps(settings: ServerSettings) -> str:
     base = f"http://{settings.host}:{settings.port}"
     default_url = ServerSettings.model_fields["database_url"].default
-    db = "" if settings.database_url == default_url else f" --database-url {settings.database_url}"
+    shown_url = without_password(settings.database_url)
+    db = "" if settings.database_url == default_url else f" --database-url '{shown_url}'"
+    if shown_url != settings.database_url:
+        db += "  (with your password for ***)"
     return f"""
-inference-auction serving on {base}  (ledger: {settings.database_url})
+inference-auction serving on {base}  (ledger: {shown_url})
 
 First steps, in another terminal:
   1. create a user with a budget of 10 credits (prints its API key once):
@@ -69,5 +91,9 @@ First steps, in another terminal:
             -d '{{"text": "Hello, auction!", "bid": "0.05"}}'
   3. see the charge:
        curl -s {base}/v1/ledger/balance -H "Authorization: Bearer $KEY"
+  4. watch it in a browser, signed in with that key:
+       {base}/dashboard
+     (an admin key shows the whole market:
+       .venv/bin/inference-auction users create root --budget 0 --admin{db})
 API docs: {base}/docs
 """

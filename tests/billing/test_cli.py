@@ -67,11 +67,16 @@ def test_disable_budget_and_balance(run: Invoke, ledger: Ledger) -> None:
     result = run("budget", "set", "alice", "--budget", "3", "--period", "day", "--batch-cap", "0.5")
     assert result.exit_code == 0, result.output
     info = ledger.get_user("alice")
+    # The lifetime budget has no boundary: the daily one starts at the next UTC midnight.
     assert (info.budget_micros, info.period.value, info.batch_cap_micros) == (
-        3_000_000,
-        "day",
+        1_000_000,
+        "none",
         500_000,
     )
+    assert (info.pending_budget_micros, info.pending_period) == (3_000_000, "day")
+    assert info.pending_from is not None and info.pending_from.time().isoformat() == "00:00:00"
+    assert f"From {info.pending_from.isoformat()} (the next period boundary) on" in result.output
+    assert "3.000000 credits per day (UTC)" in result.output
     balance = json.loads(run("ledger", "balance", "alice", "--format", "json").output)
     assert balance["available_micros"] == 1_000_000 and balance["held_micros"] == 0
     assert "1.000000" in run("ledger", "balance", "alice").output

@@ -38,7 +38,8 @@ def test_each_job_calls_its_service_function(
     caplog.set_level(logging.INFO, logger="billing.jobs")
     run_rollover(ledger)
     run_hold_expiry(ledger, timedelta(minutes=5))
-    assert ledger.balance("alice").balance_micros == 110
+    # Yesterday's hold, released today, expires with yesterday's period.
+    assert ledger.balance("alice").balance_micros == 100
     assert ledger.balance("alice").held_micros == 0
     with ledger_db.engine.begin() as connection:
         connection.execute(text("UPDATE balances SET balance_micros = 999"))

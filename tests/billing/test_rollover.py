@@ -52,7 +52,9 @@ def test_rollover_is_calendar_aligned_in_the_budget_zone(ledger: Ledger) -> None
     assert ledger.rollover(next_day).granted == ["tokyo"]
 
 
-def test_held_funds_survive_the_boundary(timed_ledger: Ledger, clock: Clock) -> None:
+def test_held_funds_stay_held_over_the_boundary_and_expire_when_released(
+    timed_ledger: Ledger, clock: Clock
+) -> None:
     ledger = timed_ledger
     ledger.create_user("alice", budget_micros=1_000, period="day")
     ledger.place_hold("alice", "r1", 400)
@@ -61,7 +63,9 @@ def test_held_funds_survive_the_boundary(timed_ledger: Ledger, clock: Clock) -> 
     view = ledger.balance("alice")
     assert (view.balance_micros, view.held_micros, view.available_micros) == (1_400, 400, 1_000)
     ledger.release("r1")
-    assert ledger.balance("alice").available_micros == 1_400
+    assert ledger.balance("alice").available_micros == 1_000
+    assert kinds(ledger, "alice")[-2:] == [("release", -400), ("adjustment", -400)]
+    assert ledger.reconcile().ok
 
 
 def test_lifetime_budgets_and_disabled_users_are_not_rolled_over(
@@ -77,16 +81,19 @@ def test_lifetime_budgets_and_disabled_users_are_not_rolled_over(
     assert ledger.rollover().granted == ["off"]
 
 
-def test_a_manual_grant_of_the_period_is_not_repeated(timed_ledger: Ledger, clock: Clock) -> None:
+def test_a_manual_grant_adds_to_the_current_period_once(timed_ledger: Ledger, clock: Clock) -> None:
     ledger = timed_ledger
     ledger.create_user("alice", budget_micros=1_000, period="day")
-    tomorrow = datetime(2025, 1, 16, tzinfo=UTC)
-    ledger.grant("alice", tomorrow, 5_000, reason="launch day")
-    assert ledger.grant("alice", tomorrow, 5_000).amount_micros == 5_000  # idempotent
     clock.advance(days=1)
-    assert ledger.rollover().granted == []
-    assert ledger.balance("alice").balance_micros == 6_000
-    assert ledger.rollover().granted == []
+    today = datetime(2025, 1, 16, tzinfo=UTC)
+    entry = ledger.grant("alice", today, 5_000, reason="launch day")
+    assert entry.period_start == today
+    assert ledger.grant("alice", today, 5_000).id == entry.id  # idempotent
+    assert ledger.rollover().granted == []  # the grant opened the period first
+    assert ledger.balance("alice").available_micros == 6_000
+    clock.advance(days=1)
+    assert ledger.rollover().granted == ["alice"]
+    assert ledger.balance("alice").available_micros == 1_000
 
 
 def test_a_budget_change_applies_from_the_next_period(timed_ledger: Ledger, clock: Clock) -> None:
@@ -138,6 +145,7 @@ def test_two_replicas_running_a_job_at_once_do_it_once(
         entries = setup.entries(name).entries
         grants = [e for e in entries if e.kind is EntryKind.GRANT]
         releases = [e for e in entries if e.kind is EntryKind.RELEASE]
-        assert len(grants) == (2 if job == "rollover" else 1)
+        # Releasing a hold opens the user's new period too: the ledger does not wait for the job.
+        assert len(grants) == (1 if job == "reconcile" else 2)
         assert len(releases) == (1 if job == "hold expiry" else 0)
     assert setup.reconcile().ok

@@ -64,10 +64,16 @@ def test_duplicate_and_unknown_users(ledger: Ledger) -> None:
 def test_set_budget_changes_only_the_given_fields(ledger: Ledger) -> None:
     ledger.create_user("alice", budget_micros=10, batch_cap_micros=5)
     info = ledger.set_budget("alice", budget_micros=20, period="week", timezone="Europe/Paris")
-    assert (info.budget_micros, info.period, info.timezone) == (20, Period.WEEK, "Europe/Paris")
+    # A lifetime budget becomes weekly at the next Paris week start; until then it is as it was.
+    assert (info.budget_micros, info.period, info.timezone) == (10, Period.NONE, "UTC")
+    assert (info.pending_budget_micros, info.pending_period, info.pending_timezone) == (
+        20,
+        Period.WEEK,
+        "Europe/Paris",
+    )
     assert info.batch_cap_micros == 5
-    assert ledger.set_budget("alice", batch_cap_micros=None).batch_cap_micros is None
-    # The budget applies from the next period on: the balance is untouched.
+    info = ledger.set_budget("alice", batch_cap_micros=None)
+    assert info.batch_cap_micros is None and info.pending_budget_micros == 20
     assert ledger.balance("alice").balance_micros == 10
 
 

@@ -10,6 +10,7 @@ import pytest
 from sdk import _constants
 
 from .fake_server import FakeServer
+from .live_server import LiveServer, live_server
 
 BASE_URL = "http://auction.test"
 
@@ -36,3 +37,10 @@ def transport(server: FakeServer) -> httpx.MockTransport:
 def async_transport(server: FakeServer) -> httpx.MockTransport:
     """An async transport serving `server`."""
     return httpx.MockTransport(server.ahandle)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One real server per test module; each test makes its own users."""
+    with live_server(tmp_path_factory.mktemp("live")) as server:
+        yield server

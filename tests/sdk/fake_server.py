@@ -70,6 +70,21 @@ class FakeServer:
             "period_start": None,
         }
         self.entries: list[dict[str, Any]] = []
+        self.budget_period: dict[str, Any] = {
+            "user": "alice",
+            "period": "day",
+            "timezone": "UTC",
+            "period_start": "2030-01-01T00:00:00+00:00",
+            "period_end": "2030-01-02T00:00:00+00:00",
+            "now": "2030-01-01T12:00:00+00:00",
+            "grant_micros": 10_000_000,
+            "spent_micros": 0,
+            "remaining_micros": 10_000_000,
+            "balance_micros": 10**9,
+            "held_micros": 0,
+            "available_micros": 10**9,
+            "auctions": 0,
+        }
 
     # -- scripting ---------------------------------------------------------------------------
 
@@ -236,6 +251,22 @@ class FakeServer:
             more = start + limit < len(self.entries)
             cursor = str(start + limit) if more else None
             return httpx.Response(200, json={"entries": page, "next_cursor": cursor})
+        if path == "/v1/spend":
+            # The ledger's entries: scripted ones and this server's own charges.
+            booked = sum(
+                e["amount_micros"] for e in self.entries if e["kind"] in ("charge", "refund")
+            )
+            scripted = {e["batch_id"] for e in self.entries if e["kind"] == "charge"}
+            spend = {
+                "since": request.url.params["since"],
+                "now": request.url.params["since"],
+                "spent_micros": max(0, -booked),
+                "held_micros": 0,
+                "auctions": len(scripted),
+            }
+            return httpx.Response(200, json=spend)
+        if path == "/v1/budget":
+            return httpx.Response(200, json=self.budget_period)
         if path == "/v1/ledger/summary":
             row = {
                 "period_start": "2030-01-01T00:00:00Z",

@@ -195,7 +195,7 @@ def test_timeouts_default_and_per_call(server: FakeServer) -> None:
     assert second == {"connect": 3.0, "read": 3.0, "write": 3.0, "pool": 3.0}
 
 
-def test_sync_on_start_takes_spend_from_ledger_entries(server: FakeServer) -> None:
+def test_sync_on_start_takes_the_plans_spend_from_the_server(server: FakeServer) -> None:
     server.entries = [
         _entry(1, "charge", -2_000_000, "old-batch"),
         _entry(2, "refund", 500_000, "old-batch"),
@@ -204,26 +204,31 @@ def test_sync_on_start_takes_spend_from_ledger_entries(server: FakeServer) -> No
     with make_client(server, sync_on_start=True) as client:
         client.generate("hello", value="0.1")
         assert client.bidder.spent_micros == 1_500_000 + 100_000
-    (listing,) = server.attempts_on("/v1/ledger/entries")
+    (listing,) = server.attempts_on("/v1/spend")
     assert listing.url.params["since"] == client.bidder.spend_since.isoformat()
 
 
-def test_sync_on_start_uses_the_balance_for_calendar_periods(server: FakeServer) -> None:
-    server.balance |= {
-        "period": "day",
-        "spent_this_period_micros": 3_000_000,
+def test_without_a_budget_the_server_period_is_the_plan(server: FakeServer) -> None:
+    server.budget_period |= {
         "period_start": "2030-01-01T06:00:00+00:00",
+        "period_end": "2030-01-02T06:00:00+00:00",
+        "spent_micros": 3_000_000,
+        "held_micros": 250_000,
+        "auctions": 40,
     }
     clock = datetime(2030, 1, 1, 20, tzinfo=UTC).timestamp
-    budget = Budget(total="10", period="day")
-    with make_client(server, budget=budget, sync_on_start=True, clock=clock) as client:
+    client = AuctionClient(BASE_URL, API_KEY, transport=transport(server), clock=clock)
+    with client:
         client.generate("hello", value="0.1")
+        assert client.bidder.total_micros == 10_000_000  # the period's grant
         assert client.bidder.spent_micros == 3_100_000
+        assert client.bidder.auctions == 41
         assert client.bidder.window == (
             datetime(2030, 1, 1, 6, tzinfo=UTC),
             datetime(2030, 1, 2, 6, tzinfo=UTC),
         )
-    assert not server.attempts_on("/v1/ledger/entries")
+        assert client.bidder.available_micros == 10_000_000 - 3_100_000
+    assert server.attempts_on("/v1/budget")
 
 
 def test_ledger_endpoints(server: FakeServer) -> None:
@@ -331,7 +336,8 @@ def test_async_client_generate_retry_and_errors(server: FakeServer) -> None:
             assert client.bidder.in_flight_micros == 0
 
     asyncio.run(main())
-    assert len(server.attempts_on("/v1/ledger/entries")) == 2  # sync on start, then the listing
+    assert len(server.attempts_on("/v1/spend")) == 1  # the sync on start
+    assert len(server.attempts_on("/v1/ledger/entries")) == 1  # the listing
 
 
 def _entry(i: int, kind: str, amount: int, batch_id: str | None) -> dict[str, Any]:

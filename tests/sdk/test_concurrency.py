@@ -16,6 +16,8 @@ from .conftest import BASE_URL, async_transport, transport
 from .fake_server import API_KEY, FakeServer
 
 CREDIT = 1_000_000
+# The clients here spend their budgets to the end and then bid 0, which warns.
+pytestmark = pytest.mark.filterwarnings("ignore::sdk.BudgetExhaustedWarning")
 
 
 def test_threads_sharing_a_bidder_never_overspend() -> None:
@@ -69,7 +71,15 @@ def test_concurrent_reports_of_one_batch_update_once() -> None:
 def test_threads_sharing_a_client(share: Fraction) -> None:
     server = FakeServer(batch_size=4, charge_share=share, wait=0.05)
     budget = Budget(total="2", auctions=40)
-    client = AuctionClient(BASE_URL, API_KEY, budget=budget, transport=transport(server))
+    # Spending the budget to the last micro-credit is the point: then bid 0, do not raise.
+    client = AuctionClient(
+        BASE_URL,
+        API_KEY,
+        budget=budget,
+        transport=transport(server),
+        sync_interval=None,
+        on_budget_exhausted="bid_zero",
+    )
 
     def user(seed: int) -> None:
         rng = random.Random(seed)
@@ -79,7 +89,7 @@ def test_threads_sharing_a_client(share: Fraction) -> None:
     with client, ThreadPoolExecutor(8) as pool:
         list(pool.map(user, range(8)))
     assert len(server.attempts_on("/generate")) == 160
-    assert len(server.attempts_on("/v1/ledger/entries")) == 1  # synced once, not per thread
+    assert len(server.attempts_on("/v1/spend")) == 1  # synced once, not per thread
     # The server never saw committed bids beyond the budget, and the SDK's books match its
     # charges even though every batch was reported by up to four responses.
     assert server.max_committed <= budget.total_micros
@@ -95,7 +105,12 @@ def test_tasks_sharing_an_async_client() -> None:
 
     async def main() -> AsyncAuctionClient:
         async with AsyncAuctionClient(
-            BASE_URL, API_KEY, budget=budget, transport=async_transport(server)
+            BASE_URL,
+            API_KEY,
+            budget=budget,
+            transport=async_transport(server),
+            sync_interval=None,
+            on_budget_exhausted="bid_zero",
         ) as client:
 
             async def user(seed: int) -> None:
@@ -108,7 +123,7 @@ def test_tasks_sharing_an_async_client() -> None:
 
     client = asyncio.run(main())
     assert len(server.attempts_on("/generate")) == 160
-    assert len(server.attempts_on("/v1/ledger/entries")) == 1
+    assert len(server.attempts_on("/v1/spend")) == 1
     assert server.max_committed <= budget.total_micros
     assert client.bidder.spent_micros == server.total_charged <= budget.total_micros
     assert client.bidder.auctions == len(server.batches)

@@ -76,6 +76,20 @@ def test_an_error_mid_stream_raises_and_is_refunded() -> None:
         assert info.value.type == "engine_error"
         assert client.bidder.spent_micros == 0
         assert stream.response.is_closed
+        # The final result of a failed stream is the error again, never a partial result.
+        with pytest.raises(sdk.StreamError) as again:
+            stream.get_final()
+        assert again.value is info.value
+
+
+def test_get_final_of_a_failed_stream_raises_without_iterating_first() -> None:
+    server = FakeServer(stream_error=True)
+    with make_client(server) as client:
+        stream = client.generate("hello", value="0.2", stream=True)
+        with pytest.raises(sdk.StreamError):
+            stream.get_final()
+        with pytest.raises(sdk.StreamError):
+            stream.get_final()
 
 
 def test_a_stream_cut_short_raises_a_connection_error(server: FakeServer) -> None:

@@ -24,10 +24,13 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("POST", "/generate", "user"),
     ("POST", "/v1/completions", "user"),
     ("POST", "/v1/chat/completions", "user"),
-    ("GET", "/v1/models", "user"),
+    ("GET", "/v1/models", None),  # routers probe it without a key, as SGLang's
     ("GET", "/v1/ledger/balance", "user"),
     ("GET", "/v1/ledger/entries", "user"),
     ("GET", "/v1/ledger/summary", "user"),
+    ("GET", "/v1/budget", "user"),
+    ("GET", "/v1/spend", "user"),
+    ("GET", "/v1/market/prices", "user"),
     ("GET", "/v1/admin/users", "admin"),
     ("POST", "/v1/admin/users", "admin"),
     ("POST", "/v1/admin/users/{name}/disable", "admin"),
@@ -38,9 +41,17 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/health", None),
     ("GET", "/metrics", None),
     ("GET", "/model_info", "user"),
-    ("GET", "/server_info", "user"),
+    ("GET", "/server_info", None),  # likewise
+    ("GET", "/version", None),
+    ("GET", "/get_model_info", "user"),
+    ("GET", "/get_server_info", None),
     ("GET", "/flush_cache", "admin"),
     ("POST", "/flush_cache", "admin"),
+    ("POST", "/v1/dashboard/session", "user"),
+    ("GET", "/v1/dashboard/session", "user"),
+    ("DELETE", "/v1/dashboard/session", None),  # signing out needs nothing and always works
+    ("GET", "/v1/dashboard/account", "user"),
+    ("GET", "/v1/dashboard/market", "admin"),
 ]
 
 # What user B sends to every route, aimed at user A's things where a route names any.

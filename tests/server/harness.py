@@ -15,6 +15,7 @@ import uvicorn
 
 from billing import Ledger
 from server.app import create_app
+from server.http_protocol import uvicorn_config
 from server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase
 
@@ -61,8 +62,9 @@ def serve_app(settings: ServerSettings, **app_options: Any) -> Iterator[str]:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    config = uvicorn.Config(
+    config = uvicorn_config(
         create_app(settings, **app_options),
+        settings,
         log_level="warning",
         lifespan="on",
         timeout_graceful_shutdown=30,

@@ -165,7 +165,7 @@ def test_bad_input_is_a_4xx_that_names_the_problem_and_changes_nothing(
         ({}, {"text": "x", "bid": True}, 400, "bid"),
         ({}, b'{"text": "x", ', 400, "not valid JSON"),
         ({}, b"[1, 2]", 400, "JSON object"),
-        ({}, {"bid": "1"}, 400, "exactly one of 'text'"),
+        ({}, {"bid": "1"}, 400, "text is missing"),
         ({}, {"text": "", "bid": "1"}, 400, "empty"),
         ({}, {"input_ids": long_prompt}, 400, "the limit is"),
         ({}, {"input_ids": [1, -2]}, 400, "input_ids"),

@@ -1,8 +1,8 @@
 """Per-request outcomes: the payload fingerprint and attempt of a hold, each request's tree path.
 
 Revision ID: 7c1f0e9a4b21
-Revises: 2e7d5a86b9a5
-Create Date: 2026-12-01 11:00:00.000000+00:00
+Revises: 7c1d2e9a4b60
+Create Date: 2026-12-01 12:00:00.000000+00:00
 """
 
 # ruff: noqa: N999  # dated file names sort revisions; Alembic loads them by path, not import
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "7c1f0e9a4b21"
-down_revision: str | None = "2e7d5a86b9a5"
+down_revision: str | None = "7c1d2e9a4b60"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,112 @@
+"""Read-only figures for pacing clients: spend and auctions since a moment, recent clearing.
+
+Money is integer micro-credits. These queries only read; the period figures themselves
+(grant, spent this period) come from `Ledger.balance` and `Ledger.get_user`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from billing.models import AuctionBatch, AuctionRequest, EntryKind, LedgerEntry
+from billing.periods import require_aware
+from billing.postings import get_user
+
+
+@dataclass(frozen=True, slots=True)
+class SpendView:
+    """What a user spent (charges net of refunds) and how many auctions it took part in."""
+
+    since: datetime
+    spent_micros: int
+    auctions: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClearingSample:
+    """One user's place in one cleared batch: its priority (summed over its requests there),
+    how many of its requests the batch held, and its charge for the batch."""
+
+    batch_id: str
+    closed_at: datetime
+    batch_size: int
+    requests: int
+    priority: float
+    charge_micros: int
+
+
+def spend_since(session: Session, name: str, since: datetime) -> SpendView:
+    """Charges net of refunds booked at or after `since`, and batches the user took part in."""
+    since = require_aware(since, "since")
+    user = get_user(session, name)
+    net = session.scalar(
+        select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
+            LedgerEntry.user_id == user.id,
+            LedgerEntry.kind.in_([EntryKind.CHARGE, EntryKind.REFUND]),
+            LedgerEntry.created_at >= since,
+        )
+    )
+    return SpendView(
+        since=since,
+        spent_micros=max(0, -int(net or 0)),
+        auctions=auctions_since(session, name, since),
+    )
+
+
+def auctions_since(session: Session, name: str, since: datetime) -> int:
+    """Distinct batches closed at or after `since` that held at least one of the user's requests."""
+    user = get_user(session, name)
+    count = session.scalar(
+        select(func.count(func.distinct(AuctionRequest.batch_id)))
+        .join(AuctionBatch, AuctionBatch.id == AuctionRequest.batch_id)
+        .where(
+            AuctionRequest.user_id == user.id,
+            AuctionBatch.closed_at >= require_aware(since, "since"),
+        )
+    )
+    return int(count or 0)
+
+
+def recent_clearing(session: Session, since: datetime, max_batches: int) -> list[ClearingSample]:
+    """Every user's priority and charge in the latest `max_batches` batches closed since `since`."""
+    batches = session.execute(
+        select(AuctionBatch.id, AuctionBatch.closed_at, AuctionBatch.n)
+        .where(AuctionBatch.closed_at >= require_aware(since, "since"))
+        .order_by(AuctionBatch.closed_at.desc())
+        .limit(max_batches)
+    ).all()
+    if not batches:
+        return []
+    ids = [batch_id for batch_id, _, _ in batches]
+    places: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for batch_id, user_id, priority in session.execute(
+        select(AuctionRequest.batch_id, AuctionRequest.user_id, AuctionRequest.priority).where(
+            AuctionRequest.batch_id.in_(ids)
+        )
+    ):
+        places[(batch_id, user_id)].append(float(priority))
+    charges: dict[tuple[str, int], int] = defaultdict(int)
+    for charged_batch, user_id, amount in session.execute(
+        select(LedgerEntry.batch_id, LedgerEntry.user_id, LedgerEntry.amount_micros).where(
+            LedgerEntry.batch_id.in_(ids), LedgerEntry.kind == EntryKind.CHARGE
+        )
+    ):
+        assert charged_batch is not None
+        charges[(charged_batch, user_id)] -= amount  # charges are booked as negative amounts
+    closed = {batch_id: (closed_at, n) for batch_id, closed_at, n in batches}
+    return [
+        ClearingSample(
+            batch_id=batch_id,
+            closed_at=closed[batch_id][0],
+            batch_size=closed[batch_id][1],
+            requests=len(priorities),
+            priority=sum(priorities),
+            charge_micros=charges.get((batch_id, user_id), 0),
+        )
+        for (batch_id, user_id), priorities in places.items()
+    ]

@@ -1,0 +1,164 @@
+"""Charges and refunds across period boundaries: each counts in the period its money came from.
+
+A user's charge in a batch is counted in the periods its holds were placed in: against the
+older period's holds first, up to what they held, then the newer ones'. What an ended
+period's holds held beyond their charge expires with that period. A refund is credited to the
+periods of the charge it refunds (the newest first, never more than a period was charged); the
+part credited to an ended period expires with it. A charge or refund that spans two periods
+is one entry per period: the first under the caller's key, the others under `key@period`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from billing.grants import expire_ended
+from billing.models import Budget, EntryKind, LedgerEntry
+from billing.postings import Account, post, time_key
+
+
+def _period(budget: Budget, start: datetime | None) -> datetime:
+    # Holds and entries from before periods were recorded count in the current period.
+    return budget.current_period_start if start is None else start
+
+
+def _part_key(key: str, first: bool, start: datetime) -> str:
+    return key if first else f"{key}@{time_key(start)}"
+
+
+def post_charge(
+    session: Session,
+    account: Account,
+    budget: Budget,
+    *,
+    held: Iterable[tuple[datetime | None, int]],
+    charge_micros: int,
+    key: str,
+    batch_id: str,
+    now: datetime,
+) -> None:
+    """Charge `charge_micros` against the user's holds `held` (period, amount) in a batch."""
+    by_period: dict[datetime, int] = defaultdict(int)
+    for start, amount in held:
+        by_period[_period(budget, start)] += amount
+    left = charge_micros
+    first = True
+    for start in sorted(by_period):
+        part = min(left, by_period[start])
+        left -= part
+        if part:
+            post(
+                session,
+                account,
+                EntryKind.CHARGE,
+                -part,
+                key=_part_key(key, first, start),
+                now=now,
+                reason=f"VCG payment in batch {batch_id}",
+                batch_id=batch_id,
+                period_start=start,
+            )
+            first = False
+        expire_ended(
+            session,
+            account,
+            budget,
+            start,
+            by_period[start] - part,
+            key=f"expire-unused:{account.user.id}:{batch_id}@{time_key(start)}",
+            reason=f"unused part of holds settled in batch {batch_id} after their period ended",
+            now=now,
+        )
+    assert left == 0, "the caller checks that the charge does not exceed the holds"
+
+
+def _by_period(
+    session: Session, budget: Budget, kind: EntryKind, batch_id: str
+) -> dict[datetime, int]:
+    rows = session.execute(
+        select(LedgerEntry.period_start, func.sum(LedgerEntry.amount_micros))
+        .where(
+            LedgerEntry.user_id == budget.user_id,
+            LedgerEntry.batch_id == batch_id,
+            LedgerEntry.kind == kind,
+        )
+        .group_by(LedgerEntry.period_start)
+    ).all()
+    totals: dict[datetime, int] = defaultdict(int)
+    for start, amount in rows:
+        totals[_period(budget, start)] += abs(int(amount))
+    return totals
+
+
+def charged(session: Session, budget: Budget, batch_id: str) -> int:
+    """What the user was charged in the batch, over all periods."""
+    return sum(_by_period(session, budget, EntryKind.CHARGE, batch_id).values())
+
+
+def recorded_refund(session: Session, user_id: int, batch_id: str, rid: str | None) -> int | None:
+    """What the refund of `rid` (None: the batch-level one) credited in all periods, or None."""
+    # Matched by user, batch and request rather than by key prefix: a client's rid may itself
+    # contain "@".
+    total = session.scalar(
+        select(func.sum(LedgerEntry.amount_micros)).where(
+            LedgerEntry.kind == EntryKind.REFUND,
+            LedgerEntry.user_id == user_id,
+            LedgerEntry.batch_id == batch_id,
+            LedgerEntry.request_id.is_(None) if rid is None else LedgerEntry.request_id == rid,
+        )
+    )
+    return None if total is None else int(total)
+
+
+def post_refund(
+    session: Session,
+    account: Account,
+    budget: Budget,
+    *,
+    amount_micros: int,
+    key: str,
+    reason: str,
+    batch_id: str,
+    rid: str | None,
+    now: datetime,
+) -> None:
+    """Credit a refund to the periods of the charge; the caller checked it is refundable."""
+    charges = _by_period(session, budget, EntryKind.CHARGE, batch_id)
+    refunds = _by_period(session, budget, EntryKind.REFUND, batch_id)
+    left = amount_micros
+    first = True
+    for start in sorted(charges, reverse=True):
+        part = min(left, charges[start] - refunds[start])
+        if part <= 0:
+            continue
+        left -= part
+        part_key = _part_key(key, first, start)
+        first = False
+        post(
+            session,
+            account,
+            EntryKind.REFUND,
+            part,
+            key=part_key,
+            now=now,
+            reason=reason,
+            batch_id=batch_id,
+            request_id=rid,
+            period_start=start,
+        )
+        expire_ended(
+            session,
+            account,
+            budget,
+            start,
+            part,
+            key=f"expire-{part_key}",
+            reason=f"refund of batch {batch_id} credited to its ended period",
+            now=now,
+        )
+    assert left == 0, "the caller checks that the refund does not exceed the charge"

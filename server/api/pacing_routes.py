@@ -1,0 +1,163 @@
+"""What a pacing client needs from the server: its budget period, its spend since a moment,
+and what places in the queue have recently cost. Money as integer `*_micros`."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from sqlalchemy.orm import Session
+
+from billing import Ledger
+from billing.market import ClearingSample, auctions_since, recent_clearing, spend_since
+from billing.periods import Period, parse_timezone, period_start
+from server.api.deps import CurrentUser, State
+from server.errors import InvalidRequest
+
+router = APIRouter(prefix="/v1", tags=["pacing"])
+
+# Priority bands of the price table: the top quarter of a batch's schedule first.
+_BANDS = ((0.75, 1.0), (0.5, 0.75), (0.25, 0.5), (0.0, 0.25))
+
+
+def period_end(start: datetime, period: Period, timezone: str) -> datetime | None:
+    """The start of the period after the one starting at `start` (None for a lifetime grant)."""
+    if period is Period.NONE:
+        return None
+    # A moment safely inside the next period, floored to its start: DST-proof.
+    ahead = {Period.DAY: timedelta(hours=36), Period.WEEK: timedelta(days=7, hours=12)}
+    step = ahead.get(period, timedelta(days=32))
+    return period_start(start + step, period, parse_timezone(timezone))
+
+
+def _budget_view(ledger: Ledger, name: str) -> dict[str, Any]:
+    user = ledger.get_user(name)
+    balance = ledger.balance(name)
+    now = datetime.now(UTC)
+    end = period_end(balance.period_start, user.period, user.timezone)
+    with Session(ledger.engine) as session:
+        auctions = auctions_since(session, name, balance.period_start)
+    spent = balance.spent_this_period_micros
+    return {
+        "user": name,
+        "period": str(user.period),
+        "timezone": user.timezone,
+        "period_start": balance.period_start.isoformat(),
+        "period_end": None if end is None else end.isoformat(),
+        "now": now.isoformat(),
+        "seconds_left": None if end is None else max(0.0, (end - now).total_seconds()),
+        "grant_micros": user.budget_micros,
+        "spent_micros": spent,
+        "remaining_micros": max(0, user.budget_micros - spent),
+        "balance_micros": balance.balance_micros,
+        "held_micros": balance.held_micros,
+        "available_micros": balance.available_micros,
+        "auctions": auctions,
+    }
+
+
+@router.get("/budget", summary="My budget period: grant, spent so far, time left")
+async def budget(user: CurrentUser, state: State) -> dict[str, Any]:
+    """The current budget period and its figures; every process of a user reads the same."""
+    return await asyncio.to_thread(_budget_view, state.ledger, user.name)
+
+
+def _spend_view(ledger: Ledger, name: str, since: datetime) -> dict[str, Any]:
+    with Session(ledger.engine) as session:
+        spend = spend_since(session, name, since)
+    balance = ledger.balance(name)
+    return {
+        "since": spend.since.isoformat(),
+        "now": datetime.now(UTC).isoformat(),
+        "spent_micros": spend.spent_micros,
+        "held_micros": balance.held_micros,
+        "auctions": spend.auctions,
+    }
+
+
+@router.get("/spend", summary="My spend and auctions since a moment")
+async def spend(user: CurrentUser, state: State, since: datetime) -> dict[str, Any]:
+    """Charges net of refunds since `since`, the bids held now, and auctions taken part in."""
+    if since.tzinfo is None:
+        raise InvalidRequest(
+            "since: must carry a time zone, e.g. 2030-01-01T00:00:00Z", param="since"
+        )
+    since = since.astimezone(UTC)
+    if since > datetime.now(UTC) + timedelta(minutes=5):
+        raise InvalidRequest("since: must not lie in the future", param="since")
+    return await asyncio.to_thread(_spend_view, state.ledger, user.name, since)
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def prices_json(samples: list[ClearingSample], since: datetime, now: datetime) -> dict[str, Any]:
+    """The price table: charge per unit of priority overall, and charge per request by band."""
+    priced = [s for s in samples if s.priority > 0]
+    per_unit = sorted(s.charge_micros / s.priority for s in priced)
+    total_priority = sum(s.priority for s in priced)
+    total_charge = sum(s.charge_micros for s in priced)
+    # Single-request places say what one request at that priority cost.
+    single = [s for s in samples if s.requests == 1]
+    bands = []
+    for low, high in _BANDS:
+        charges = sorted(
+            float(s.charge_micros)
+            for s in single
+            if low <= s.priority < high or (high == 1.0 and s.priority == 1.0)
+        )
+        bands.append(
+            {
+                "priority_min": low,
+                "priority_max": high,
+                "samples": len(charges),
+                "median_charge_micros": _micros(_quantile(charges, 0.5)),
+                "p90_charge_micros": _micros(_quantile(charges, 0.9)),
+            }
+        )
+    return {
+        "since": since.isoformat(),
+        "until": now.isoformat(),
+        "batches": len({s.batch_id for s in samples}),
+        "samples": len(priced),
+        "charge_per_priority_micros": {
+            "mean": _micros(total_charge / total_priority if total_priority else None),
+            "p10": _micros(_quantile(per_unit, 0.1)),
+            "p50": _micros(_quantile(per_unit, 0.5)),
+            "p90": _micros(_quantile(per_unit, 0.9)),
+        },
+        "by_priority": bands,
+    }
+
+
+def _micros(value: float | None) -> int | None:
+    # Prices are statistics of integer charges; rounding them keeps the money integral.
+    return None if value is None else round(value)
+
+
+@router.get("/market/prices", summary="What places in the queue have recently cost")
+async def prices(
+    _: CurrentUser,
+    state: State,
+    window_seconds: Annotated[int, Query(ge=1, le=7 * 24 * 3600)] = 3600,
+    max_batches: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> dict[str, Any]:
+    """Recent charge per unit of priority (the whole schedule is 1 per batch), from cleared
+    batches of all users; no user is named."""
+    now = datetime.now(UTC)
+    since = now - timedelta(seconds=window_seconds)
+
+    def read() -> list[ClearingSample]:
+        with Session(state.ledger.engine) as session:
+            return recent_clearing(session, since, max_batches)
+
+    return prices_json(await asyncio.to_thread(read), since, now)

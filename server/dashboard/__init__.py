@@ -1,0 +1,1 @@
+"""The web dashboard: sign-in sessions, ledger-health tracking and the static page."""

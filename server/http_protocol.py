@@ -1,0 +1,136 @@
+"""uvicorn's HTTP/1.1 protocol with a read deadline and a cap on open connections.
+
+uvicorn waits as long as a client likes for a request's headers and body: 300 sockets that
+each send a byte now and then hold 300 connections (and their memory) indefinitely. Here a
+request must arrive whole within `read_timeout` seconds of its first byte (or of the
+connection opening); a connection that is too slow is answered 408 if its headers never
+completed, and closed. Above `max_connections` open connections, a new one is answered 503
+and closed at once, before it can cost anything.
+
+The deadline covers reading only: once the body is in, the request may take as long as the
+engine needs, and a keep-alive connection idle between requests is uvicorn's to close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from server.settings import ServerSettings
+
+__all__ = ["guarded_protocol", "uvicorn_config"]
+
+log = logging.getLogger(__name__)
+
+
+def _plain_response(status: str, text: str, *headers: str) -> bytes:
+    body = text.encode()
+    head = [f"HTTP/1.1 {status}", "content-type: text/plain; charset=utf-8", *headers]
+    head += [f"content-length: {len(body)}", "connection: close"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+_TIMEOUT_RESPONSE = _plain_response("408 Request Timeout", "the request was not sent in time\n")
+_BUSY_RESPONSE = _plain_response(
+    "503 Service Unavailable", "too many open connections; retry shortly\n", "retry-after: 1"
+)
+# A refused connection is logged at most this often, so that a flood makes one line a minute.
+_REFUSAL_LOG_SECONDS = 60.0
+
+
+class _Guarded(HttpToolsProtocol):
+    """The deadline and the cap on top of uvicorn's httptools protocol."""
+
+    read_timeout = 30.0
+    max_connections = 2_048
+    _last_refusal_logged = -_REFUSAL_LOG_SECONDS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._headers_done = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.max_connections:
+            self._refuse(transport)
+            return
+        super().connection_made(transport)
+        self._arm()
+
+    def _refuse(self, transport: asyncio.Transport) -> None:
+        now = time.monotonic()
+        cls = type(self)
+        if now - cls._last_refusal_logged >= _REFUSAL_LOG_SECONDS:
+            cls._last_refusal_logged = now
+            log.warning(
+                "%d connections are open, the limit (max_connections): refusing new ones",
+                len(self.connections),
+            )
+        self.transport = transport
+        self.parser = None  # type: ignore[assignment]  # nothing is parsed on this connection
+        transport.write(_BUSY_RESPONSE)
+        transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.parser is None:  # refused at connection_made: closing already
+            return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._headers_done = False
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._headers_done = True
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()
+
+    def _arm(self) -> None:
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.read_timeout, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        client = "{}:{}".format(*self.client) if self.client else "a client"
+        stage = "body" if self._headers_done else "headers"
+        log.info(
+            "closed the connection of %s: its request %s did not arrive within %g s",
+            client,
+            stage,
+            self.read_timeout,
+        )
+        if not self._headers_done:
+            self.transport.write(_TIMEOUT_RESPONSE)
+        self.transport.close()
+
+
+def guarded_protocol(read_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
+    """The HTTP protocol class for uvicorn, with this deadline and this cap."""
+    attributes = {"read_timeout": read_timeout, "max_connections": max_connections}
+    return type("GuardedHttpProtocol", (_Guarded,), attributes)
+
+
+def uvicorn_config(app: Any, settings: ServerSettings, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration for the auction server `app`, with the guarded protocol."""
+    protocol = guarded_protocol(settings.http_read_timeout_seconds, settings.max_connections)
+    return uvicorn.Config(app, http=protocol, **options)

@@ -1,0 +1,132 @@
+"""What a newcomer trips on, against a real server: typos of top-level fields, messages that
+show pydantic's internals, and a 402 that does not say what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.db_fixtures import migrated_database
+from tests.security.conftest import ledger_snapshot
+from tests.server.harness import RunningServer, running_server
+
+# Keys routers and SGLang's clients add to `/generate` bodies: SGLang ignores them, so must we.
+ROUTER_KEYS: dict[str, Any] = {
+    "model": "default",
+    "log_metrics": True,
+    "background": False,
+    "no_logs": False,
+    "return_bytes": False,
+    "return_entropy": False,
+    "return_text_in_logprobs": False,
+    "return_logprob": False,
+    "priority": 3,
+    "stream": False,
+}
+
+
+@pytest.fixture(scope="module")
+def newcomer_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server on SQLite for the whole module: these tests concern the HTTP layer."""
+    folder = tmp_path_factory.mktemp("newcomer")
+    with migrated_database("sqlite", Path(folder)) as db, running_server(db) as server:
+        yield server
+
+
+def _error(reply: Any, status: int = 400) -> dict[str, Any]:
+    assert reply.status_code == status, reply.text
+    error: dict[str, Any] = reply.json()["error"]
+    return error
+
+
+def test_near_misses_of_fields_are_refused_with_a_suggestion(
+    newcomer_server: RunningServer,
+) -> None:
+    key = newcomer_server.create_user("typo")
+    cases = [
+        ("/generate", {"text": "hi", "bdi": "0.5"}, "unknown field 'bdi'; did you mean 'bid'?"),
+        ("/generate", {"text": "hi", "Bid": "0.5"}, "unknown field 'Bid'; did you mean 'bid'?"),
+        (
+            "/generate",
+            {"text": "hi", "sampling_param": {"max_new_tokens": 2}},
+            "unknown field 'sampling_param'; did you mean 'sampling_params'?",
+        ),
+        ("/generate", {"txet": "hi"}, "did you mean 'text'?"),
+        ("/generate", {"text": "hi", "RID": "r-1"}, "did you mean 'rid'?"),
+        ("/v1/completions", {"prompt": "hi", "max_token": 2}, "did you mean 'max_tokens'?"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "bdi": "1"},
+            "did you mean 'bid'?",
+        ),
+    ]
+    before = ledger_snapshot(newcomer_server.ledger.engine)
+    with newcomer_server.client(key) as client:
+        for path, body, says in cases:
+            message = _error(client.post(path, json=body))["message"]
+            assert message == says if says.startswith("unknown") else says in message, message
+    assert ledger_snapshot(newcomer_server.ledger.engine) == before
+
+
+def test_router_keys_and_other_unknown_keys_stay_accepted(newcomer_server: RunningServer) -> None:
+    key = newcomer_server.create_user("router")
+    body = {
+        "text": "hi",
+        "bid": "0.01",
+        "sampling_params": {"max_new_tokens": 2},
+        "my_own_annotation": {"anything": 1},
+        **ROUTER_KEYS,
+    }
+    with newcomer_server.client(key) as client:
+        reply = client.post("/generate", json=body)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["meta_info"]["auction"]["bid_micros"] == 10_000
+        for path, base in [
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ]:
+            extra = {"user": "u-1", "logprobs": None, "top_k": 5, "model": "m"}
+            assert client.post(path, json={**base, **extra}).status_code == 200
+
+
+def test_a_missing_bid_is_zero(newcomer_server: RunningServer) -> None:
+    key = newcomer_server.create_user("nobid")
+    with newcomer_server.client(key) as client:
+        reply = client.post(
+            "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+        )
+    assert reply.status_code == 200
+    assert reply.json()["meta_info"]["auction"]["bid_micros"] == 0
+
+
+def test_prompt_errors_speak_plainly(newcomer_server: RunningServer) -> None:
+    key = newcomer_server.create_user("plain")
+    with newcomer_server.client(key) as client:
+        for text in (42, {"a": 1}, ["ok", 3], True):
+            error = _error(client.post("/generate", json={"text": text}))
+            assert error["message"] == "text must be a string or a list of strings", error
+            assert error["param"] == "text"
+        missing = _error(client.post("/generate", json={"bid": "0.1"}))
+        assert missing["message"].startswith("text is missing")
+        assert "'input_ids'" in missing["message"]
+        both = _error(client.post("/generate", json={"text": "a", "input_ids": [1]}))
+        assert both["message"] == "send either 'text' or 'input_ids', not both"
+        stop = _error(client.post("/generate", json={"text": "a", "sampling_params": {"stop": 5}}))
+        assert "list[str]" not in stop["message"] and ".str" not in stop["message"]
+        assert stop["param"] == "sampling_params.stop"
+        prompt = _error(client.post("/v1/completions", json={"max_tokens": 2}))
+        assert prompt["message"] == "prompt: this field is required"
+
+
+def test_payment_required_says_credits_and_what_to_do(newcomer_server: RunningServer) -> None:
+    key = newcomer_server.create_user("poor", budget=10_000_000)
+    with newcomer_server.client(key) as client:
+        error = _error(client.post("/generate", json={"text": "hi", "bid": "20"}), 402)
+    message = error["message"]
+    assert "bid of 20 credits" in message and "10 credits available" in message, message
+    assert "20000000 micro-credits requested" in message
+    assert "bid less" in message
+    assert error["param"] == "bid"

@@ -1,0 +1,61 @@
+"""`x-request-id` on every response, including the ones for unexpected errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from server.api.error_handlers import install_error_handlers
+from server.api.request_id import RequestIdMiddleware
+
+
+def _app() -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
+
+    @app.get("/ok")
+    async def ok() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    @app.get("/boom")
+    async def boom() -> dict[str, str]:
+        raise RuntimeError("a bug")
+
+    @app.get("/stream")
+    async def stream() -> StreamingResponse:
+        return StreamingResponse(iter([b"data: 1\n\n"]), media_type="text/event-stream")
+
+    return app
+
+
+def _get(path: str, **headers: str) -> httpx.Response:
+    async def main() -> httpx.Response:
+        transport = httpx.ASGITransport(app=_app(), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.get(path, headers=headers)
+
+    return asyncio.run(main())
+
+
+def test_every_response_carries_one_request_id() -> None:
+    for path in ("/ok", "/stream", "/missing"):
+        response = _get(path)
+        assert response.headers["x-request-id"].startswith("req_"), path
+        assert len(response.headers.get_list("x-request-id")) == 1
+
+
+def test_an_unexpected_error_is_the_apps_json_500_with_a_request_id() -> None:
+    response = _get("/boom")
+    assert response.status_code == 500
+    assert response.json()["error"]["message"].startswith("internal error")
+    assert response.headers["x-request-id"].startswith("req_")
+
+
+def test_a_well_formed_id_is_kept_and_anything_else_replaced() -> None:
+    assert _get("/ok", **{"x-request-id": "trace-7"}).headers["x-request-id"] == "trace-7"
+    long = "x" * 200
+    assert _get("/ok", **{"x-request-id": long}).headers["x-request-id"].startswith("req_")
