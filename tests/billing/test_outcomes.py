@@ -10,6 +10,7 @@ import pytest
 from billing import HoldState, IdempotencyConflict, Ledger, RequestStatus
 from billing.errors import RequestNotScheduled
 from billing.records import BatchRecord, PricedRequest, RequestRecord
+from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of, entries_total
 
 BIDS = [("r1", "alice", 400), ("r2", "bob", 300), ("r3", "alice", 100)]
@@ -147,3 +148,19 @@ def test_claims_leave_out_holds_that_are_not_open(settled: Ledger) -> None:
     nothing = settled.settle_claimable([("r2", "bob")], clear)
     assert nothing.settled is None and dict(nothing.refused) == {"r2": "settled"}
     assert settled.reconcile().ok
+
+
+def test_a_hold_re_opened_after_a_period_boundary_belongs_to_the_new_period(
+    timed_ledger: Ledger, clock: Clock
+) -> None:
+    timed_ledger.create_user("alice", budget_micros=1_000, period="day")
+    timed_ledger.place_hold("alice", "x", 300, "fp")
+    timed_ledger.release("x", "client left")
+    clock.advance(days=1)  # yesterday's budget is gone; today's is granted
+    again = timed_ledger.place_hold("alice", "x", 300, "fp")
+    assert again.state is HoldState.OPEN
+    balance = timed_ledger.balance("alice")
+    assert (balance.held_micros, balance.available_micros) == (300, 700)
+    timed_ledger.release("x", "left again")
+    assert timed_ledger.balance("alice").available_micros == 1_000
+    assert timed_ledger.reconcile().ok
