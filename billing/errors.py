@@ -12,6 +12,7 @@ LedgerError
  ├── InsufficientFunds          available < requested
  ├── BatchCapExceeded           the user's per-batch cap would be exceeded
  ├── HoldNotOpen                the hold was already released or settled
+ ├── RequestNotScheduled        a request's outcome was already recorded (served or failed)
  ├── ChargeExceedsHold          a charge is larger than what the user held in the batch
  ├── RefundExceedsCharge        a refund is larger than what is left of the charge
  ├── IdempotencyConflict        a replay of an operation carries different values
@@ -129,6 +130,15 @@ class HoldNotOpen(LedgerError):
         self.rid = rid
         self.state = state
         super().__init__(f"the hold of request {rid!r} is {state}, not open")
+
+
+class RequestNotScheduled(LedgerError):
+    """A request's outcome was already recorded: served, or failed (by recovery, say)."""
+
+    def __init__(self, rid: str, status: str) -> None:
+        self.rid = rid
+        self.status = status
+        super().__init__(f"request {rid!r} is already {status}")
 
 
 class ChargeExceedsHold(LedgerError):

@@ -41,13 +41,23 @@ def hold_view(hold: Hold, user_name: str) -> HoldView:
 
 
 def place_hold(
-    session: Session, name: str, rid: str, amount_micros: int, now: datetime
+    session: Session,
+    name: str,
+    rid: str,
+    amount_micros: int,
+    now: datetime,
+    fingerprint: str | None = None,
 ) -> HoldView:
-    """Reserve `amount_micros` of the user's available funds for request `rid`."""
+    """Reserve `amount_micros` of the user's available funds for request `rid`.
+
+    A replay with the same amount and payload `fingerprint` returns the hold as it is, except
+    that a released one is opened again (nothing was charged for it, so the retry is a fresh
+    admission). Another amount, user or fingerprint under the same `rid` is a conflict.
+    """
     check_id(rid, "rid")
     check_micros(amount_micros, "amount_micros")
     account = lock_account(session, name)
-    existing = session.get(Hold, rid)
+    existing = session.get(Hold, rid, populate_existing=True)
     if existing is not None:
         if (existing.user_id, existing.amount_micros) != (account.user.id, amount_micros):
             raise IdempotencyConflict(
@@ -55,6 +65,10 @@ def place_hold(
                 f"a hold of {existing.amount_micros} micro-credits was placed for this request,"
                 f" now {amount_micros} for user {name!r}",
             )
+        if fingerprint is not None and existing.fingerprint not in (None, fingerprint):
+            raise IdempotencyConflict(f"hold:{rid}", "the request was held with another payload")
+        if existing.state is HoldState.RELEASED:
+            _reopen(session, account, existing, now)
         return hold_view(existing, name)
     if account.user.disabled:
         raise UserDisabled(name)
@@ -70,6 +84,8 @@ def place_hold(
         amount_micros=amount_micros,
         state=HoldState.OPEN,
         created_at=now,
+        fingerprint=fingerprint,
+        attempt=1,
         period_start=period,
     )
     session.add(hold)
@@ -85,6 +101,38 @@ def place_hold(
     )
     session.flush()
     return hold_view(hold, name)
+
+
+def _entry_key(kind: str, hold: Hold) -> str:
+    # The first opening keeps the historical keys; later ones count up.
+    return f"{kind}:{hold.rid}" if hold.attempt == 1 else f"{kind}:{hold.rid}#{hold.attempt}"
+
+
+def _reopen(session: Session, account: Account, hold: Hold, now: datetime) -> None:
+    if account.user.disabled:
+        raise UserDisabled(account.user.name)
+    # A re-opened hold is placed anew: in the current period, against what is available now.
+    period = open_period(session, account, now).current_period_start
+    _check_cap(session, account, hold.amount_micros)
+    if account.available < hold.amount_micros:
+        raise InsufficientFunds(account.user.name, account.available, hold.amount_micros)
+    hold.attempt += 1
+    hold.state = HoldState.OPEN
+    hold.created_at = now
+    hold.closed_at = None
+    hold.batch_id = None
+    hold.period_start = period
+    post(
+        session,
+        account,
+        EntryKind.HOLD,
+        hold.amount_micros,
+        key=_entry_key("hold", hold),
+        now=now,
+        request_id=hold.rid,
+        period_start=period,
+    )
+    session.flush()
 
 
 def _check_cap(session: Session, account: Account, amount_micros: int) -> None:
@@ -123,7 +171,7 @@ def close_hold(
         account,
         EntryKind.RELEASE,
         -hold.amount_micros,
-        key=f"release:{hold.rid}",
+        key=_entry_key("release", hold),
         now=now,
         reason=reason,
         batch_id=batch_id,
@@ -144,7 +192,7 @@ def drop_hold(
         budget,
         hold.period_start,
         hold.amount_micros,
-        key=f"expire-hold:{hold.rid}",
+        key=_entry_key("expire-hold", hold),
         reason=f"released after its period ended ({reason})"[:REASON_LENGTH],
         now=now,
     )

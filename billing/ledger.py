@@ -38,17 +38,19 @@ from billing import (
 from billing.database import READ_ONLY, create_ledger_engine, unavailable
 from billing.errors import InvalidInput
 from billing.export import render
-from billing.models import EntryKind
+from billing.models import EntryKind, RequestStatus
 from billing.periods import require_aware
 from billing.records import (
     BalanceView,
     BatchRecord,
+    ClaimedBatch,
     CreatedUser,
     EntryPage,
     EntryView,
     HoldView,
     ReconcileReport,
     RefundResult,
+    RefundRule,
     RequestCompletion,
     RequestRecord,
     RequestView,
@@ -268,10 +270,15 @@ class Ledger:
 
     # Holds
 
-    def place_hold(self, name: str, rid: str, amount_micros: int) -> HoldView:
-        """Hold `amount_micros` for request `rid`; raises `InsufficientFunds`. Idempotent."""
+    def place_hold(
+        self, name: str, rid: str, amount_micros: int, fingerprint: str | None = None
+    ) -> HoldView:
+        """Hold `amount_micros` for request `rid`; raises `InsufficientFunds`. Idempotent; a
+        released hold is opened again by a replay with the same payload `fingerprint`."""
         now = self._now()
-        return self._write(lambda s: holds.place_hold(s, name, rid, amount_micros, now))
+        return self._write(
+            lambda s: holds.place_hold(s, name, rid, amount_micros, now, fingerprint)
+        )
 
     def release(self, rid: str, reason: str = "dropped before dispatch") -> HoldView:
         """Release the hold of a request that will not be settled. Idempotent."""
@@ -329,7 +336,7 @@ class Ledger:
         cached_tokens: int | None = None,
         ttft_ms: float | None = None,
     ) -> RequestView:
-        """Record a settled request's outcome: `served` or `failed`, cache hits, TTFT."""
+        """Overwrite a settled request's outcome (an operator's correction; moves no money)."""
         now = self._now()
         return self._write(
             lambda s: request_log.complete_request(
@@ -338,7 +345,7 @@ class Ledger:
         )
 
     def complete_requests(self, completions: Sequence[RequestCompletion]) -> list[RequestView]:
-        """Record several requests' outcomes in one transaction (all or none)."""
+        """Overwrite several requests' outcomes in one transaction (all or none)."""
         now = self._now()
         return self._write(
             lambda s: [
@@ -354,13 +361,78 @@ class Ledger:
             ]
         )
 
-    def refund_unserved(self, older_than: timedelta) -> list[RefundResult]:
-        """After a crash: fail requests `scheduled` for longer than `older_than` and refund the
-        charges of failed requests that were never refunded. Idempotent; safe while servers
-        run when `older_than` exceeds their engine timeout (see `billing.recovery`)."""
+    def settle_claimable(
+        self, candidates: Sequence[tuple[str, str]], clear: settlement.Clearing
+    ) -> ClaimedBatch:
+        """Claim the open holds of `candidates` (rid, user), clear and settle them atomically;
+        the others are refused with their hold's state (see `billing.settlement`)."""
         now = self._now()
-        self._write(lambda s: recovery.mark_stale_failed(s, now - older_than, now))
-        return self._write(lambda s: recovery.refund_failed(s, now))
+        return self._write(lambda s: settlement.settle_claimable(s, candidates, clear, now))
+
+    def record_served(
+        self, rid: str, cached_tokens: int | None = None, ttft_ms: float | None = None
+    ) -> None:
+        """Record a scheduled request served; raises `RequestNotScheduled` if recovery (or
+        anything else) recorded its outcome first."""
+        now = self._now()
+        self._write(
+            lambda s: request_log.finish_scheduled(
+                s,
+                rid,
+                status=RequestStatus.SERVED,
+                cached_tokens=cached_tokens,
+                ttft_ms=ttft_ms,
+                now=now,
+            )
+        )
+
+    def record_failed(
+        self, rid: str, batch_id: str, name: str, *, target_micros: int, reason: str
+    ) -> RefundResult:
+        """Record a scheduled request failed and bring its user's refunds in the batch up to
+        `target_micros`, in one transaction; raises `RequestNotScheduled` as `record_served`."""
+        now = self._now()
+        return self._write(
+            lambda s: recovery.fail_request(
+                s,
+                rid,
+                batch_id,
+                name,
+                target_micros=target_micros,
+                rule=None,
+                reason=reason,
+                now=now,
+            )
+        )
+
+    def refund_unserved(
+        self, older_than: timedelta, rule: RefundRule | None = None
+    ) -> list[RefundResult]:
+        """Fail every request `scheduled` for longer than `older_than` and refund it by `rule`
+        (without one, or for batches settled without their tree shape: the whole charge);
+        returns the refunds made (a failed request whose failure is worth nothing makes none).
+
+        Safe at any time, on any replica, while servers run: a request is failed only if it is
+        still scheduled, and a server records an answer only if it is, so each request is
+        either served (answered, charged) or failed (unanswered, refunded). Idempotent."""
+        now = self._now()
+        cutoff = now - older_than
+        stale = self._read(lambda s: recovery.stale_scheduled(s, cutoff))
+        results = [
+            self._write(
+                partial(
+                    recovery.recover_request,
+                    rid=rid,
+                    batch_id=batch_id,
+                    name=name,
+                    rule=rule,
+                    cutoff=cutoff,
+                    now=now,
+                )
+            )
+            for rid, batch_id, name in stale
+        ]
+        return [result for result in results if result is not None and result.amount_micros]
 
     def find_request(self, rid: str) -> RequestView | None:
         """The settled request `rid`, or None if no batch settled it."""

@@ -24,8 +24,10 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -250,6 +252,10 @@ class Hold(Base):
     closed_at: Mapped[datetime | None]
     # The budget period the hold was placed in; NULL for holds placed before it was recorded.
     period_start: Mapped[datetime | None]
+    # SHA-256 of the request's payload: a retry must repeat it, even after a restart.
+    fingerprint: Mapped[str | None] = mapped_column(String(64))
+    # A released hold is opened again by a retry of the same payload; each opening counts.
+    attempt: Mapped[int] = mapped_column(Integer, server_default=text("1"))
 
 
 class AuctionBatch(Base):
@@ -307,3 +313,7 @@ class BatchRequest(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     status: Mapped[RequestStatus] = mapped_column(_str_enum(RequestStatus))
     updated_at: Mapped[datetime]
+    # Arrival index in the batch and node ids from the root of its radix tree: enough to price
+    # the batch again (failure refunds) without its prompts. NULL for batches settled before.
+    arrival: Mapped[int | None] = mapped_column(Integer)
+    tree_path: Mapped[str | None] = mapped_column(Text)

@@ -5,7 +5,7 @@ Callers never see ORM objects, so nothing they hold can lazily reach back into a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -38,6 +38,35 @@ class RequestRecord:
     priority: float
     bid_micros: int
     prompt_tokens: int
+    arrival: int | None = None  # index in the batch as it closed (the auction's input order)
+    tree_path: Sequence[int] | None = None  # node ids from the root of the batch's radix tree
+
+
+@dataclass(frozen=True, slots=True)
+class PricedRequest:
+    """What crash recovery knows of a settled request to price its batch again."""
+
+    rid: str
+    user: str
+    bid_micros: int
+    arrival: int | None
+    tree_path: list[int] | None
+
+
+# (the batch's requests, a user, the user's failed rids, the user's charge) -> the refund.
+RefundRule = Callable[[Sequence[PricedRequest], str, frozenset[str], int], int]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedBatch:
+    """A batch settled for the requests whose holds could be claimed, and why the rest could not.
+
+    `settled` is None when no hold could be claimed; `refused` maps rid -> the hold's state
+    (`settled`, `released`) or `unknown`.
+    """
+
+    settled: SettleResult | None
+    refused: Mapping[str, str]
 
 
 @dataclass(frozen=True, slots=True)

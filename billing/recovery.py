@@ -1,64 +1,139 @@
-"""Recovery after a crash: refund requests that were charged but never served.
+"""Outcomes of settled requests, and recovery after a crash: refund what was never served.
 
-A server settles a batch before it dispatches it, and refunds a user's charge for the batch
-when one of their requests fails at the engine. A server that dies while its requests are at
-the engine leaves them `scheduled` and charged; one whose refund could not be written leaves
-them `failed` and charged. `refund_unserved` finds both and refunds each such charge once.
+A server settles a batch before it dispatches it, then records each request's outcome before
+its client receives the final byte: `served`, or `failed` together with the request's refund
+(one transaction). Both writes move a request out of `scheduled` only if it is still there, so
+`refund_unserved` (which fails and refunds requests `scheduled` for longer than a threshold)
+and a server answering the same request exclude each other: whichever commits first wins, and
+a server that loses answers 503 instead of the output. Recovery is therefore safe at any time,
+on any replica, while servers run; a request it fails is one whose client got no answer.
+
+Refunds follow SPEC section 1, "When requests fail": a user gets back what the failed requests'
+bids added to the user's charge, never more than the charge.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import exists, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.expression import Exists
 
-from billing import refunds, request_log
-from billing.models import BatchRequest, EntryKind, LedgerEntry, RequestStatus, User
-from billing.records import RefundResult
+from billing import period_charges, refunds
+from billing.errors import RequestNotScheduled
+from billing.models import BatchRequest, Budget, RequestStatus, User
+from billing.postings import lock_account
+from billing.records import PricedRequest, RefundResult, RefundRule
+from billing.request_log import finish_scheduled
 
-REASON = "not served: the server stopped or its refund failed while the request was at the engine"
+REASON = (
+    "not served: the server stopped, or could not record the answer, while it was at the engine"
+)
 
 
-def _entry(kind: EntryKind) -> Exists:
-    return exists().where(
-        LedgerEntry.kind == kind,
-        LedgerEntry.batch_id == BatchRequest.batch_id,
-        LedgerEntry.user_id == BatchRequest.user_id,
+def stale_scheduled(session: Session, cutoff: datetime) -> list[tuple[str, str, str]]:
+    """(rid, batch id, user) of requests still `scheduled` since before `cutoff` (no lock)."""
+    rows = session.execute(
+        select(BatchRequest.rid, BatchRequest.batch_id, User.name)
+        .join(User, User.id == BatchRequest.user_id)
+        .where(BatchRequest.status == RequestStatus.SCHEDULED, BatchRequest.updated_at < cutoff)
+        .order_by(BatchRequest.batch_id, BatchRequest.position)
+    ).all()
+    return [(rid, batch_id, name) for rid, batch_id, name in rows]
+
+
+def fail_request(
+    session: Session,
+    rid: str,
+    batch_id: str,
+    name: str,
+    *,
+    target_micros: int | None,
+    rule: RefundRule | None,
+    reason: str,
+    now: datetime,
+    scheduled_before: datetime | None = None,
+) -> RefundResult:
+    """Record `rid` failed (only if still scheduled) and refund its user by the rule.
+
+    `target_micros` is the user's refund for every failed request of the batch so far, as the
+    caller priced it; None prices it here with `rule` from the stored tree shape.
+    """
+    # The account lock first: two failures of one user's requests then refund in turn.
+    lock_account(session, name)
+    finish_scheduled(
+        session,
+        rid,
+        status=RequestStatus.FAILED,
+        cached_tokens=None,
+        ttft_ms=None,
+        now=now,
+        scheduled_before=scheduled_before,
+    )
+    if target_micros is None:
+        target_micros = _price_failures(session, batch_id, name, rule)
+    return refunds.refund_toward(
+        session, batch_id, name, rid=rid, target_micros=target_micros, reason=reason, now=now
     )
 
 
-def mark_stale_failed(session: Session, cutoff: datetime, now: datetime) -> list[str]:
-    """Mark requests still `scheduled` since before `cutoff` as failed; returns their rids."""
-    stale = session.scalars(
-        select(BatchRequest.rid).where(
-            BatchRequest.status == RequestStatus.SCHEDULED, BatchRequest.updated_at < cutoff
+def recover_request(
+    session: Session,
+    rid: str,
+    batch_id: str,
+    name: str,
+    *,
+    rule: RefundRule | None,
+    cutoff: datetime,
+    now: datetime,
+) -> RefundResult | None:
+    """Fail and refund one stale request; None if it was served or failed meanwhile."""
+    try:
+        return fail_request(
+            session,
+            rid,
+            batch_id,
+            name,
+            target_micros=None,
+            rule=rule,
+            reason=REASON,
+            now=now,
+            scheduled_before=cutoff,
         )
-    ).all()
-    for rid in stale:
-        request_log.complete_request(
-            session, rid, status="failed", cached_tokens=None, ttft_ms=None, now=now
-        )
-    return list(stale)
+    except RequestNotScheduled:
+        return None
 
 
-def refund_failed(session: Session, now: datetime) -> list[RefundResult]:
-    """Refund each user's charge in every batch where one of their requests failed unrefunded."""
-    owed = session.execute(
-        select(BatchRequest.batch_id, User.name)
+def _price_failures(session: Session, batch_id: str, name: str, rule: RefundRule | None) -> int:
+    rows = session.execute(
+        select(BatchRequest, User.name)
         .join(User, User.id == BatchRequest.user_id)
-        .where(
-            BatchRequest.status == RequestStatus.FAILED,
-            _entry(EntryKind.CHARGE),
-            ~_entry(EntryKind.REFUND),
-        )
-        .distinct()
-        .order_by(BatchRequest.batch_id, User.name)
+        .where(BatchRequest.batch_id == batch_id)
+        .order_by(BatchRequest.position)
+        .execution_options(populate_existing=True)
     ).all()
-    return [
-        refunds.refund(
-            session, batch_id, name, reason=REASON, amount_micros=None, rid=None, now=now
+    account_id = next(request.user_id for request, owner in rows if owner == name)
+    budget = session.get(Budget, account_id)
+    charge = 0 if budget is None else period_charges.charged(session, budget, batch_id)
+    failed = frozenset(
+        request.rid
+        for request, owner in rows
+        if owner == name and request.status is RequestStatus.FAILED
+    )
+    priced = [
+        PricedRequest(
+            rid=request.rid,
+            user=owner,
+            bid_micros=request.bid_micros,
+            arrival=request.arrival,
+            tree_path=None
+            if request.tree_path is None
+            else [int(node) for node in request.tree_path.split(".") if node],
         )
-        for batch_id, name in owed
+        for request, owner in rows
     ]
+    if rule is None or any(p.arrival is None or p.tree_path is None for p in priced):
+        # Without the tree's shape (batches settled before it was stored) the batch cannot be
+        # priced again: the whole charge is refunded, as it always was for such batches.
+        return charge
+    return rule(priced, name, failed, charge)

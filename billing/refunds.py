@@ -89,3 +89,50 @@ def _refunded(session: Session, user_id: int, batch_id: str) -> int:
         )
     )
     return int(total or 0)
+
+
+def refund_toward(
+    session: Session,
+    batch_id: str,
+    name: str,
+    *,
+    rid: str,
+    target_micros: int,
+    reason: str,
+    now: datetime,
+) -> RefundResult:
+    """Bring the user's refunds in the batch up to `target_micros` (capped at the charge).
+
+    Keyed by the failed request `rid`: the k-th failure of a user's requests refunds the rule's
+    value for all of them so far minus what earlier failures refunded, and nothing when that is
+    not positive. A replay returns the first result.
+    """
+    check_id(batch_id, "batch_id")
+    check_id(rid, "rid")
+    check_reason(reason)
+    check_micros(target_micros, "target_micros")
+    if session.get(AuctionBatch, batch_id) is None:
+        raise UnknownBatch(batch_id)
+    account = lock_account(session, name)
+    budget = open_period(session, account, now)
+    user_id = account.user.id
+    charged = period_charges.charged(session, budget, batch_id)
+    refunded = _refunded(session, user_id, batch_id)
+    existing = period_charges.recorded_refund(session, user_id, batch_id, rid)
+    if existing is not None:
+        return RefundResult(batch_id, name, existing, charged, refunded)
+    amount = min(target_micros, charged) - refunded
+    if amount <= 0:
+        return RefundResult(batch_id, name, 0, charged, refunded)
+    period_charges.post_refund(
+        session,
+        account,
+        budget,
+        amount_micros=amount,
+        key=f"refund-request:{rid}",
+        reason=reason,
+        batch_id=batch_id,
+        rid=rid,
+        now=now,
+    )
+    return RefundResult(batch_id, name, amount, charged, refunded + amount)

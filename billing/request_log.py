@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
-from billing.errors import InvalidInput, UnknownRequest
+from billing.errors import InvalidInput, RequestNotScheduled, UnknownRequest
 from billing.models import BatchRequest, RequestStatus, User
 from billing.postings import check_id
 from billing.records import RequestView
@@ -92,3 +92,62 @@ def complete_request(
     request.ttft_ms = None if ttft_ms is None else float(ttft_ms)
     request.updated_at = now
     return request_view(request, name)
+
+
+def finish_scheduled(
+    session: Session,
+    rid: str,
+    *,
+    status: RequestStatus,
+    cached_tokens: int | None,
+    ttft_ms: float | None,
+    now: datetime,
+    scheduled_before: datetime | None = None,
+) -> None:
+    """Move a request from `scheduled` to `status`, only if it is still scheduled.
+
+    This conditional write is what makes a served answer and crash recovery exclusive: the
+    first to commit wins and the other raises `RequestNotScheduled`. With `scheduled_before`,
+    only a request settled before that moment moves (recovery's age threshold).
+    """
+    check_id(rid, "rid")
+    _check_ttft(ttft_ms)
+    conditions = [BatchRequest.rid == rid, BatchRequest.status == RequestStatus.SCHEDULED]
+    if scheduled_before is not None:
+        conditions.append(BatchRequest.updated_at < scheduled_before)
+    if cached_tokens is not None and (
+        isinstance(cached_tokens, bool) or not isinstance(cached_tokens, int) or cached_tokens < 0
+    ):
+        raise InvalidInput(
+            "cached_tokens", f"must be a non-negative integer, got {cached_tokens!r}"
+        )
+    moved = session.execute(
+        update(BatchRequest)
+        .where(*conditions)
+        .values(
+            status=status,
+            cached_tokens=cached_tokens,
+            ttft_ms=None if ttft_ms is None else float(ttft_ms),
+            updated_at=now,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    assert isinstance(moved, CursorResult)
+    if moved.rowcount == 1:
+        return
+    current = session.get(BatchRequest, rid, populate_existing=True)
+    if current is None:
+        raise UnknownRequest(rid, "no batch settled it")
+    raise RequestNotScheduled(rid, current.status.value)
+
+
+def _check_ttft(ttft_ms: float | None) -> None:
+    if ttft_ms is not None and (
+        isinstance(ttft_ms, bool)
+        or not isinstance(ttft_ms, (int, float))
+        or not math.isfinite(ttft_ms)
+        or ttft_ms < 0
+    ):
+        raise InvalidInput(
+            "ttft_ms", f"must be a non-negative number of milliseconds, got {ttft_ms!r}"
+        )

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from sqlalchemy import select
@@ -42,7 +42,10 @@ from billing.money import check_micros, check_total_micros
 from billing.period_charges import post_charge
 from billing.periods import require_aware
 from billing.postings import Account, check_id, check_name, lock_accounts
-from billing.records import BatchRecord, RequestRecord, SettleResult
+from billing.records import BatchRecord, ClaimedBatch, RequestRecord, SettleResult
+
+# The claimable rids -> the cleared batch, its requests and every user's charge.
+Clearing = Callable[[list[str]], tuple[BatchRecord, Sequence[RequestRecord], Mapping[str, int]]]
 
 _COUNTS = ("n", "tree_nodes", "tree_depth", "shared_tokens", "total_tokens")
 
@@ -78,6 +81,55 @@ def settle_batch(
                 now=now,
             )
     return _replay(session, batch.batch_id, fingerprint, charges)
+
+
+def settle_claimable(
+    session: Session,
+    candidates: Sequence[tuple[str, str]],
+    clear: Clearing,
+    now: datetime,
+) -> ClaimedBatch:
+    """Claim the open holds among `candidates` (rid, user), clear those, settle them at once.
+
+    A candidate whose hold is missing, settled, released or another user's leaves the batch
+    before `clear` runs, so nobody else's request fails for it. `clear` gets the claimable
+    rids in the candidates' order and returns the batch to settle; it runs under the locks.
+    """
+    accounts = lock_accounts(session, {user for _, user in candidates})
+    rids = [rid for rid, _ in candidates]
+    holds = {
+        hold.rid: hold
+        for hold in session.scalars(
+            select(Hold).where(Hold.rid.in_(rids)).execution_options(populate_existing=True)
+        )
+    }
+    claimable: list[str] = []
+    refused: dict[str, str] = {}
+    for rid, user in candidates:
+        hold = holds.get(rid)
+        if hold is None or hold.user_id != accounts[user].user.id:
+            refused[rid] = "unknown"
+        elif hold.state is not HoldState.OPEN:
+            refused[rid] = hold.state.value
+        else:
+            claimable.append(rid)
+    if not claimable:
+        return ClaimedBatch(settled=None, refused=refused)
+    batch, requests, charges = clear(claimable)
+    closed_at = _validate(batch, requests, charges)
+    if {r.rid for r in requests} != set(claimable):
+        raise InvalidBatch(batch.batch_id, "the cleared requests are not the claimed ones")
+    settled = _settle(
+        session,
+        batch,
+        closed_at=closed_at,
+        requests=requests,
+        charges=charges,
+        accounts={r.user: accounts[r.user] for r in requests},
+        fingerprint=_fingerprint(batch, requests, charges),
+        now=now,
+    )
+    return ClaimedBatch(settled=settled, refused=refused)
 
 
 def _validate(
@@ -276,6 +328,10 @@ def _request_row(
         prompt_tokens=request.prompt_tokens,
         status=RequestStatus.SCHEDULED,
         updated_at=now,
+        arrival=request.arrival,
+        tree_path=None
+        if request.tree_path is None
+        else ".".join(str(int(node)) for node in request.tree_path),
     )
 
 

@@ -103,6 +103,7 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         mode=settings.engine_mode,
         cache_tokens=settings.emulator_cache_tokens,
         time_scale=settings.emulator_time_scale,
-        timeout=settings.engine_timeout_seconds,
+        # The server applies the stall deadline and the total cap itself, chunk by chunk.
+        timeout=None,
         model_name=settings.model_name,
     )

@@ -72,10 +72,6 @@ class Conflict(ServiceError):
     status_code, error_type = 409, "idempotency_conflict"
 
 
-# The old name of `Conflict`, for server/service.py until it is rewritten: not a second class.
-IdempotencyConflict = Conflict
-
-
 class RateLimited(ServiceError):
     status_code, error_type = 429, "rate_limited"
 

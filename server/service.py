@@ -1,10 +1,13 @@
 """The path of one request, as one walk: hold, wait in the pool, clear, settle, dispatch.
 
-    admit()   hold the bid in the ledger (402 if the budget cannot cover it), join the pool
-    _clear()  a batch closed: run the auction, settle it in ONE ledger transaction, then
-              hand the requests to the engine in the auction's order
-    _serve()  stream one request from the engine into its ticket; on an engine failure
-              refund the user's charge for that batch
+    admit()   refuse what the engine would refuse (context length), hold the bid in the
+              ledger (402 if the budget cannot cover it), join the pool (`server.admission`)
+    _clear()  a batch closed: claim its holds, run the auction and settle it in ONE ledger
+              transaction (`server.clearing`), then hand the requests to the engine in the
+              auction's order
+    serve     stream one request from the engine into its ticket and record its outcome
+              before its last byte; on an engine failure refund what that failure is worth
+              (`server.dispatch`)
 
 A request id is the client's idempotency key: a retry with the same payload joins the same
 ticket (and is never charged twice); the same id with another payload is a 409.
@@ -14,50 +17,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 import secrets
 import time
-from collections import OrderedDict, defaultdict, deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 from billing import Ledger
-from billing.errors import LedgerError
-from billing.models import HoldState
-from billing.records import BatchRecord, RequestCompletion, RequestRecord
-from server.auction import AuctionOutcome, AuctionRequest, run_auction
+from server.admission import (
+    conflict,
+    ledger_rid,
+    payload_fingerprint,
+    place_hold,
+    release_hold,
+    unavailable,
+)
 from server.batching import BatchingPolicy, BatchPool, PoolClosed, QueueFull
+from server.clearing import ClearedBatch, clear_and_settle
 from server.deferral import DeferralSettings
 from server.deferred_dispatch import DeferredDispatch
+from server.dispatch import Serving
 from server.engine.base import Engine, EngineRequest
 from server.engine.errors import EngineError, EngineTimeout
-from server.engine.generation import Generation
+from server.engine.sglang_request import check_context_length
 from server.errors import (
+    Conflict,
     EngineFailed,
     EngineTimedOut,
-    IdempotencyConflict,
+    InvalidRequest,
     ServiceError,
-    Unavailable,
-    from_ledger_error,
 )
 from server.metrics import Metrics
 from server.settings import ServerSettings
-from server.tickets import Chunk, Clearance, Ticket
+from server.tickets import Clearance, Ticket
+
+__all__ = ["AuctionService", "new_batch_id", "payload_fingerprint"]
 
 log = logging.getLogger(__name__)
 
 # Finished tickets kept for idempotent retries; older ones fall back to the ledger's record.
 _REMEMBERED_TICKETS = 10_000
-
-
-def payload_fingerprint(payload: dict[str, Any]) -> str:
-    """A stable digest of a request's payload (what a retry must repeat exactly)."""
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def new_batch_id() -> str:
@@ -92,14 +94,16 @@ class AuctionService:
         self.timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._sequence = 0
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
-        self._completions: defaultdict[str, list[RequestCompletion]] = defaultdict(list)
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
+        # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
+        self.dispatcher = DeferredDispatch(engine, _deferral_settings(settings), self.metrics)
+        self._serving = Serving(
+            settings, ledger, self.metrics, self._freed, started=self.dispatcher.first_token
+        )
         # Clearing has a thread of its own: in the shared pool it would queue behind the holds
         # of the very requests that are waiting for it.
         self._clearing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clearing")
-        # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
-        self.dispatcher = DeferredDispatch(engine, _deferral_settings(settings), self.metrics)
 
     async def start(self) -> None:
         """Start closing batches."""
@@ -114,8 +118,8 @@ class AuctionService:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
-        self._clearing.shutdown(wait=True)
         self.dispatcher.close()
+        self._clearing.shutdown(wait=True)
 
     # Admission
 
@@ -134,14 +138,13 @@ class AuctionService:
         known = self._tickets.get(key)
         if known is not None:
             if known.fingerprint != fingerprint:
-                raise IdempotencyConflict(
-                    f"request id {rid!r} was already used with a different payload", param="rid"
-                )
+                raise conflict(rid)
             return known
+        await self._check_context(tokens, sampling_params)
         ticket = Ticket(
             user=user,
             rid=rid,
-            ledger_rid=f"{user}/{rid}",
+            ledger_rid=ledger_rid(user, rid),
             tokens=tokens,
             bid_micros=bid_micros,
             sampling_params=sampling_params,
@@ -150,54 +153,44 @@ class AuctionService:
         # Claimed before the first await, so a concurrent retry joins instead of racing.
         self._remember(key, ticket)
         try:
-            await self._hold(ticket)
+            await place_hold(self.ledger, self.metrics, ticket)
             ticket.queued = time.monotonic()
             try:
                 self.pool.submit(ticket)
             except (QueueFull, PoolClosed) as error:
-                await self._release(ticket, "not queued: " + str(error))
-                raise Unavailable(str(error), headers={"Retry-After": "1"}) from None
+                await release_hold(self.ledger, self.metrics, ticket, "not queued: " + str(error))
+                raise unavailable(str(error)) from None
         except ServiceError as error:
             self._forget(key)
             await ticket.finish(error)  # a concurrent retry that joined gets the same answer
             raise
         return ticket
 
-    async def _hold(self, ticket: Ticket) -> None:
+    async def _check_context(self, tokens: list[int], sampling_params: dict[str, Any]) -> None:
+        """Refuse, before any money moves, what the engine would refuse for its length."""
         try:
-            hold = await asyncio.to_thread(
-                self.ledger.place_hold, ticket.user, ticket.ledger_rid, ticket.bid_micros
-            )
-        except LedgerError as error:
-            raise from_ledger_error(error) from None
-        except Exception as error:  # the database is down or locked: nothing was written
-            self.metrics.ledger_errors.labels(operation="hold").inc()
-            log.warning("placing a hold failed: %s", error)
-            raise Unavailable(
-                "the ledger is unavailable; retry shortly", headers={"Retry-After": "1"}
-            ) from None
-        if hold.state != HoldState.OPEN:
-            # The hold of this rid was settled or released before (this process forgot the
-            # ticket, e.g. after a restart): its result is gone, so a replay cannot be served.
-            raise IdempotencyConflict(
-                f"request id {ticket.rid!r} was already {hold.state} in batch {hold.batch_id}; "
-                "use a new rid for a new request",
-                param="rid",
-            )
+            context = await self.engine.context_length()
+        except EngineTimeout as error:
+            raise EngineTimedOut(f"asking the engine for its context length: {error}") from None
+        except EngineError as error:
+            raise EngineFailed(f"the engine did not tell its context length: {error}") from None
+        if context is None:
+            return
+        max_new_tokens = sampling_params.get("max_new_tokens")
+        try:
+            check_context_length(len(tokens), max_new_tokens, context)
+        except ValueError as error:
+            param = "max_new_tokens" if str(error).startswith("Requested") else "prompt"
+            raise InvalidRequest(str(error), param=param) from None
 
     async def abandon(self, ticket: Ticket) -> None:
         """The client went away: if its batch has not closed, take it back and free its hold."""
         if self.pool.withdraw(ticket):
-            await self._release(ticket, "client disconnected before dispatch")
-            await ticket.finish(Unavailable("the client disconnected"))
+            await release_hold(
+                self.ledger, self.metrics, ticket, "client disconnected before dispatch"
+            )
+            await ticket.finish(unavailable("the client disconnected"))
             self._forget((ticket.user, ticket.rid))
-
-    async def _release(self, ticket: Ticket, reason: str) -> None:
-        try:
-            await asyncio.to_thread(self.ledger.release, ticket.ledger_rid, reason)
-        except Exception as error:  # the stale-hold job frees it later
-            self.metrics.ledger_errors.labels(operation="release").inc()
-            log.warning("releasing hold %s failed: %s", ticket.ledger_rid, error)
 
     def _remember(self, key: tuple[str, str], ticket: Ticket) -> None:
         self._tickets[key] = ticket
@@ -216,77 +209,73 @@ class AuctionService:
         closed = time.monotonic()
         for ticket in tickets:
             ticket.closed = closed
-        batch_id = new_batch_id()
-        by_rid = {ticket.ledger_rid: ticket for ticket in tickets}
-        requests = [AuctionRequest(t.ledger_rid, t.user, t.tokens, t.bid_micros) for t in tickets]
-        started = time.perf_counter()
-        # Large batches take tens of milliseconds: keep the event loop serving meanwhile.
         loop = asyncio.get_running_loop()
-        outcome = await loop.run_in_executor(self._clearing, run_auction, requests)
-        self.metrics.auction_seconds.observe(time.perf_counter() - started)
+        started = time.perf_counter()
         try:
-            started = time.perf_counter()
-            await loop.run_in_executor(self._clearing, self._settle, batch_id, outcome, by_rid)
-            self.metrics.settle_seconds.observe(time.perf_counter() - started)
+            # Large batches take tens of milliseconds: keep the event loop serving meanwhile.
+            cleared = await loop.run_in_executor(
+                self._clearing, clear_and_settle, self.ledger, tickets, new_batch_id(), self._clock
+            )
         except Exception as error:
             self.metrics.ledger_errors.labels(operation="settle").inc()
-            log.error("settling batch %s failed; its requests fail unserved: %s", batch_id, error)
-            failure = Unavailable(
-                "the ledger could not settle the batch; nothing was charged",
-                headers={"Retry-After": "1"},
-            )
+            log.error("settling a batch failed; its requests fail unserved: %s", error)
+            failure = unavailable("the ledger could not settle the batch; nothing was charged")
             for ticket in tickets:
-                await self._release(ticket, "batch could not be settled")
+                await release_hold(self.ledger, self.metrics, ticket, "batch could not be settled")
                 await ticket.finish(failure)
-                # A retry of the rid is admitted afresh (reusing the hold if it is still open)
-                # instead of replaying this failure.
+                # A retry of the rid is admitted afresh (its hold re-opened) instead of
+                # replaying this failure.
                 self._forget((ticket.user, ticket.rid))
             return
+        self.metrics.settle_seconds.observe(time.perf_counter() - started)
+        by_rid = {ticket.ledger_rid: ticket for ticket in tickets}
+        for rid, state in cleared.refused.items():
+            await self._refuse(by_rid[rid], state)
+        batch = cleared.batch
+        if batch is None:
+            return
+        outcome = batch.outcome
+        self.metrics.auction_seconds.observe(batch.auction_seconds)
         self.metrics.batches.inc()
-        self.metrics.batch_size.observe(len(tickets))
+        self.metrics.batch_size.observe(outcome.size)
         self.metrics.revenue.inc(outcome.revenue)
         self.metrics.welfare.inc(int(outcome.welfare))
         ordered = [by_rid[rid] for rid in outcome.order]
         for ticket in ordered:
-            await ticket.clear(self._clearance(batch_id, outcome, ticket))
+            await ticket.clear(self._clearance(batch, ticket))
         self.inflight += len(ordered)
-        self._dispatch(ordered, outcome)
+        self._dispatch(ordered, batch)
 
-    def _settle(self, batch_id: str, outcome: AuctionOutcome, by_rid: dict[str, Ticket]) -> None:
-        batch = BatchRecord(
-            batch_id=batch_id,
-            closed_at=self._clock(),
-            n=outcome.size,
-            revenue_micros=outcome.revenue,
-            welfare_micros=int(outcome.welfare),
-            tree_nodes=outcome.tree.nodes,
-            tree_depth=outcome.tree.depth,
-            shared_tokens=outcome.tree.shared_tokens,
-            total_tokens=outcome.tree.total_tokens,
-        )
-        records = [
-            RequestRecord(
-                rid=rid,
-                user=outcome.users[rid],
-                position=outcome.positions[rid],
-                priority=float(outcome.priority(rid)),
-                bid_micros=outcome.bids[rid],
-                prompt_tokens=len(by_rid[rid].tokens),
+    async def _refuse(self, ticket: Ticket, state: str) -> None:
+        """A request whose hold could not be claimed leaves its batch with its own error."""
+        error: ServiceError
+        if state == "settled":
+            error = Conflict(
+                f"request id {ticket.rid!r} was settled in another batch (sent twice, e.g. to "
+                "two servers); use a new rid for a new request",
+                param="rid",
             )
-            for rid in outcome.order
-        ]
-        self.ledger.settle_batch(batch, records, outcome.payments)
+        else:  # released (expired) meanwhile: nothing was charged, a retry is admitted afresh
+            error = unavailable(
+                f"the hold of request {ticket.rid!r} was {state} before its batch closed; "
+                "nothing was charged, retry"
+            )
+            self._forget((ticket.user, ticket.rid))
+        log.info("request %r left its batch: hold %s", ticket.rid, state)
+        await ticket.finish(error)
 
-    def _clearance(self, batch_id: str, outcome: AuctionOutcome, ticket: Ticket) -> Clearance:
+    def _clearance(self, batch: ClearedBatch, ticket: Ticket) -> Clearance:
         sequence = self._sequence
         self._sequence += 1
+        outcome = batch.outcome
         return Clearance(
-            batch_id=batch_id,
+            batch_id=batch.batch_id,
             position=outcome.positions[ticket.ledger_rid],
             batch_size=outcome.size,
             priority=float(outcome.priority(ticket.ledger_rid)),
             bid_micros=ticket.bid_micros,
-            charge_micros=outcome.payments[ticket.user],
+            user_batch_charge_micros=batch.charge(ticket.user),
+            request_charge_micros=batch.shares[ticket.ledger_rid],
             sequence=sequence,
         )
 
@@ -297,7 +286,7 @@ class AuctionService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _dispatch(self, ordered: list[Ticket], outcome: AuctionOutcome) -> None:
+    def _dispatch(self, ordered: list[Ticket], batch: ClearedBatch) -> None:
         """Hand the batch to the engine in the auction's order; follow each request."""
         requests = []
         now = time.monotonic()
@@ -317,88 +306,18 @@ class AuctionService:
                     stream=True,
                 )
             )
-        # Deferral hook: the dispatcher sends each request now or once the rule releases it.
         self.dispatcher.dispatch(
-            outcome,
+            batch.outcome,
             requests,
-            lambda place, generation: self._spawn(self._serve(ordered[place], generation)),
+            lambda place, generation: self._spawn(
+                self._serving.serve(ordered[place], generation, batch)
+            ),
         )
 
-    async def _serve(self, ticket: Ticket, generation: Generation) -> None:
-        clearance = ticket.clearance
-        assert clearance is not None and ticket.dispatched is not None
-        error: ServiceError | None = None
-        ttft: float | None = None
-        try:
-            async with asyncio.timeout(self.settings.engine_timeout_seconds):
-                async for chunk in generation.chunks():
-                    if ttft is None:
-                        ttft = time.monotonic() - ticket.dispatched
-                        self.metrics.engine_ttft.observe(ttft)
-                        self.dispatcher.first_token(ticket.ledger_rid)  # deferral hook
-                    await ticket.push(
-                        Chunk(chunk.text, list(chunk.output_ids), dict(chunk.meta_info))
-                    )
-        except TimeoutError:
-            generation.cancel("the auction server's engine deadline passed")
-            error = EngineTimedOut(f"the engine did not finish request {ticket.rid!r} in time")
-        except EngineTimeout as failure:
-            error = EngineTimedOut(f"the engine timed out on request {ticket.rid!r}: {failure}")
-        except EngineError as failure:
-            error = EngineFailed(f"the engine failed request {ticket.rid!r}: {failure}")
-        finally:
-            self.dispatcher.ended(ticket.ledger_rid)  # deferral hook
-            self.inflight -= 1
-            self.pool.capacity_freed()
-        if error is None and not ticket.chunks:
-            error = EngineFailed(f"the engine returned nothing for request {ticket.rid!r}")
-        if error is not None:
-            await self._refund(ticket, clearance, error)
-        await self._record(ticket, error, ttft)
-        await ticket.finish(error)
-
-    async def _refund(self, ticket: Ticket, clearance: Clearance, error: ServiceError) -> None:
-        self.metrics.requests.labels(status="failed").inc()
-        if clearance.charge_micros == 0:
-            return
-        try:
-            await asyncio.to_thread(
-                self.ledger.refund, clearance.batch_id, ticket.user, f"engine: {error.message}"
-            )
-        except LedgerError as failure:  # already refunded for another request of the batch
-            log.info("refund of %s in %s: %s", ticket.user, clearance.batch_id, failure)
-        except Exception as failure:
-            self.metrics.ledger_errors.labels(operation="refund").inc()
-            log.error("refund of %s in %s failed: %s", ticket.user, clearance.batch_id, failure)
-
-    async def _record(self, ticket: Ticket, error: ServiceError | None, ttft: float | None) -> None:
-        meta = ticket.chunks[-1].meta_info if ticket.chunks else {}
-        if error is None:
-            self.metrics.requests.labels(status="served").inc()
-            self.metrics.record_cache(
-                int(meta.get("prompt_tokens", len(ticket.tokens))),
-                int(meta.get("cached_tokens", 0)),
-            )
-        cached = meta.get("cached_tokens")
-        completion = RequestCompletion(
-            rid=ticket.ledger_rid,
-            status="failed" if error else "served",
-            cached_tokens=cached if isinstance(cached, int) else None,
-            ttft_ms=None if ttft is None else ttft * 1000,
-        )
-        assert ticket.clearance is not None
-        # One bookkeeping transaction per batch, written when its last request ends: a write
-        # per request would cost as much as the hold and the settlement together.
-        batch = self._completions[ticket.clearance.batch_id]
-        batch.append(completion)
-        if len(batch) < ticket.clearance.batch_size:
-            return
-        del self._completions[ticket.clearance.batch_id]
-        try:
-            await asyncio.to_thread(self.ledger.complete_requests, batch)
-        except Exception as failure:  # bookkeeping only: the money is already settled
-            self.metrics.ledger_errors.labels(operation="record").inc()
-            log.warning("recording batch %s failed: %s", ticket.clearance.batch_id, failure)
+    def _freed(self, ledger_rid: str) -> None:
+        self.dispatcher.ended(ledger_rid)  # a request held back for this one's prefix may go
+        self.inflight -= 1
+        self.pool.capacity_freed()
 
 
 def _deferral_settings(settings: ServerSettings) -> DeferralSettings | None:

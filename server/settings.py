@@ -23,7 +23,13 @@ class ServerSettings(LedgerSettings):
     # Engine: a real SGLang server, or the embedded emulator when no URL is given.
     engine_url: str | None = None
     engine_mode: Literal["priority", "ordered"] = "priority"
-    engine_timeout_seconds: float = Field(default=600.0, gt=0)
+    # A generation that produces no token for `engine_stall_timeout_seconds` (none at all, or
+    # none since the last) is cut off and fails: 504, refunded. A generation that keeps
+    # streaming is never cut off by it. `engine_max_seconds`, when set, caps a generation's
+    # whole time: one that reaches it is cut off and *served* with the output so far
+    # (finish_reason `abort`, as SGLang reports an aborted request), and charged.
+    engine_stall_timeout_seconds: float = Field(default=600.0, gt=0)
+    engine_max_seconds: float | None = Field(default=None, gt=0)
     emulator_cache_tokens: int = Field(default=23_000, gt=0)
     emulator_time_scale: float = Field(default=1.0, gt=0)
 

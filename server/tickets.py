@@ -26,7 +26,8 @@ class Clearance:
     batch_size: int
     priority: float
     bid_micros: int
-    charge_micros: int
+    user_batch_charge_micros: int  # the user's whole charge for the batch
+    request_charge_micros: int  # this request's share of it (SPEC section 1)
     sequence: int  # global schedule sequence number: the engine priority (lower goes first)
 
     def as_json(self) -> dict[str, Any]:
@@ -37,7 +38,10 @@ class Clearance:
             "batch_size": self.batch_size,
             "priority": self.priority,
             "bid_micros": self.bid_micros,
-            "charge_micros": self.charge_micros,
+            "user_batch_charge_micros": self.user_batch_charge_micros,
+            "request_charge_micros": self.request_charge_micros,
+            # Deprecated alias of user_batch_charge_micros, kept for one release.
+            "charge_micros": self.user_batch_charge_micros,
         }
 
 

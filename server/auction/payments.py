@@ -35,6 +35,15 @@ def vcg_payment_numerators(
     return {user: context.user_numerator(requests, bids) for user, requests in by_user.items()}
 
 
+def user_payment_numerator(
+    tree: RadixTree, schedule: Schedule, bids: Sequence[int], requests: list[int]
+) -> int:
+    """(n-1) * p of the one user who sent `requests` (indexes into `bids`)."""
+    if len(bids) < 2:
+        return 0
+    return _PaymentContext(tree, schedule).user_numerator(requests, bids)
+
+
 class _PaymentContext:
     """What every user's payment reads: positions, preorder ranks, per-node prefix sums."""
 

@@ -9,6 +9,7 @@ DFS schedule for brute-force checks on small batches.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -100,3 +101,46 @@ def reference_payments(requests: Sequence[AuctionRequest]) -> dict[str, Fraction
         best = welfare(reference_order(requests, without), without)
         payments[user] = best - welfare(chosen, without)
     return payments
+
+
+def reference_charge(requests: Sequence[AuctionRequest], user: str, zeroed: set[str]) -> int:
+    """The user's charge (floored micros) when the bids of `zeroed` are set to zero."""
+    changed = [
+        AuctionRequest(r.rid, r.user, r.tokens, 0 if r.rid in zeroed else r.bid) for r in requests
+    ]
+    return math.floor(reference_payments(changed).get(user, Fraction(0)))
+
+
+def reference_failure_refund(
+    requests: Sequence[AuctionRequest], user: str, failed: set[str]
+) -> int:
+    """Charge minus the charge with the failed requests' bids zeroed, clipped to [0, charge]."""
+    charge = reference_charge(requests, user, set())
+    return min(max(charge - reference_charge(requests, user, failed), 0), charge)
+
+
+def reference_shares(requests: Sequence[AuctionRequest], user: str) -> dict[str, int]:
+    """The user's charge split by marginals (else bids, else equally), largest remainder."""
+    charge = reference_charge(requests, user, set())
+    mine = [r for r in requests if r.user == user]
+    positions = {
+        requests[index].rid: place
+        for place, index in enumerate(reference_order(requests, [r.bid for r in requests]))
+    }
+    weights = {
+        r.rid: min(max(charge - reference_charge(requests, user, {r.rid}), 0), charge) for r in mine
+    }
+    if not any(weights.values()):
+        weights = {r.rid: r.bid for r in mine}
+    if not any(weights.values()):
+        weights = {r.rid: 1 for r in mine}
+    exact = {rid: Fraction(charge * w, sum(weights.values())) for rid, w in weights.items()}
+    shares = {rid: math.floor(value) for rid, value in exact.items()}
+    # Hand out the units left one at a time: largest fractional part, then earliest position.
+    for _ in range(charge - sum(shares.values())):
+        best = max(
+            (rid for rid in exact if shares[rid] == math.floor(exact[rid])),
+            key=lambda rid: (exact[rid] - math.floor(exact[rid]), -positions[rid]),
+        )
+        shares[best] += 1
+    return shares

@@ -585,19 +585,30 @@ def expire_holds(max_age: float | None, database_url: str | None) -> None:
     "--older-than",
     type=click.FloatRange(min=0),
     required=True,
-    help="Seconds a request may stay scheduled before it counts as lost; above the servers' "
-    "engine timeout while servers run, any value (e.g. 0) when none does.",
+    help="Seconds since its batch was settled after which a request still `scheduled` (no "
+    "outcome recorded) counts as lost. Safe at any value while servers run; choose one above "
+    "the longest a generation may take (ENGINE_MAX_SECONDS, if set), or requests still "
+    "streaming are failed and refunded and their clients get 503 instead of the end of the "
+    "answer.",
 )
 @database_option
 def refund_unserved(older_than: float, database_url: str | None) -> None:
-    """After a crash: refund requests that were charged but never served.
+    """Refund requests that were charged but never answered (after a crash, or a failed write).
 
-    Requests still `scheduled` for longer than --older-than seconds are marked failed, and
-    every user's charge in a batch where one of their requests failed without a refund is
-    refunded. Running it again refunds nothing more.
+    Every request still `scheduled` for longer than --older-than seconds is marked failed and
+    refunded by the per-request rule (docs/SPEC.md, "When requests fail"): its user gets back
+    what the failed requests' bids added to the user's charge, never more than the charge. A
+    request is failed only if it is still scheduled, and a server records an answer only if it
+    is, in one conditional write each: whichever commits first wins, so a request is either
+    served (its client got the whole answer, it stays charged) or failed (its client got no
+    complete answer, it is refunded), never both. Safe at any time, on any replica, while
+    servers run. Running it again refunds nothing more.
     """
+    # Imported late: pricing a batch pulls in the auction core, which other commands never need.
+    from server.clearing import refund_rule  # noqa: PLC0415
+
     with open_ledger(database_url) as book:
-        refunded = book.refund_unserved(timedelta(seconds=older_than))
+        refunded = book.refund_unserved(timedelta(seconds=older_than), rule=refund_rule)
     for result in refunded:
         click.echo(
             f"Refunded {format_micros(result.amount_micros)} credits to {result.user!r}"

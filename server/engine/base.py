@@ -147,6 +147,9 @@ class Engine(Protocol):
     async def tokenize(self, text: str) -> list[int]:
         """The engine's token ids for `text` (cached by prompt where that costs I/O)."""
 
+    async def context_length(self) -> int | None:
+        """The model's context length in tokens (None when the engine does not say)."""
+
     async def flush_cache(self) -> bool:
         """Empty the engine's prefix cache; False while requests run or wait (SGLang's rule)."""
 

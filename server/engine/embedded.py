@@ -16,7 +16,7 @@ from server.engine.cost_model import CostModel
 from server.engine.errors import EngineError, EngineRejected, EngineServerError, EngineUnavailable
 from server.engine.generation import EngineBase, Generation
 from server.engine.live import DEFAULT_MODEL_NAME, LiveRequest, LiveSimulator
-from server.engine.sglang_request import parse_sampling_params
+from server.engine.sglang_request import check_context_length, parse_sampling_params
 from server.engine.simulator import DEFAULT_CACHE_TOKENS, EngineSimulator
 from server.tokenizer import encode
 
@@ -74,6 +74,10 @@ class EmbeddedEngine(EngineBase):
             return await asyncio.to_thread(encode, text)
         return encode(text)
 
+    async def context_length(self) -> int:
+        """The emulated model's context: its KV capacity, as the emulator's `/tokenize` says."""
+        return self.live.simulator.cache.capacity
+
     async def flush_cache(self) -> bool:
         """Empty the emulated prefix cache, unless requests run or wait."""
         return self.live.flush_cache()
@@ -87,6 +91,11 @@ class EmbeddedEngine(EngineBase):
             request = generation.request
             try:
                 options = parse_sampling_params(request.sampling_params)
+                check_context_length(
+                    len(request.input_ids),
+                    request.sampling_params.get("max_new_tokens"),
+                    capacity,
+                )
                 submitted = self.live.submit(
                     request.input_ids,
                     max_new_tokens=capacity

@@ -18,7 +18,7 @@ def make_engine(
     engine_url: str | None,
     mode: str = "priority",
     *,
-    timeout: float = 600.0,
+    timeout: float | None = 600.0,
     cache_tokens: int = DEFAULT_CACHE_TOKENS,
     time_scale: float = 1.0,
     cost_model: CostModel | None = None,
@@ -27,8 +27,8 @@ def make_engine(
 ) -> Engine:
     """The SGLang backend at `engine_url` in `mode`, or the embedded emulator without a URL.
 
-    `timeout` bounds one request at SGLang; the emulator options apply only without a URL,
-    and the emulator ignores `mode` (it honours priorities itself).
+    `timeout` bounds one request at SGLang (None: no bound); the emulator options apply only
+    without a URL, and the emulator ignores `mode` (it honours priorities itself).
     """
     if mode not in ("priority", "ordered"):
         raise ValueError(f"engine mode must be 'priority' or 'ordered', got {mode!r}")

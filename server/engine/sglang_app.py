@@ -31,7 +31,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from server.engine.live import LiveRequest, LiveSimulator
-from server.engine.sglang_request import ContractError, GenerateInput, parse_generate_body
+from server.engine.sglang_request import (
+    ContractError,
+    GenerateInput,
+    check_context_length,
+    parse_generate_body,
+)
 from server.tokenizer import piece_id, pieces
 
 __all__ = ["create_sglang_app"]
@@ -195,6 +200,9 @@ class _Routes:
         else:
             input_ids = self.book.learn(parsed.text or "")
         max_new_tokens = parsed.sampling.max_new_tokens
+        check_context_length(
+            len(input_ids), parsed.sampling.requested_max_new_tokens, self.capacity
+        )
         submitted = self.live.submit(
             input_ids,
             max_new_tokens=self.capacity if max_new_tokens is None else max_new_tokens,

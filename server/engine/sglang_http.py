@@ -114,7 +114,7 @@ class SGLangHTTPEngine(EngineBase):
         base_url: str,
         *,
         mode: DispatchMode = "priority",
-        request_timeout: float = 600.0,
+        request_timeout: float | None = 600.0,
         connect_timeout: float = 5.0,
         control_timeout: float = 30.0,
         tokenize_cache_size: int = 65_536,
@@ -135,6 +135,8 @@ class SGLangHTTPEngine(EngineBase):
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self._tokens: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._context_length: int | None = None
+        self._context_asked = False  # an SGLang without `max_model_len` is asked only once
         self._tokenize_cache_size = tokenize_cache_size
         self._tokenizing: dict[str, asyncio.Task[tuple[int, ...]]] = {}
         self.tokenize_hits = 0
@@ -202,6 +204,13 @@ class SGLangHTTPEngine(EngineBase):
         tokens = await asyncio.shield(task)
         return list(tokens)
 
+    async def context_length(self) -> int | None:
+        """SGLang's context length (`max_model_len` of its `/tokenize`), asked once."""
+        if self._context_length is None and not self._context_asked:
+            await self._fetch_tokens("a")
+            self._context_asked = True
+        return self._context_length
+
     async def flush_cache(self) -> bool:
         """Ask SGLang's `/flush_cache`: 200 when it flushed, 400 while requests run or wait."""
         if self._client is None:
@@ -244,9 +253,13 @@ class SGLangHTTPEngine(EngineBase):
             status = response.status_code
             raise _status_error(status, _error_message(response.content, status))
         try:
-            tokens = response.json().get("tokens")
+            data = response.json()
+            tokens = data.get("tokens")
         except (ValueError, AttributeError) as error:
             raise EngineProtocolError("SGLang /tokenize sent a malformed body") from error
+        limit = data.get("max_model_len")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            self._context_length = limit
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineProtocolError("SGLang /tokenize sent no token list")
         result = tuple(tokens)

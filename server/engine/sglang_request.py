@@ -45,6 +45,9 @@ class SamplingOptions:
 
     max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS
     sampling_seed: int | None = None
+    # As the client sent it (None when absent): SGLang checks only an explicit value against
+    # the context length.
+    requested_max_new_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +231,9 @@ def _sampling_options(params: Mapping[str, Any]) -> SamplingOptions:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
     if params.get("n") not in (None, 1):
         raise ValueError("Parallel sampling (n > 1) is not supported by this engine.")
-    return SamplingOptions(max_new_tokens, params.get("sampling_seed"))
+    return SamplingOptions(
+        max_new_tokens, params.get("sampling_seed"), params.get("max_new_tokens")
+    )
 
 
 def parse_sampling_params(params: Any) -> SamplingOptions:
@@ -272,3 +277,26 @@ def parse_generate_body(body: Any) -> GenerateInput:
             raise ValueError("The input_ids must be token ids in [0, 2^63).")
     sampling = SamplingOptions() if params is None else _sampling_options(params)
     return GenerateInput(rid, text, tokens, sampling, bool(stream), priority)
+
+
+def check_context_length(prompt_tokens: int, max_new_tokens: object, context_length: int) -> None:
+    """Refuse what SGLang 0.5.23's tokenizer manager refuses for the request's length.
+
+    The prompt must be shorter than the context, and the prompt plus an explicit
+    `max_new_tokens` too; the messages are SGLang's (a ValueError, which it answers with 400).
+    """
+    if prompt_tokens >= context_length:
+        raise ValueError(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+            f"({context_length} tokens)."
+        )
+    if isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool):
+        total = max_new_tokens + prompt_tokens
+        if total >= context_length:
+            raise ValueError(
+                "Requested token count exceeds the model's maximum context length of "
+                f"{context_length} tokens. You requested a total of {total} tokens: "
+                f"{prompt_tokens} tokens from the input messages and {max_new_tokens} tokens "
+                "for the completion. Please reduce the number of tokens in the input messages "
+                "or the completion to fit within the limit."
+            )

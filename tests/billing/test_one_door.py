@@ -19,9 +19,6 @@ from server.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Rewritten by branches merged after this one; their billing imports move to the door then.
-_PENDING = {"server/service.py"}
-
 
 def _imports(path: Path) -> Iterator[tuple[int, str, str | None]]:
     """(line, module, name) for every import in `path`; name is None for `import module`."""
@@ -55,12 +52,7 @@ def _trespasses(path: Path, *, sqlalchemy: bool = False) -> list[str]:
 def test_the_server_imports_only_billings_public_interface() -> None:
     files = sorted(ROOT.glob("server/**/*.py"))
     assert len(files) > 50  # the walk really covers the server
-    found = [
-        problem
-        for path in files
-        if str(path.relative_to(ROOT)) not in _PENDING
-        for problem in _trespasses(path)
-    ]
+    found = [problem for path in files for problem in _trespasses(path)]
     assert found == []
 
 

@@ -95,12 +95,6 @@ def test_two_replicas_running_the_ledger_jobs_at_once_do_each_thing_once(
     assert admin.reconcile().ok
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="needs per-request hold claims at batch close: today the replica whose batch "
-    "settles second fails that whole batch (503 for every user in it) instead of only the "
-    "request whose rid the other replica already settled",
-)
 def test_a_rid_already_settled_by_another_replica_fails_alone(
     postgres_db: MigratedDatabase,
 ) -> None:

@@ -217,3 +217,30 @@ def test_an_invalid_json_body_is_a_400(client: httpx.Client) -> None:
     )
     assert response.status_code == 400
     assert response.json()["code"] == 400
+
+
+def test_the_context_length_refusals_are_sglangs() -> None:
+    # SGLang 0.5.23 refuses a prompt of at least the context length, and a prompt plus an
+    # explicit max_new_tokens of at least it; a prompt plus the default is clipped instead.
+    with emulator(cache_tokens=100) as (url, _), httpx.Client(base_url=url, timeout=10) as http:
+        limit = http.post("/tokenize", json={"prompt": "x"}).json()["max_model_len"]
+        assert limit == 100
+
+        def generate(prompt: int, **sampling: int) -> httpx.Response:
+            body = {"input_ids": list(range(1, prompt + 1)), "sampling_params": sampling}
+            return http.post("/generate", json=body)
+
+        too_long = generate(100)
+        assert too_long.status_code == 400
+        assert "The input (100 tokens) is longer than the model's context length (100 tokens)." in (
+            too_long.text
+        )
+        total = generate(90, max_new_tokens=10)
+        assert total.status_code == 400
+        assert (
+            "Requested token count exceeds the model's maximum context length of 100 tokens. "
+            "You requested a total of 100 tokens: 90 tokens from the input messages and 10 "
+            "tokens for the completion."
+        ) in total.text
+        assert generate(90, max_new_tokens=9).status_code == 200
+        assert generate(99).status_code == 200

@@ -95,6 +95,7 @@ class FaultySGLang:
 
     def __init__(self, mode: Mode = "ok") -> None:
         self.mode: Mode = mode
+        self.modes: dict[str, Mode] = {}  # per rid, overriding `mode`
         self.received: list[Received] = []
         self.aborted: list[str] = []
         self._stopping = threading.Event()
@@ -140,7 +141,7 @@ class FaultySGLang:
         prompt = len(body.get("input_ids") or []) or len(token_ids(str(body.get("text") or "")))
         stream = body.get("stream") is True
         self.received.append(Received(rid, body.get("priority"), stream, prompt))
-        mode = self.mode
+        mode = self.modes.get(rid, self.mode)
         if mode == "hang":
             await self._until_stopped()
             return Response(status_code=HTTPStatus.SERVICE_UNAVAILABLE)

@@ -9,7 +9,10 @@ serving again.
 
 While requests are at the engine: their batch settled, so their users were charged, and the
 process that would have refunded a failure is gone. The charges stay and the requests stay
-`scheduled` until the recovery procedure of docs/OPERATIONS.md refunds them.
+`scheduled` until the recovery procedure of docs/OPERATIONS.md refunds them. A request whose
+answer was sent before the kill was recorded `served` first: it keeps its charge, and the
+recovery (run while a restarted server serves) refunds only the others, by the per-request
+rule.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from billing import Ledger
+from server.auction import AuctionRequest
+from server.auction.repricing import Repricer
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
-from tests.faults.faulty_sglang import FaultySGLang
+from tests.faults.faulty_sglang import FaultySGLang, token_ids
 from tests.processes import free_port, wait_until_healthy
 
 GRANT = 10_000_000
@@ -251,13 +256,21 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
         assert checked.returncode == 0, checked.stderr
         assert "agree with their entries" in checked.stdout
 
-        # The old request id is spent (its hold was released); a new one is served.
+        # Nothing was served or charged: the client's retry with the same rid and payload is
+        # admitted afresh on its re-opened hold, and served once; another payload is a 409.
         retried = _post(url, keys["alice"], "crash", BIDS["alice"])
-        assert retried.status_code == 409, retried.text
-        assert "use a new rid" in retried.json()["error"]["message"]
+        assert retried.status_code == 200, retried.text
+        charge = retried.json()["meta_info"]["auction"]["user_batch_charge_micros"]
+        assert ledger.balance("alice").balance_micros == GRANT - charge
+        assert ledger.balance("alice").held_micros == 0
+        hold = get_hold(ledger, rids["alice"])
+        assert hold is not None and str(hold.state) == "settled"
+        other = _post(url, keys["alice"], "crash", "0.3")
+        assert other.status_code == 409, other.text
+        assert "alice/crash" not in other.text  # the client's rid, never the ledger's id
         served = _post(url, keys["alice"], "after-restart", BIDS["alice"])
         assert served.status_code == 200, served.text
-        charge = served.json()["meta_info"]["auction"]["charge_micros"]
+        charge += served.json()["meta_info"]["auction"]["user_batch_charge_micros"]
         assert ledger.balance("alice").balance_micros == GRANT - charge
         assert ledger.balance("alice").held_micros == 0
         assert ledger.reconcile().ok
@@ -318,4 +331,85 @@ def test_sigkill_while_requests_are_at_the_engine_keeps_charges_until_the_proced
         assert ledger.balance(user).balance_micros == GRANT
         request = ledger.find_request(f"{user}/lost")
         assert request is not None and str(request.status) == "failed"
+    assert ledger.reconcile().ok
+
+
+def _generate(url: str, key: str, rid: str, text_: str, bid: str) -> httpx.Response:
+    body = {"text": text_, "bid": bid, "rid": rid, "sampling_params": {"max_new_tokens": 4}}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        return client.post("/generate", headers={"Authorization": f"Bearer {key}"}, json=body)
+
+
+def test_sigkill_after_part_of_a_batch_was_answered_refunds_only_the_rest(
+    ledger_db: MigratedDatabase, tmp_path: Path
+) -> None:
+    # ann's two requests share a prefix; her "slow" one hangs at the engine, and so does
+    # carol's only one. ann's "fast" one and ben's are answered, then the server is killed.
+    ledger = Ledger(ledger_db.engine)
+    users = ("ann", "ben", "carol")
+    keys = {user: ledger.create_user(user, budget_micros=GRANT).api_key for user in users}
+    sent = {
+        "ann/fast": (keys["ann"], "fast", "ann asks about rivers and lakes", "0.45"),
+        "ann/slow": (keys["ann"], "slow", "ann asks about rivers and seas", "0.3"),
+        "ben/b": (keys["ben"], "b", "ben asks about mountains", "0.2"),
+        "carol/c": (keys["carol"], "c", "carol asks about the weather", "0.5"),
+    }
+    faulty = FaultySGLang()
+    faulty.modes["ann/slow"] = faulty.modes["carol/c"] = "hang"
+    log = tmp_path / "server.log"
+    with faulty.serve() as engine_url:
+        env = _environment(
+            ledger_db.url, free_port(), batch_size=4, max_wait_ms=60_000, run_jobs="false"
+        )
+        env["INFERENCE_AUCTION_ENGINE_URL"] = engine_url
+        with _serve(env, log) as (url, process), ThreadPoolExecutor(4) as pool:
+            replies = {rid: pool.submit(_generate, url, *args) for rid, args in sent.items()}
+            for rid in ("ann/fast", "ben/b"):
+                reply = replies[rid].result(timeout=30)
+                assert reply.status_code == 200, reply.text
+                # Recorded served before the answer was sent.
+                request = ledger.find_request(rid)
+                assert request is not None and str(request.status) == "served"
+            charge = reply.json()["meta_info"]["auction"]
+            os.kill(process.pid, signal.SIGKILL)
+            assert process.wait(10) == -signal.SIGKILL
+            for rid in ("ann/slow", "carol/c"):
+                with pytest.raises(httpx.TransportError):
+                    replies[rid].result(timeout=30)
+                lost = ledger.find_request(rid)
+                assert lost is not None and str(lost.status) == "scheduled"
+    charged = {u: GRANT - ledger.balance(u).balance_micros for u in keys}
+
+    # Restart, and run the documented recovery while it serves.
+    env = _environment(ledger_db.url, free_port(), batch_size=1, max_wait_ms=20, run_jobs="false")
+    with _serve(env, log) as (url, _):
+        recover = [*CLI, "ledger", "refund-unserved", "--older-than", "0"]
+        recover += ["--database-url", ledger_db.url]
+        subprocess.run(recover, check=True, capture_output=True, text=True, timeout=60)
+        fresh = _generate(url, keys["ben"], "after", "ben asks again", "0.1")
+        assert fresh.status_code == 200, fresh.text
+        charged["ben"] += fresh.json()["meta_info"]["auction"]["user_batch_charge_micros"]
+
+    # The answered requests keep their charge and stay served; ann gets back exactly what
+    # her unanswered request's bid added to her charge (SPEC section 1), carol, whose only
+    # request went unanswered, her whole charge.
+    # The auction's input order breaks ties of average bids: price in the stored arrival order.
+    with ledger_db.engine.connect() as connection:
+        rows = connection.execute(text("SELECT rid, arrival FROM auction_requests")).all()
+    arrival: dict[str, int] = {str(row[0]): int(row[1]) for row in rows}
+    batch = [
+        AuctionRequest(rid, rid.split("/")[0], token_ids(text_), int(float(bid) * 1_000_000))
+        for rid, (_, _, text_, bid) in sorted(sent.items(), key=lambda item: arrival[item[0]])
+    ]
+    owed = Repricer(batch).failure_refund("ann", {"ann/slow"}, charged["ann"])
+    refunds = [e for e in ledger.entries("ann").entries if e.kind == "refund"]
+    assert [e.amount_micros for e in refunds] == ([owed] if owed else [])
+    assert ledger.balance("ann").balance_micros == GRANT - charged["ann"] + owed
+    assert ledger.balance("ben").balance_micros == GRANT - charged["ben"]
+    assert charged["carol"] > 0 and ledger.balance("carol").balance_micros == GRANT
+    for rid in ("ann/slow", "carol/c"):
+        assert str(ledger.find_request(rid).status) == "failed"  # type: ignore[union-attr]
+    for rid in ("ann/fast", "ben/b"):
+        assert str(ledger.find_request(rid).status) == "served"  # type: ignore[union-attr]
+    assert charge["batch_size"] == 4
     assert ledger.reconcile().ok

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from sqlalchemy.engine import make_url
 
 import billing.database
 from billing import Ledger
+from server.clearing import refund_rule
 from server.settings import ServerSettings
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
@@ -153,6 +155,54 @@ def test_a_sqlite_lock_past_the_busy_timeout_is_503_and_writes_nothing(
         assert str(get_hold(ledger, "ann/caught").state) == "settled"  # type: ignore[union-attr]
         holds = [e for e in ledger.entries("ann").entries if e.kind == "hold"]
         assert len(holds) == 1, "the retry reused the hold placed before the lock"
+        assert ledger.reconcile().ok
+
+
+def test_a_ledger_locked_when_requests_complete_answers_503_and_refunds_later(
+    sqlite_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The batch settles; while its requests are at the engine (about a second of real-time
+    # emulation) the ledger is locked past the busy timeout, so their outcomes cannot be
+    # recorded. No client may get a 200 for an answer the ledger does not know was served.
+    monkeypatch.setattr(billing.database, "SQLITE_BUSY_TIMEOUT_S", 0.4)
+    with _server(
+        sqlite_db.url, sqlite_db, batch_size=2, max_wait_ms=2_000, emulator_time_scale=1.0
+    ) as (url, ledger):
+        keys = {u: ledger.create_user(u, budget_micros=GRANT).api_key for u in ("ann", "ben")}
+        bids = {"ann": "0.5", "ben": "0.2"}
+        with ThreadPoolExecutor(2) as pool:
+            replies = [
+                pool.submit(
+                    _generate,
+                    url,
+                    keys[u],
+                    f"{u}-late",
+                    f"{u} asks a long question",
+                    bid=bids[u],
+                    sampling_params={"max_new_tokens": 40},
+                )
+                for u in keys
+            ]
+            _wait_until(lambda: all(ledger.find_request(f"{u}/{u}-late") for u in keys))
+            with _exclusive_lock(sqlite_db):
+                results = [r.result(timeout=30) for r in replies]
+        for reply in results:
+            _assert_unavailable(reply, "could not be recorded")
+            assert reply.headers["retry-after"] == "1"
+        charged = {u: GRANT - ledger.balance(u).balance_micros for u in keys}
+        assert sum(charged.values()) > 0
+        for user in keys:
+            request = ledger.find_request(f"{user}/{user}-late")
+            assert request is not None and str(request.status) == "scheduled"
+
+        # Later, the documented recovery refunds exactly those charges.
+        refunds = ledger.refund_unserved(timedelta(0), rule=refund_rule)
+        assert sorted((r.user, r.amount_micros) for r in refunds) == sorted(
+            (u, c) for u, c in charged.items() if c
+        )
+        for user in keys:
+            assert ledger.balance(user).balance_micros == GRANT
+            assert str(ledger.find_request(f"{user}/{user}-late").status) == "failed"  # type: ignore[union-attr]
         assert ledger.reconcile().ok
 
 

@@ -38,8 +38,8 @@ class Expected:
     chunks: int  # engine chunks a streaming client receives before the error
 
 
-# The server's deadline and the SGLang client's own one are equal; either may fire first.
-TIMED_OUT = ("did not finish", "timed out")
+# The server's stall deadline: no token for 0.5 s.
+TIMED_OUT = ("produced nothing",)
 
 FAULTS: dict[Mode, Expected] = {
     "error": Expected(502, "engine_error", ("SGLang answered 500",), 0),
@@ -73,7 +73,7 @@ def engine_server(
         running_server(
             ledger_db,
             engine_url=url,
-            engine_timeout_seconds=0.5,
+            engine_stall_timeout_seconds=0.5,
             batch_size=2,
             max_wait_ms=5_000,
         ) as server,
@@ -155,6 +155,7 @@ def test_an_engine_fault_is_a_clear_error_and_refunds_the_batch(
     assert error["type"] == expected.error_type
     assert any(m in error["message"] for m in expected.messages), error
     assert f"{mode}-a" in error["message"]
+    assert f"alice/{mode}-a" not in error["message"]  # the client's rid, not the ledger's id
     if mode == "error":
         assert "illegal memory access" in error["message"]  # the engine's own words
 

@@ -137,8 +137,8 @@ def test_auction_reads_the_batch_charge_under_both_names(live: LiveServer) -> No
     with _client(live, key) as client:
         a = client.generate("x", value="0.5", max_new_tokens=2).auction
     assert a.user_batch_charge_micros == a.charge_micros
-    # This server does not split the charge per request yet: the share falls back to it.
-    assert not a.per_request_charges
+    # The server splits the charge per request; a user's only request carries all of it.
+    assert a.per_request_charges
     assert a.request_charge_micros == a.user_batch_charge_micros
     assert a.user_batch_charge == a.charge == Decimal(a.charge_micros) / 1_000_000
 

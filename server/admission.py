@@ -1,0 +1,89 @@
+"""Admission's ledger side: a request's hold, placed, re-opened or released.
+
+A request id is the client's idempotency key. The hold stores the payload's fingerprint, so a
+retry is recognised even after a restart: the same payload joins the request (or, when its hold
+was released because it never reached a batch, is admitted afresh), another payload is a 409.
+Errors name the client's rid, never the ledger's internal `user/rid`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from typing import Any
+
+from billing import HoldState, Ledger, LedgerError, LedgerUnavailable
+from billing import IdempotencyConflict as LedgerConflict
+from server.errors import Conflict, ServiceError, Unavailable, from_ledger_error
+from server.metrics import Metrics
+from server.tickets import Ticket
+
+log = logging.getLogger(__name__)
+
+
+def payload_fingerprint(payload: dict[str, Any]) -> str:
+    """A stable digest of a request's payload (what a retry must repeat exactly)."""
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def ledger_rid(user: str, rid: str) -> str:
+    """The ledger's (and the engine's) id of a client's request: unique across users."""
+    return f"{user}/{rid}"
+
+
+def conflict(rid: str) -> ServiceError:
+    """The 409 for a rid reused with another payload."""
+    return Conflict(
+        f"request id {rid!r} was already used with a different payload; use a new rid for a "
+        "new request",
+        param="rid",
+    )
+
+
+def unavailable(message: str) -> ServiceError:
+    """A 503 the client should retry after a second."""
+    return Unavailable(message, headers={"Retry-After": "1"})
+
+
+async def place_hold(ledger: Ledger, metrics: Metrics, ticket: Ticket) -> None:
+    """Hold the ticket's bid (re-opening a released hold of the same payload)."""
+    try:
+        hold = await asyncio.to_thread(
+            ledger.place_hold,
+            ticket.user,
+            ticket.ledger_rid,
+            ticket.bid_micros,
+            ticket.fingerprint,
+        )
+    except LedgerConflict:
+        raise conflict(ticket.rid) from None
+    except LedgerUnavailable as error:  # down or locked: nothing was written
+        metrics.ledger_errors.labels(operation="hold").inc()
+        log.warning("placing a hold failed: %s", error)
+        raise unavailable("the ledger is unavailable; retry shortly") from None
+    except LedgerError as error:
+        raise from_ledger_error(error) from None
+    except Exception as error:  # the database is down or locked: nothing was written
+        metrics.ledger_errors.labels(operation="hold").inc()
+        log.warning("placing a hold failed: %s", error)
+        raise unavailable("the ledger is unavailable; retry shortly") from None
+    if hold.state is HoldState.SETTLED:
+        # Settled in an earlier batch (before a restart, or by another replica): its answer is
+        # not here to replay.
+        raise Conflict(
+            f"request id {ticket.rid!r} was already settled in batch {hold.batch_id}; "
+            "use a new rid for a new request",
+            param="rid",
+        )
+
+
+async def release_hold(ledger: Ledger, metrics: Metrics, ticket: Ticket, reason: str) -> None:
+    """Free the ticket's hold; a failure is left to the stale-hold job."""
+    try:
+        await asyncio.to_thread(ledger.release, ticket.ledger_rid, reason)
+    except Exception as error:
+        metrics.ledger_errors.labels(operation="release").inc()
+        log.warning("releasing the hold of %r failed: %s", ticket.rid, error)
