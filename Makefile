@@ -15,10 +15,10 @@ else
 TEST_SELECTION := -m "not cluster and not packaging"
 endif
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml sdk/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e ./sdk -e '.[dev,experiments]'
 	touch $(STAMP)
 
 run: $(STAMP)  ## Start the auction server with the embedded engine and an SQLite ledger

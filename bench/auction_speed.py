@@ -34,11 +34,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from server.auction import AuctionRequest
-from server.auction.payments import vcg_payment_numerators
-from server.auction.request import TokenArray, validate_batch
-from server.auction.schedule import average_bid_dfs
-from server.auction.tree import RadixTree, build_radix_tree
+from inference_auctions.server.auction import AuctionRequest
+from inference_auctions.server.auction.payments import vcg_payment_numerators
+from inference_auctions.server.auction.request import TokenArray, validate_batch
+from inference_auctions.server.auction.schedule import average_bid_dfs
+from inference_auctions.server.auction.tree import RadixTree, build_radix_tree
 
 ARTICLE_TOKENS = 900
 QUESTION_TOKENS = 100

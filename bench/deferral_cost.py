@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.auction_speed import standard_batch
-from server.auction import run_auction
-from server.deferral import BatchPrefixes, PrefixDeferral
+from inference_auctions.server.auction import run_auction
+from inference_auctions.server.deferral import BatchPrefixes, PrefixDeferral
 
 
 @dataclass(frozen=True, slots=True)

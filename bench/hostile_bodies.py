@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from billing import Ledger, migrate
+from inference_auctions.billing import Ledger, migrate
 
 HOSTILE_BYTES = 10 * 1024 * 1024
 
@@ -49,7 +49,12 @@ def _start_server(url: str, port: int) -> subprocess.Popen[bytes]:
         "INFERENCE_AUCTION_PORT": str(port),
         "INFERENCE_AUCTION_RUN_JOBS": "false",
     }
-    command = [sys.executable, "-c", "from server.cli import main; main()", "serve"]
+    command = [
+        sys.executable,
+        "-m",
+        "inference_auctions.server.cli",
+        "serve",
+    ]
     process = subprocess.Popen(
         [*command, "--log-level", "warning"],
         env=env,

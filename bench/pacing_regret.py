@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from sdk import Budget, PacingBidder
+from inference_auctions.sdk import Budget, PacingBidder
 
 MICROS = 1_000_000
 DEFAULT_HORIZONS = (100, 200, 500, 1000, 2000, 5000, 10000)

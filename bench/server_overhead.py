@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from billing import Ledger, migrate
+from inference_auctions.billing import Ledger, migrate
 
 
 @dataclass
@@ -65,8 +65,8 @@ def _start_server(url: str, port: int, extra_env: dict[str, str]) -> subprocess.
     }
     command = [
         sys.executable,
-        "-c",
-        "from server.cli import main; main()",
+        "-m",
+        "inference_auctions.server.cli",
         "serve",
         "--log-level",
         "warning",

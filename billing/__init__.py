@@ -7,9 +7,14 @@ This module is billing's one door: the server and the migrations import only wha
 never a submodule, never SQLAlchemy. A database that is down or locked is `LedgerUnavailable`.
 """
 
-from billing.activity import AccountActivity, ClearingPoint, MarketActivity, Spender
-from billing.database import create_ledger_engine, mask_database_url
-from billing.errors import (
+from inference_auctions.billing.activity import (
+    AccountActivity,
+    ClearingPoint,
+    MarketActivity,
+    Spender,
+)
+from inference_auctions.billing.database import create_ledger_engine, mask_database_url
+from inference_auctions.billing.errors import (
     BatchCapExceeded,
     ChargeExceedsHold,
     DuplicateUser,
@@ -28,20 +33,25 @@ from billing.errors import (
     UnknownUser,
     UserDisabled,
 )
-from billing.jobs import start_scheduler
-from billing.leadership import LedgerJobs
-from billing.leadership import start_jobs as start_ledger_jobs
-from billing.ledger import Ledger
-from billing.market import ClearingSample, SpendView
-from billing.migrate import current_revision as schema_revision
-from billing.migrate import downgrade as downgrade_schema
-from billing.migrate import head_revision, schema_drift
-from billing.migrate import upgrade as upgrade_schema
-from billing.models import Base as _Base
-from billing.models import EntryKind, HoldState, RequestStatus
-from billing.money import MAX_MICROS, MICROS_PER_CREDIT, format_micros, parse_credits
-from billing.periods import Period
-from billing.records import (
+from inference_auctions.billing.jobs import start_scheduler
+from inference_auctions.billing.leadership import LedgerJobs
+from inference_auctions.billing.leadership import start_jobs as start_ledger_jobs
+from inference_auctions.billing.ledger import Ledger
+from inference_auctions.billing.market import ClearingSample, SpendView
+from inference_auctions.billing.migrate import current_revision as schema_revision
+from inference_auctions.billing.migrate import downgrade as downgrade_schema
+from inference_auctions.billing.migrate import head_revision, schema_drift
+from inference_auctions.billing.migrate import upgrade as upgrade_schema
+from inference_auctions.billing.models import Base as _Base
+from inference_auctions.billing.models import EntryKind, HoldState, RequestStatus
+from inference_auctions.billing.money import (
+    MAX_MICROS,
+    MICROS_PER_CREDIT,
+    format_micros,
+    parse_credits,
+)
+from inference_auctions.billing.periods import Period
+from inference_auctions.billing.records import (
     AccountDrift,
     BalanceView,
     BatchRecord,
@@ -60,7 +70,7 @@ from billing.records import (
     SummaryRow,
     UserInfo,
 )
-from billing.schemas import (
+from inference_auctions.billing.schemas import (
     BalanceRecord,
     DriftRecord,
     EntryRecord,
@@ -68,7 +78,7 @@ from billing.schemas import (
     ReconcileRecord,
     SummaryRecord,
 )
-from billing.settings import LedgerSettings
+from inference_auctions.billing.settings import LedgerSettings
 
 # The ledger's tables, for Alembic's autogenerate and drift checks.
 metadata = _Base.metadata

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import BigInteger, ColumnElement, and_, cast, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from billing.models import (
+from inference_auctions.billing.models import (
     AuctionBatch,
     BatchRequest,
     Budget,
@@ -25,10 +25,10 @@ from billing.models import (
     RequestStatus,
     User,
 )
-from billing.periods import Period, parse_timezone, period_start, require_aware
-from billing.postings import get_user
-from billing.queries import balance
-from billing.records import BalanceView
+from inference_auctions.billing.periods import Period, parse_timezone, period_start, require_aware
+from inference_auctions.billing.postings import get_user
+from inference_auctions.billing.queries import balance
+from inference_auctions.billing.records import BalanceView
 
 # Charges are negative entries and refunds positive: their negated sum is the net spend.
 _SPEND_KINDS = (EntryKind.CHARGE, EntryKind.REFUND)

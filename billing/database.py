@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from billing.errors import LedgerUnavailable
+from inference_auctions.billing.errors import LedgerUnavailable
 
 # Passed as an execution option by read-only operations: a deferred BEGIN takes no write lock.
 READ_ONLY = "ledger_read_only"

@@ -7,9 +7,9 @@ import io
 import json
 from collections.abc import Iterable
 
-from billing.errors import InvalidInput
-from billing.records import EntryView
-from billing.schemas import EntryRecord
+from inference_auctions.billing.errors import InvalidInput
+from inference_auctions.billing.records import EntryView
+from inference_auctions.billing.schemas import EntryRecord
 
 FORMATS = ("csv", "json")
 

@@ -37,17 +37,17 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing.errors import InsufficientFunds, InvalidAmount, InvalidInput
-from billing.models import KEY_LENGTH, Budget, EntryKind, User
-from billing.money import MAX_MICROS, check_micros
-from billing.periods import (
+from inference_auctions.billing.errors import InsufficientFunds, InvalidAmount, InvalidInput
+from inference_auctions.billing.models import KEY_LENGTH, Budget, EntryKind, User
+from inference_auctions.billing.money import MAX_MICROS, check_micros
+from inference_auctions.billing.periods import (
     Period,
     next_period_start,
     parse_timezone,
     period_start,
     require_aware,
 )
-from billing.postings import (
+from inference_auctions.billing.postings import (
     Account,
     check_reason,
     entry_view,
@@ -56,7 +56,7 @@ from billing.postings import (
     replay,
     time_key,
 )
-from billing.records import EntryView
+from inference_auctions.billing.records import EntryView
 
 
 def grant_key(user_id: int, start: datetime) -> str:

@@ -14,18 +14,25 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from billing.errors import (
+from inference_auctions.billing.errors import (
     BatchCapExceeded,
     IdempotencyConflict,
     InsufficientFunds,
     UnknownRequest,
     UserDisabled,
 )
-from billing.grants import expire_ended, open_period
-from billing.models import REASON_LENGTH, Budget, EntryKind, Hold, HoldState, User
-from billing.money import check_micros
-from billing.postings import Account, check_id, check_reason, lock_account, post
-from billing.records import HoldView
+from inference_auctions.billing.grants import expire_ended, open_period
+from inference_auctions.billing.models import (
+    REASON_LENGTH,
+    Budget,
+    EntryKind,
+    Hold,
+    HoldState,
+    User,
+)
+from inference_auctions.billing.money import check_micros
+from inference_auctions.billing.postings import Account, check_id, check_reason, lock_account, post
+from inference_auctions.billing.records import HoldView
 
 
 def hold_view(hold: Hold, user_name: str) -> HoldView:

@@ -11,8 +11,8 @@ from datetime import timedelta
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from billing.ledger import Ledger
-from billing.settings import LedgerSettings
+from inference_auctions.billing.ledger import Ledger
+from inference_auctions.billing.settings import LedgerSettings
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from billing.jobs import start_scheduler
-from billing.ledger import Ledger
-from billing.settings import LedgerSettings
+from inference_auctions.billing.jobs import start_scheduler
+from inference_auctions.billing.ledger import Ledger
+from inference_auctions.billing.settings import LedgerSettings
 
 logger = logging.getLogger(__name__)
 

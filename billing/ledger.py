@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
-from billing import (
+from inference_auctions.billing import (
     activity,
     grants,
     holds,
@@ -35,12 +35,12 @@ from billing import (
     settlement,
     users,
 )
-from billing.database import READ_ONLY, create_ledger_engine, unavailable
-from billing.errors import InvalidInput
-from billing.export import render
-from billing.models import EntryKind, RequestStatus
-from billing.periods import require_aware
-from billing.records import (
+from inference_auctions.billing.database import READ_ONLY, create_ledger_engine, unavailable
+from inference_auctions.billing.errors import InvalidInput
+from inference_auctions.billing.export import render
+from inference_auctions.billing.models import EntryKind, RequestStatus
+from inference_auctions.billing.periods import require_aware
+from inference_auctions.billing.records import (
     BalanceView,
     BatchRecord,
     ClaimedBatch,
@@ -59,7 +59,7 @@ from billing.records import (
     SummaryRow,
     UserInfo,
 )
-from billing.users import UNSET, _Unset
+from inference_auctions.billing.users import UNSET, _Unset
 
 T = TypeVar("T")
 

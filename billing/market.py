@@ -13,9 +13,9 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from billing.models import AuctionBatch, BatchRequest, EntryKind, LedgerEntry
-from billing.periods import require_aware
-from billing.postings import get_user
+from inference_auctions.billing.models import AuctionBatch, BatchRequest, EntryKind, LedgerEntry
+from inference_auctions.billing.periods import require_aware
+from inference_auctions.billing.postings import get_user
 
 
 @dataclass(frozen=True, slots=True)

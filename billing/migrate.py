@@ -24,16 +24,16 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from billing.database import create_ledger_engine, unavailable
-from billing.models import Base
-from billing.settings import LedgerSettings
+from inference_auctions.billing.database import create_ledger_engine, unavailable
+from inference_auctions.billing.models import Base
+from inference_auctions.billing.settings import LedgerSettings
 
 
 def _ini_path() -> Path:
     # find_spec of a top-level package locates it without running its __init__.
-    spec = importlib.util.find_spec("migrations")
+    spec = importlib.util.find_spec("inference_auctions.migrations")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the `migrations` package is not installed next to `billing`")
+        raise RuntimeError("the inference_auctions.migrations package is not installed")
     return Path(next(iter(spec.submodule_search_locations))).resolve() / "alembic.ini"
 
 

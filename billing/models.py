@@ -31,7 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from billing.periods import Period
+from inference_auctions.billing.periods import Period
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_N_label)s",

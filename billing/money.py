@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from billing.errors import InvalidAmount
+from inference_auctions.billing.errors import InvalidAmount
 
 MICROS_PER_CREDIT = 1_000_000
 # One billion credits: far above any real budget, and sums of many such amounts stay inside a

@@ -17,9 +17,9 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from billing.grants import expire_ended
-from billing.models import Budget, EntryKind, LedgerEntry
-from billing.postings import Account, post, time_key
+from inference_auctions.billing.grants import expire_ended
+from inference_auctions.billing.models import Budget, EntryKind, LedgerEntry
+from inference_auctions.billing.postings import Account, post, time_key
 
 
 def _period(budget: Budget, start: datetime | None) -> datetime:

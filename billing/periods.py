@@ -10,7 +10,7 @@ import enum
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from billing.errors import InvalidInput
+from inference_auctions.billing.errors import InvalidInput
 
 
 class Period(enum.StrEnum):

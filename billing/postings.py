@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing.errors import IdempotencyConflict, InvalidInput, UnknownUser
-from billing.models import (
+from inference_auctions.billing.errors import IdempotencyConflict, InvalidInput, UnknownUser
+from inference_auctions.billing.models import (
     BALANCE_KINDS,
     HELD_KINDS,
     ID_LENGTH,
@@ -28,7 +28,7 @@ from billing.models import (
     LedgerEntry,
     User,
 )
-from billing.records import EntryView
+from inference_auctions.billing.records import EntryView
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]*", re.ASCII)
 

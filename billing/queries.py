@@ -9,12 +9,18 @@ from datetime import datetime
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from billing.errors import InvalidInput
-from billing.grants import period_at, period_end, schedule_at
-from billing.models import Balance, Budget, EntryKind, LedgerEntry, User
-from billing.periods import Period, parse_period, parse_timezone, period_start, require_aware
-from billing.postings import check_name, entry_view, get_user
-from billing.records import BalanceView, EntryPage, EntryView, SummaryRow
+from inference_auctions.billing.errors import InvalidInput
+from inference_auctions.billing.grants import period_at, period_end, schedule_at
+from inference_auctions.billing.models import Balance, Budget, EntryKind, LedgerEntry, User
+from inference_auctions.billing.periods import (
+    Period,
+    parse_period,
+    parse_timezone,
+    period_start,
+    require_aware,
+)
+from inference_auctions.billing.postings import check_name, entry_view, get_user
+from inference_auctions.billing.records import BalanceView, EntryPage, EntryView, SummaryRow
 
 MAX_PAGE = 1000
 

@@ -11,8 +11,15 @@ from __future__ import annotations
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from billing.models import BALANCE_KINDS, Balance, Hold, HoldState, LedgerEntry, User
-from billing.records import AccountDrift, ReconcileReport
+from inference_auctions.billing.models import (
+    BALANCE_KINDS,
+    Balance,
+    Hold,
+    HoldState,
+    LedgerEntry,
+    User,
+)
+from inference_auctions.billing.records import AccountDrift, ReconcileReport
 
 
 def reconcile(session: Session) -> ReconcileReport:

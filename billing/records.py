@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from billing.models import EntryKind, HoldState, RequestStatus
-from billing.periods import Period
+from inference_auctions.billing.models import EntryKind, HoldState, RequestStatus
+from inference_auctions.billing.periods import Period
 
 
 @dataclass(frozen=True, slots=True)

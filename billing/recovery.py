@@ -19,12 +19,12 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing import period_charges, refunds
-from billing.errors import RequestNotScheduled
-from billing.models import BatchRequest, Budget, RequestStatus, User
-from billing.postings import lock_account
-from billing.records import PricedRequest, RefundResult, RefundRule
-from billing.request_log import finish_scheduled
+from inference_auctions.billing import period_charges, refunds
+from inference_auctions.billing.errors import RequestNotScheduled
+from inference_auctions.billing.models import BatchRequest, Budget, RequestStatus, User
+from inference_auctions.billing.postings import lock_account
+from inference_auctions.billing.records import PricedRequest, RefundResult, RefundRule
+from inference_auctions.billing.request_log import finish_scheduled
 
 REASON = (
     "not served: the server stopped, or could not record the answer, while it was at the engine"

@@ -13,13 +13,18 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from billing import period_charges
-from billing.errors import IdempotencyConflict, InvalidInput, RefundExceedsCharge, UnknownBatch
-from billing.grants import open_period
-from billing.models import AuctionBatch, BatchRequest, EntryKind, LedgerEntry
-from billing.money import check_micros
-from billing.postings import check_id, check_reason, lock_account
-from billing.records import RefundResult
+from inference_auctions.billing import period_charges
+from inference_auctions.billing.errors import (
+    IdempotencyConflict,
+    InvalidInput,
+    RefundExceedsCharge,
+    UnknownBatch,
+)
+from inference_auctions.billing.grants import open_period
+from inference_auctions.billing.models import AuctionBatch, BatchRequest, EntryKind, LedgerEntry
+from inference_auctions.billing.money import check_micros
+from inference_auctions.billing.postings import check_id, check_reason, lock_account
+from inference_auctions.billing.records import RefundResult
 
 
 def refund(

@@ -12,10 +12,10 @@ from datetime import datetime
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
-from billing.errors import InvalidInput, RequestNotScheduled, UnknownRequest
-from billing.models import BatchRequest, RequestStatus, User
-from billing.postings import check_id
-from billing.records import RequestView
+from inference_auctions.billing.errors import InvalidInput, RequestNotScheduled, UnknownRequest
+from inference_auctions.billing.models import BatchRequest, RequestStatus, User
+from inference_auctions.billing.postings import check_id
+from inference_auctions.billing.records import RequestView
 
 
 def request_view(request: BatchRequest, user_name: str) -> RequestView:

@@ -13,7 +13,13 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer
 
-from billing.records import AccountDrift, BalanceView, EntryView, ReconcileReport, SummaryRow
+from inference_auctions.billing.records import (
+    AccountDrift,
+    BalanceView,
+    EntryView,
+    ReconcileReport,
+    SummaryRow,
+)
 
 # isoformat(), as the API has always written times ("+00:00", not pydantic's "Z").
 Moment = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str)]

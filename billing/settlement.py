@@ -19,16 +19,16 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing.errors import (
+from inference_auctions.billing.errors import (
     ChargeExceedsHold,
     HoldNotOpen,
     IdempotencyConflict,
     InvalidBatch,
     UnknownRequest,
 )
-from billing.grants import open_period
-from billing.holds import close_hold
-from billing.models import (
+from inference_auctions.billing.grants import open_period
+from inference_auctions.billing.holds import close_hold
+from inference_auctions.billing.models import (
     AuctionBatch,
     BatchRequest,
     EntryKind,
@@ -38,11 +38,16 @@ from billing.models import (
     RequestStatus,
     User,
 )
-from billing.money import check_micros, check_total_micros
-from billing.period_charges import post_charge
-from billing.periods import require_aware
-from billing.postings import Account, check_id, check_name, lock_accounts
-from billing.records import BatchRecord, ClaimedBatch, RequestRecord, SettleResult
+from inference_auctions.billing.money import check_micros, check_total_micros
+from inference_auctions.billing.period_charges import post_charge
+from inference_auctions.billing.periods import require_aware
+from inference_auctions.billing.postings import Account, check_id, check_name, lock_accounts
+from inference_auctions.billing.records import (
+    BatchRecord,
+    ClaimedBatch,
+    RequestRecord,
+    SettleResult,
+)
 
 # The claimable rids -> the cleared batch, its requests and every user's charge.
 Clearing = Callable[[list[str]], tuple[BatchRecord, Sequence[RequestRecord], Mapping[str, int]]]

@@ -7,14 +7,14 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing import apikeys
-from billing.errors import DuplicateUser
-from billing.grants import change_budget, post_period_grant
-from billing.models import Balance, Budget, User
-from billing.money import check_micros
-from billing.periods import Period, parse_period, parse_timezone, period_start
-from billing.postings import check_name, get_user, lock_account
-from billing.records import CreatedUser, UserInfo
+from inference_auctions.billing import apikeys
+from inference_auctions.billing.errors import DuplicateUser
+from inference_auctions.billing.grants import change_budget, post_period_grant
+from inference_auctions.billing.models import Balance, Budget, User
+from inference_auctions.billing.money import check_micros
+from inference_auctions.billing.periods import Period, parse_period, parse_timezone, period_start
+from inference_auctions.billing.postings import check_name, get_user, lock_account
+from inference_auctions.billing.records import CreatedUser, UserInfo
 
 
 class _Unset:

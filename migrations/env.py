@@ -11,7 +11,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from billing import LedgerSettings, create_ledger_engine, metadata
+from inference_auctions.billing import LedgerSettings, create_ledger_engine, metadata
 
 target_metadata = metadata
 

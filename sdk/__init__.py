@@ -131,6 +131,6 @@ __all__ = [
 # Public classes report the package, not the private module, as their home.
 for _name in __all__:
     _obj = globals()[_name]
-    if isinstance(_obj, type) and _obj.__module__.startswith("sdk._"):
-        _obj.__module__ = "sdk"
+    if isinstance(_obj, type) and _obj.__module__.startswith("inference_auctions.sdk._"):
+        _obj.__module__ = __name__
 del _name, _obj

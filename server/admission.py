@@ -14,11 +14,11 @@ import json
 import logging
 from typing import Any
 
-from billing import HoldState, Ledger, LedgerError, LedgerUnavailable
-from billing import IdempotencyConflict as LedgerConflict
-from server.errors import Conflict, ServiceError, Unavailable, from_ledger_error
-from server.metrics import Metrics
-from server.tickets import Ticket
+from inference_auctions.billing import HoldState, Ledger, LedgerError, LedgerUnavailable
+from inference_auctions.billing import IdempotencyConflict as LedgerConflict
+from inference_auctions.server.errors import Conflict, ServiceError, Unavailable, from_ledger_error
+from inference_auctions.server.metrics import Metrics
+from inference_auctions.server.tickets import Ticket
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from billing import Ledger, start_ledger_jobs, upgrade_schema
-from server.api import (
+from inference_auctions.billing import Ledger, start_ledger_jobs, upgrade_schema
+from inference_auctions.server.api import (
     admin_routes,
     dashboard_page,
     dashboard_routes,
@@ -20,15 +20,15 @@ from server.api import (
     pacing_routes,
     sglang_routes,
 )
-from server.api.body_decoder import BodyDecoder
-from server.api.deps import AppState, AuthenticationCache, RateLimiter
-from server.api.error_handlers import install_error_handlers
-from server.api.request_id import RequestIdMiddleware
-from server.cluster.replica import ReplicaHeader, rate_limit_share, replica_name
-from server.engine.base import Engine
-from server.engine.factory import make_engine
-from server.service import AuctionService
-from server.settings import ServerSettings, without_password
+from inference_auctions.server.api.body_decoder import BodyDecoder
+from inference_auctions.server.api.deps import AppState, AuthenticationCache, RateLimiter
+from inference_auctions.server.api.error_handlers import install_error_handlers
+from inference_auctions.server.api.request_id import RequestIdMiddleware
+from inference_auctions.server.cluster.replica import ReplicaHeader, rate_limit_share, replica_name
+from inference_auctions.server.engine.base import Engine
+from inference_auctions.server.engine.factory import make_engine
+from inference_auctions.server.service import AuctionService
+from inference_auctions.server.settings import ServerSettings, without_password
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from billing import BatchRecord, Ledger, PricedRequest, RequestRecord
-from server.auction import AuctionOutcome, AuctionRequest, run_auction
-from server.auction.repricing import Repricer
-from server.tickets import Ticket
+from inference_auctions.billing import BatchRecord, Ledger, PricedRequest, RequestRecord
+from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
+from inference_auctions.server.auction.repricing import Repricer
+from inference_auctions.server.tickets import Ticket
 
 
 @dataclass(eq=False)

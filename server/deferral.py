@@ -18,8 +18,8 @@ prompt is compared again. The rule changes only when a request is handed to the 
 the order or the payments.
 
 `PrefixDeferral` is pure (time is an argument, nothing is awaited): the server's dispatcher
-(`server.deferred_dispatch`) and the experiment runner (`bench.experiments.runner`) drive the
-same object, so experiments and server cannot drift apart.
+(`server.deferred_dispatch`) and the experiment runner (`inference_auctions.experiments.runner`)
+drive the same object, so experiments and server cannot drift apart.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from server.auction import AuctionOutcome
-from server.auction.tree import NOT_A_REQUEST, RadixTree
+from inference_auctions.server.auction import AuctionOutcome
+from inference_auctions.server.auction.tree import NOT_A_REQUEST, RadixTree
 
 __all__ = ["BatchPrefixes", "DeferralSettings", "PrefixDeferral", "Release"]
 

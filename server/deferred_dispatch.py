@@ -14,11 +14,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from server.auction import AuctionOutcome
-from server.deferral import BatchPrefixes, DeferralSettings, PrefixDeferral, Release
-from server.engine.base import Engine, EngineRequest
-from server.engine.generation import Generation
-from server.metrics import Metrics
+from inference_auctions.server.auction import AuctionOutcome
+from inference_auctions.server.deferral import (
+    BatchPrefixes,
+    DeferralSettings,
+    PrefixDeferral,
+    Release,
+)
+from inference_auctions.server.engine.base import Engine, EngineRequest
+from inference_auctions.server.engine.generation import Generation
+from inference_auctions.server.metrics import Metrics
 
 __all__ = ["DeferredDispatch", "Follow"]
 

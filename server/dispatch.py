@@ -19,16 +19,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from billing import Ledger, RequestNotScheduled
-from server.admission import unavailable
-from server.clearing import ClearedBatch
-from server.engine.base import EngineChunk
-from server.engine.errors import EngineError, EngineTimeout
-from server.engine.generation import Generation
-from server.errors import EngineFailed, EngineTimedOut, ServiceError
-from server.metrics import Metrics
-from server.settings import ServerSettings
-from server.tickets import Chunk, Ticket
+from inference_auctions.billing import Ledger, RequestNotScheduled
+from inference_auctions.server.admission import unavailable
+from inference_auctions.server.clearing import ClearedBatch
+from inference_auctions.server.engine.base import EngineChunk
+from inference_auctions.server.engine.errors import EngineError, EngineTimeout
+from inference_auctions.server.engine.generation import Generation
+from inference_auctions.server.errors import EngineFailed, EngineTimedOut, ServiceError
+from inference_auctions.server.metrics import Metrics
+from inference_auctions.server.settings import ServerSettings
+from inference_auctions.server.tickets import Chunk, Ticket
 
 log = logging.getLogger(__name__)
 

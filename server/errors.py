@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import billing
+from inference_auctions import billing
 
 
 class ServiceError(Exception):

@@ -21,7 +21,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from server.settings import ServerSettings
+from inference_auctions.server.settings import ServerSettings
 
 __all__ = ["guarded_protocol", "uvicorn_config"]
 

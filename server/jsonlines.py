@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from typing import Any
 
-from billing import InvalidAmount, parse_credits
-from server.tokenizer import encode
+from inference_auctions.billing import InvalidAmount, parse_credits
+from inference_auctions.server.tokenizer import encode
 
 
 class RecordError(ValueError):

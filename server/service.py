@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from billing import Ledger
-from server.admission import (
+from inference_auctions.billing import Ledger
+from inference_auctions.server.admission import (
     conflict,
     ledger_rid,
     payload_fingerprint,
@@ -35,24 +35,24 @@ from server.admission import (
     release_hold,
     unavailable,
 )
-from server.batching import BatchingPolicy, BatchPool, PoolClosed, QueueFull
-from server.clearing import ClearedBatch, clear_and_settle
-from server.deferral import DeferralSettings
-from server.deferred_dispatch import DeferredDispatch
-from server.dispatch import Serving
-from server.engine.base import Engine, EngineRequest
-from server.engine.errors import EngineError, EngineTimeout
-from server.engine.sglang_request import check_context_length
-from server.errors import (
+from inference_auctions.server.batching import BatchingPolicy, BatchPool, PoolClosed, QueueFull
+from inference_auctions.server.clearing import ClearedBatch, clear_and_settle
+from inference_auctions.server.deferral import DeferralSettings
+from inference_auctions.server.deferred_dispatch import DeferredDispatch
+from inference_auctions.server.dispatch import Serving
+from inference_auctions.server.engine.base import Engine, EngineRequest
+from inference_auctions.server.engine.errors import EngineError, EngineTimeout
+from inference_auctions.server.engine.sglang_request import check_context_length
+from inference_auctions.server.errors import (
     Conflict,
     EngineFailed,
     EngineTimedOut,
     InvalidRequest,
     ServiceError,
 )
-from server.metrics import Metrics
-from server.settings import ServerSettings
-from server.tickets import Clearance, Ticket
+from inference_auctions.server.metrics import Metrics
+from inference_auctions.server.settings import ServerSettings
+from inference_auctions.server.tickets import Clearance, Ticket
 
 __all__ = ["AuctionService", "new_batch_id", "payload_fingerprint"]
 

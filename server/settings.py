@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from billing import LedgerSettings, mask_database_url
+from inference_auctions.billing import LedgerSettings, mask_database_url
 
 
 class ServerSettings(LedgerSettings):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from server.errors import ServiceError
+from inference_auctions.server.errors import ServiceError
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from billing import Ledger, migrate
-from billing.database import create_ledger_engine
+from inference_auctions.billing import Ledger, migrate
+from inference_auctions.billing.database import create_ledger_engine
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

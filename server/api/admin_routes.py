@@ -9,11 +9,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from billing import ReconcileRecord, UserInfo, parse_credits
-from server.api.body import parse_body
-from server.api.deps import AdminUser, State
-from server.api.ledger_routes import balance_json
-from server.cluster.replica import replica_name
+from inference_auctions.billing import ReconcileRecord, UserInfo, parse_credits
+from inference_auctions.server.api.body import parse_body
+from inference_auctions.server.api.deps import AdminUser, State
+from inference_auctions.server.api.ledger_routes import balance_json
+from inference_auctions.server.cluster.replica import replica_name
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 UserName = Annotated[str, Path(min_length=1, max_length=64)]

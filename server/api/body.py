@@ -18,10 +18,10 @@ from fastapi import Request
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
-from server.api.body_decoder import INLINE_BODY_BYTES, BodyDecoder
-from server.api.json_reader import BodyRefused
-from server.api.schemas import BodyLimits
-from server.errors import ClientGone, InvalidRequest, Unavailable
+from inference_auctions.server.api.body_decoder import INLINE_BODY_BYTES, BodyDecoder
+from inference_auctions.server.api.json_reader import BodyRefused
+from inference_auctions.server.api.schemas import BodyLimits
+from inference_auctions.server.errors import ClientGone, InvalidRequest, Unavailable
 
 Model = TypeVar("Model", bound=BaseModel)
 

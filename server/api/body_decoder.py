@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from server.api.json_reader import BodyRefused, decode_json, json_depth
-from server.api.schemas import BodyLimits, RequestBody
-from server.api.validation_messages import describe_validation_error
+from inference_auctions.server.api.json_reader import BodyRefused, decode_json, json_depth
+from inference_auctions.server.api.schemas import BodyLimits, RequestBody
+from inference_auctions.server.api.validation_messages import describe_validation_error
 
 __all__ = ["INLINE_BODY_BYTES", "BodyDecoder", "validate_body"]
 

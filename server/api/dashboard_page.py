@@ -12,7 +12,7 @@ from importlib.resources import files
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from server.errors import NotFound
+from inference_auctions.server.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
 
@@ -31,7 +31,7 @@ _ASSETS = {
 
 @cache
 def _read(name: str) -> bytes:
-    return (files("server.dashboard") / "static" / name).read_bytes()
+    return (files("inference_auctions.server.dashboard") / "static" / name).read_bytes()
 
 
 def _headers() -> dict[str, str]:

@@ -16,12 +16,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from billing import AccountActivity, ClearingPoint, MarketActivity, UserInfo
-from server.api.deps import AppState, CurrentUser, State, current_user
-from server.api.ledger_routes import balance_json
-from server.dashboard.health import ReconcileStatus
-from server.dashboard.sessions import COOKIE_NAME
-from server.errors import Forbidden, Unauthenticated
+from inference_auctions.billing import AccountActivity, ClearingPoint, MarketActivity, UserInfo
+from inference_auctions.server.api.deps import AppState, CurrentUser, State, current_user
+from inference_auctions.server.api.ledger_routes import balance_json
+from inference_auctions.server.dashboard.health import ReconcileStatus
+from inference_auctions.server.dashboard.sessions import COOKIE_NAME
+from inference_auctions.server.errors import Forbidden, Unauthenticated
 
 router = APIRouter(prefix="/v1/dashboard", tags=["dashboard"])
 

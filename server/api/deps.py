@@ -11,10 +11,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from billing import Ledger, UserInfo
-from server.dashboard.snapshot import DashboardState
-from server.errors import Forbidden, RateLimited, Unauthenticated
-from server.service import AuctionService
+from inference_auctions.billing import Ledger, UserInfo
+from inference_auctions.server.dashboard.snapshot import DashboardState
+from inference_auctions.server.errors import Forbidden, RateLimited, Unauthenticated
+from inference_auctions.server.service import AuctionService
 
 
 class RateLimiter:

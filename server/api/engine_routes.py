@@ -13,10 +13,10 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
-from server.api.deps import AdminUser, CurrentUser, State
-from server.cluster.replica import replica_name
-from server.engine.errors import EngineError
-from server.errors import EngineFailed
+from inference_auctions.server.api.deps import AdminUser, CurrentUser, State
+from inference_auctions.server.cluster.replica import replica_name
+from inference_auctions.server.engine.errors import EngineError
+from inference_auctions.server.errors import EngineFailed
 
 router = APIRouter(tags=["sglang"])
 

@@ -10,9 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import billing
-from server.api.validation_messages import describe_validation_error
-from server.errors import (
+from inference_auctions import billing
+from inference_auctions.server.api.validation_messages import describe_validation_error
+from inference_auctions.server.errors import (
     Forbidden,
     InvalidRequest,
     NotFound,

@@ -17,12 +17,18 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from billing import MICROS_PER_CREDIT, InvalidAmount, UserInfo, parse_credits
-from server.api.deps import AppState
-from server.engine.errors import EngineError, EngineTimeout
-from server.errors import EngineFailed, EngineTimedOut, InvalidRequest, ServiceError, Unavailable
-from server.service import AuctionService, payload_fingerprint
-from server.tickets import Chunk, Clearance, Ticket
+from inference_auctions.billing import MICROS_PER_CREDIT, InvalidAmount, UserInfo, parse_credits
+from inference_auctions.server.api.deps import AppState
+from inference_auctions.server.engine.errors import EngineError, EngineTimeout
+from inference_auctions.server.errors import (
+    EngineFailed,
+    EngineTimedOut,
+    InvalidRequest,
+    ServiceError,
+    Unavailable,
+)
+from inference_auctions.server.service import AuctionService, payload_fingerprint
+from inference_auctions.server.tickets import Chunk, Clearance, Ticket
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

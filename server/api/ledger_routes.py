@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
-from billing import BalanceRecord, BalanceView, EntryRecord, SummaryRecord
-from server.api.deps import CurrentUser, State
-from server.errors import InvalidRequest
+from inference_auctions.billing import BalanceRecord, BalanceView, EntryRecord, SummaryRecord
+from inference_auctions.server.api.deps import CurrentUser, State
+from inference_auctions.server.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1/ledger", tags=["ledger"])
 

@@ -15,8 +15,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server.api.deps import State
-from server.cluster.replica import ReplicaLabelled, replica_name
+from inference_auctions.server.api.deps import State
+from inference_auctions.server.cluster.replica import ReplicaLabelled, replica_name
 
 router = APIRouter(tags=["operations"])
 # A health check must answer quickly even when the database does not.

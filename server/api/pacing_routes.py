@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from billing import ClearingSample, Ledger
-from server.api.deps import CurrentUser, State
-from server.errors import InvalidRequest
+from inference_auctions.billing import ClearingSample, Ledger
+from inference_auctions.server.api.deps import CurrentUser, State
+from inference_auctions.server.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1", tags=["pacing"])
 

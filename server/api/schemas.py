@@ -24,8 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from server.api.field_names import check_top_level_keys
-from server.api.json_reader import BodyRefused
+from inference_auctions.server.api.field_names import check_top_level_keys
+from inference_auctions.server.api.json_reader import BodyRefused
 
 # A rid is the client's idempotency key; it also reaches the ledger and the engine. The ledger
 # keys a request as "<user>/<rid>" in 128 characters and a user name takes up to 64, so 63

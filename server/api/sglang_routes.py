@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.api.body import json_body_schema, parse_body
-from server.api.deps import CurrentUser, State
-from server.api.generation import (
+from inference_auctions.server.api.body import json_body_schema, parse_body
+from inference_auctions.server.api.deps import CurrentUser, State
+from inference_auctions.server.api.generation import (
     admit,
     check_max_new_tokens,
     complete,
@@ -18,9 +18,9 @@ from server.api.generation import (
     prompt_tokens,
     stream,
 )
-from server.api.schemas import GenerateBody
-from server.errors import InvalidRequest
-from server.tickets import Chunk, Clearance
+from inference_auctions.server.api.schemas import GenerateBody
+from inference_auctions.server.errors import InvalidRequest
+from inference_auctions.server.tickets import Chunk, Clearance
 
 router = APIRouter(tags=["sglang"])
 

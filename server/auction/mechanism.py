@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from server.auction.payments import vcg_payment_numerators
-from server.auction.request import AuctionRequest, validate_batch
-from server.auction.schedule import average_bid_dfs
-from server.auction.tree import RadixTree, TreeStats, build_radix_tree
+from inference_auctions.server.auction.payments import vcg_payment_numerators
+from inference_auctions.server.auction.request import AuctionRequest, validate_batch
+from inference_auctions.server.auction.schedule import average_bid_dfs
+from inference_auctions.server.auction.tree import RadixTree, TreeStats, build_radix_tree
 
 _EMPTY_STATS = TreeStats(requests=0, nodes=0, depth=0, total_tokens=0, unique_tokens=0)
 

@@ -18,8 +18,8 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import accumulate
 
-from server.auction.schedule import AverageBidKey, Schedule
-from server.auction.tree import NO_PARENT, RadixTree
+from inference_auctions.server.auction.schedule import AverageBidKey, Schedule
+from inference_auctions.server.auction.tree import NO_PARENT, RadixTree
 
 
 def vcg_payment_numerators(

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from server.auction.request import AuctionRequest
+from inference_auctions.server.auction.request import AuctionRequest
 
 
 @dataclass

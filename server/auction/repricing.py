@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from server.auction.payments import user_payment_numerator
-from server.auction.request import AuctionRequest, validate_batch
-from server.auction.schedule import average_bid_dfs
-from server.auction.tree import NO_PARENT, ROOT, build_radix_tree
+from inference_auctions.server.auction.payments import user_payment_numerator
+from inference_auctions.server.auction.request import AuctionRequest, validate_batch
+from inference_auctions.server.auction.schedule import average_bid_dfs
+from inference_auctions.server.auction.tree import NO_PARENT, ROOT, build_radix_tree
 
 
 class Repricer:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from server.auction.errors import AuctionInputError
+from inference_auctions.server.auction.errors import AuctionInputError
 
 TokenArray = npt.NDArray[np.int64]
 

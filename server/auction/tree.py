@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from server.auction.request import TokenArray
+from inference_auctions.server.auction.request import TokenArray
 
 ROOT = 0
 _SHORT_TOKENS = 16

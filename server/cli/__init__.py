@@ -21,7 +21,7 @@ def main() -> None:
 
 def _register() -> None:
     # Imported here so that `main` exists before the command modules attach to it.
-    from server.cli import (  # noqa: PLC0415
+    from inference_auctions.server.cli import (  # noqa: PLC0415
         auction_command,
         cluster_command,
         emulate_command,
@@ -35,7 +35,7 @@ def _register() -> None:
     main.add_command(cluster_command.cluster)
     for group in ledger_commands.GROUPS:
         main.add_command(group)
-    from server.cli.experiment_command import experiment  # noqa: PLC0415  (as above)
+    from inference_auctions.server.cli.experiment_command import experiment  # noqa: PLC0415  (as above)
 
     main.add_command(experiment)
 

@@ -9,10 +9,20 @@ from typing import Any, TextIO
 import click
 from rich.table import Table
 
-from billing import format_micros
-from server.auction import AuctionInputError, AuctionOutcome, AuctionRequest, run_auction
-from server.cli.console import table_console
-from server.jsonlines import RecordError, read_records, record_credits, record_tokens
+from inference_auctions.billing import format_micros
+from inference_auctions.server.auction import (
+    AuctionInputError,
+    AuctionOutcome,
+    AuctionRequest,
+    run_auction,
+)
+from inference_auctions.server.cli.console import table_console
+from inference_auctions.server.jsonlines import (
+    RecordError,
+    read_records,
+    record_credits,
+    record_tokens,
+)
 
 
 class BatchFileError(click.ClickException):

@@ -15,7 +15,7 @@ from types import FrameType
 
 import click
 
-from server.settings import ServerSettings, without_password
+from inference_auctions.server.settings import ServerSettings, without_password
 
 _DEFAULT_DB = ServerSettings.model_fields["database_url"].default
 
@@ -94,8 +94,8 @@ def cluster(
     SQLite they are one machine's processes sharing one file, so use PostgreSQL to go further.
     """
     # Imported late: --help should not load the web stack.
-    from server.cluster.smg import SMGMissing, find_smg  # noqa: PLC0415
-    from server.cluster.supervisor import ClusterPlan, run_cluster  # noqa: PLC0415
+    from inference_auctions.server.cluster.smg import SMGMissing, find_smg  # noqa: PLC0415
+    from inference_auctions.server.cluster.supervisor import ClusterPlan, run_cluster  # noqa: PLC0415
 
     if engine_urls and workers is not None and workers != len(engine_urls):
         raise click.UsageError(

@@ -10,9 +10,12 @@ import logging
 
 import click
 
-from server.engine.cost_model import CostModel
-from server.engine.live import DEFAULT_MODEL_NAME
-from server.engine.simulator import DEFAULT_CACHE_TOKENS, DEFAULT_CHUNKED_PREFILL_SIZE
+from inference_auctions.server.engine.cost_model import CostModel
+from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME
+from inference_auctions.server.engine.simulator import (
+    DEFAULT_CACHE_TOKENS,
+    DEFAULT_CHUNKED_PREFILL_SIZE,
+)
 
 _COST = CostModel()
 
@@ -105,9 +108,9 @@ def emulate_sglang(
     # Imported late: --help should not load the web stack.
     import uvicorn  # noqa: PLC0415
 
-    from server.engine.live import LiveSimulator  # noqa: PLC0415
-    from server.engine.sglang_app import create_sglang_app  # noqa: PLC0415
-    from server.engine.simulator import EngineSimulator  # noqa: PLC0415
+    from inference_auctions.server.engine.live import LiveSimulator  # noqa: PLC0415
+    from inference_auctions.server.engine.sglang_app import create_sglang_app  # noqa: PLC0415
+    from inference_auctions.server.engine.simulator import EngineSimulator  # noqa: PLC0415
 
     try:
         cost = CostModel(

@@ -1,7 +1,7 @@
 """`inference-auction experiment`: reproduce the paper's figures on the emulated engine.
 
-The experiments live in the `bench.experiments` package, imported only when the command runs so
-that every other command starts without numpy, matplotlib and the simulator.
+The experiments live in the `inference_auctions.experiments` package, imported only when the
+command runs so that every other command starts without numpy, matplotlib and the simulator.
 """
 
 from __future__ import annotations
@@ -15,8 +15,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from server.deferral import DEFAULT_MAX_HOLD_SECONDS, DEFAULT_THRESHOLD_TOKENS, DeferralSettings
-from server.engine.simulator import DEFAULT_CACHE_TOKENS
+from inference_auctions.server.deferral import (
+    DEFAULT_MAX_HOLD_SECONDS,
+    DEFAULT_THRESHOLD_TOKENS,
+    DeferralSettings,
+)
+from inference_auctions.server.engine.simulator import DEFAULT_CACHE_TOKENS
 
 TARGETS = ("figure1", "figure2", "figure3", "figure4", "all", "scale-out")
 # Figures 3 and 4 need the generators' cluster and user structure; a file has neither.
@@ -142,9 +146,9 @@ def experiment(
     through the default offline tokenizer.
     """
     # Imported here, not at the top: the rest of the CLI should not wait for numpy and matplotlib.
-    from bench.experiments.orders import ORDERS  # noqa: PLC0415
-    from bench.experiments.plan import FULL, QUICK  # noqa: PLC0415
-    from bench.experiments.suite import FIGURES, Config, run  # noqa: PLC0415
+    from inference_auctions.experiments.orders import ORDERS  # noqa: PLC0415
+    from inference_auctions.experiments.plan import FULL, QUICK  # noqa: PLC0415
+    from inference_auctions.experiments.suite import FIGURES, Config, run  # noqa: PLC0415
 
     chosen = tuple(name.strip() for name in orders.split(",") if name.strip())
     unknown = [name for name in chosen if name not in ORDERS]
@@ -153,7 +157,7 @@ def experiment(
     if target == "scale-out":
         if workload_file is not None:
             raise click.UsageError("scale-out needs the synthetic workload; drop --workload")
-        from server.cli.scale_out_command import run_scale_out_target  # noqa: PLC0415
+        from inference_auctions.server.cli.scale_out_command import run_scale_out_target  # noqa: PLC0415
 
         given = click.get_current_context().get_parameter_source("orders")
         default = given is click.core.ParameterSource.DEFAULT

@@ -21,7 +21,7 @@ from typing import Any, TextIO, TypeVar
 import click
 from rich.table import Table
 
-from billing import (
+from inference_auctions.billing import (
     BalanceRecord,
     DriftRecord,
     EntryRecord,
@@ -43,7 +43,7 @@ from billing import (
     schema_revision,
     upgrade_schema,
 )
-from server.cli.console import table_console
+from inference_auctions.server.cli.console import table_console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -605,7 +605,7 @@ def refund_unserved(older_than: float, database_url: str | None) -> None:
     servers run. Running it again refunds nothing more.
     """
     # Imported late: pricing a batch pulls in the auction core, which other commands never need.
-    from server.clearing import refund_rule  # noqa: PLC0415
+    from inference_auctions.server.clearing import refund_rule  # noqa: PLC0415
 
     with open_ledger(database_url) as book:
         refunded = book.refund_unserved(timedelta(seconds=older_than), rule=refund_rule)

@@ -22,8 +22,8 @@ def run_scale_out_target(
 ) -> None:
     """Run the scale-out experiment and write its figure, numbers and table to `out`."""
     # Imported here: the rest of the CLI should not wait for numpy and matplotlib.
-    from bench.experiments.scale_out import ORDERS, WORKER_COUNTS, run_scale_out  # noqa: PLC0415
-    from bench.experiments.scale_out_report import write_scale_out  # noqa: PLC0415
+    from inference_auctions.experiments.scale_out import ORDERS, WORKER_COUNTS, run_scale_out  # noqa: PLC0415
+    from inference_auctions.experiments.scale_out_report import write_scale_out  # noqa: PLC0415
 
     chosen = orders or ORDERS
     trials = 1 if quick else trials

@@ -16,7 +16,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.settings import ServerSettings
+from inference_auctions.server.settings import ServerSettings
 
 REPLICA_HEADER = "x-inference-auction-replica"
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import httpx
 
-from billing import upgrade_schema
-from server.cluster.smg import RouterOptions, find_smg, smg_command
+from inference_auctions.billing import upgrade_schema
+from inference_auctions.server.cluster.smg import RouterOptions, find_smg, smg_command
 
 # The CLI run by this interpreter, so children use the same installation.
-CLI = [sys.executable, "-c", "from server.cli import main; main()"]
+CLI = [sys.executable, "-m", "inference_auctions.server.cli"]
 _STOP_GRACE_SECONDS = 30.0
 
 

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from billing import Ledger, ReconcileReport
+from inference_auctions.billing import Ledger, ReconcileReport
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from billing import MarketActivity, Spender
-from server.dashboard.health import ReconcileWatch
-from server.dashboard.sessions import SessionStore
+from inference_auctions.billing import MarketActivity, Spender
+from inference_auctions.server.dashboard.health import ReconcileWatch
+from inference_auctions.server.dashboard.sessions import SessionStore
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from server.engine.base import (
+    from inference_auctions.server.engine.base import (
         DispatchMode,
         Engine,
         EngineChunk,
@@ -26,9 +26,9 @@ if TYPE_CHECKING:
         EngineResult,
         Usage,
     )
-    from server.engine.cost_model import CostModel
-    from server.engine.embedded import EmbeddedEngine
-    from server.engine.errors import (
+    from inference_auctions.server.engine.cost_model import CostModel
+    from inference_auctions.server.engine.embedded import EmbeddedEngine
+    from inference_auctions.server.engine.errors import (
         EngineError,
         EngineProtocolError,
         EngineRejected,
@@ -36,40 +36,45 @@ if TYPE_CHECKING:
         EngineTimeout,
         EngineUnavailable,
     )
-    from server.engine.factory import make_engine
-    from server.engine.generation import Generation
-    from server.engine.live import LiveRequest, LiveSimulator
-    from server.engine.radix_cache import RadixCache
-    from server.engine.sglang_app import create_sglang_app
-    from server.engine.sglang_http import SGLangHTTPEngine
-    from server.engine.simulator import EngineSimulator, RequestOutcome, SimRequest, Step
+    from inference_auctions.server.engine.factory import make_engine
+    from inference_auctions.server.engine.generation import Generation
+    from inference_auctions.server.engine.live import LiveRequest, LiveSimulator
+    from inference_auctions.server.engine.radix_cache import RadixCache
+    from inference_auctions.server.engine.sglang_app import create_sglang_app
+    from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
+    from inference_auctions.server.engine.simulator import (
+        EngineSimulator,
+        RequestOutcome,
+        SimRequest,
+        Step,
+    )
 
 _MODULES = {
-    "CostModel": "server.engine.cost_model",
-    "DispatchMode": "server.engine.base",
-    "EmbeddedEngine": "server.engine.embedded",
-    "Engine": "server.engine.base",
-    "EngineChunk": "server.engine.base",
-    "EngineError": "server.engine.errors",
-    "EngineProtocolError": "server.engine.errors",
-    "EngineRejected": "server.engine.errors",
-    "EngineRequest": "server.engine.base",
-    "EngineResult": "server.engine.base",
-    "EngineServerError": "server.engine.errors",
-    "EngineSimulator": "server.engine.simulator",
-    "EngineTimeout": "server.engine.errors",
-    "EngineUnavailable": "server.engine.errors",
-    "Generation": "server.engine.generation",
-    "LiveRequest": "server.engine.live",
-    "LiveSimulator": "server.engine.live",
-    "RadixCache": "server.engine.radix_cache",
-    "RequestOutcome": "server.engine.simulator",
-    "SGLangHTTPEngine": "server.engine.sglang_http",
-    "SimRequest": "server.engine.simulator",
-    "Step": "server.engine.simulator",
-    "Usage": "server.engine.base",
-    "create_sglang_app": "server.engine.sglang_app",
-    "make_engine": "server.engine.factory",
+    "CostModel": "inference_auctions.server.engine.cost_model",
+    "DispatchMode": "inference_auctions.server.engine.base",
+    "EmbeddedEngine": "inference_auctions.server.engine.embedded",
+    "Engine": "inference_auctions.server.engine.base",
+    "EngineChunk": "inference_auctions.server.engine.base",
+    "EngineError": "inference_auctions.server.engine.errors",
+    "EngineProtocolError": "inference_auctions.server.engine.errors",
+    "EngineRejected": "inference_auctions.server.engine.errors",
+    "EngineRequest": "inference_auctions.server.engine.base",
+    "EngineResult": "inference_auctions.server.engine.base",
+    "EngineServerError": "inference_auctions.server.engine.errors",
+    "EngineSimulator": "inference_auctions.server.engine.simulator",
+    "EngineTimeout": "inference_auctions.server.engine.errors",
+    "EngineUnavailable": "inference_auctions.server.engine.errors",
+    "Generation": "inference_auctions.server.engine.generation",
+    "LiveRequest": "inference_auctions.server.engine.live",
+    "LiveSimulator": "inference_auctions.server.engine.live",
+    "RadixCache": "inference_auctions.server.engine.radix_cache",
+    "RequestOutcome": "inference_auctions.server.engine.simulator",
+    "SGLangHTTPEngine": "inference_auctions.server.engine.sglang_http",
+    "SimRequest": "inference_auctions.server.engine.simulator",
+    "Step": "inference_auctions.server.engine.simulator",
+    "Usage": "inference_auctions.server.engine.base",
+    "create_sglang_app": "inference_auctions.server.engine.sglang_app",
+    "make_engine": "inference_auctions.server.engine.factory",
 }
 
 __all__ = [
@@ -105,5 +110,5 @@ def __getattr__(name: str) -> Any:
     """Import an exported name from its module on first use."""
     module = _MODULES.get(name)
     if module is None:
-        raise AttributeError(f"module 'server.engine' has no attribute {name!r}")
+        raise AttributeError(f"module 'inference_auctions.server.engine' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

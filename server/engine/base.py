@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from server.engine.generation import Generation
+    from inference_auctions.server.engine.generation import Generation
 
 __all__ = ["DispatchMode", "Engine", "EngineChunk", "EngineRequest", "EngineResult", "Usage"]
 

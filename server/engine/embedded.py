@@ -11,14 +11,22 @@ from __future__ import annotations
 import asyncio
 from http import HTTPStatus
 
-from server.engine.base import EngineChunk, EngineResult
-from server.engine.cost_model import CostModel
-from server.engine.errors import EngineError, EngineRejected, EngineServerError, EngineUnavailable
-from server.engine.generation import EngineBase, Generation
-from server.engine.live import DEFAULT_MODEL_NAME, LiveRequest, LiveSimulator
-from server.engine.sglang_request import check_context_length, parse_sampling_params
-from server.engine.simulator import DEFAULT_CACHE_TOKENS, EngineSimulator
-from server.tokenizer import encode
+from inference_auctions.server.engine.base import EngineChunk, EngineResult
+from inference_auctions.server.engine.cost_model import CostModel
+from inference_auctions.server.engine.errors import (
+    EngineError,
+    EngineRejected,
+    EngineServerError,
+    EngineUnavailable,
+)
+from inference_auctions.server.engine.generation import EngineBase, Generation
+from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME, LiveRequest, LiveSimulator
+from inference_auctions.server.engine.sglang_request import (
+    check_context_length,
+    parse_sampling_params,
+)
+from inference_auctions.server.engine.simulator import DEFAULT_CACHE_TOKENS, EngineSimulator
+from inference_auctions.server.tokenizer import encode
 
 __all__ = ["EmbeddedEngine"]
 

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from server.engine.simulator import EngineSimulator, RequestOutcome
+from inference_auctions.server.engine.simulator import EngineSimulator, RequestOutcome
 
 __all__ = ["EmulatorMetrics"]
 

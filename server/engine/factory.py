@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import cast
 
-from server.engine.base import DispatchMode, Engine
-from server.engine.cost_model import CostModel
-from server.engine.embedded import EmbeddedEngine
-from server.engine.live import DEFAULT_MODEL_NAME
-from server.engine.sglang_http import SGLangHTTPEngine
-from server.engine.simulator import DEFAULT_CACHE_TOKENS
+from inference_auctions.server.engine.base import DispatchMode, Engine
+from inference_auctions.server.engine.cost_model import CostModel
+from inference_auctions.server.engine.embedded import EmbeddedEngine
+from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME
+from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
+from inference_auctions.server.engine.simulator import DEFAULT_CACHE_TOKENS
 
 __all__ = ["make_engine"]
 

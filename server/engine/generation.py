@@ -16,8 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
-from server.engine.base import EngineChunk, EngineRequest, EngineResult
-from server.engine.errors import EngineError, EngineUnavailable
+from inference_auctions.server.engine.base import EngineChunk, EngineRequest, EngineResult
+from inference_auctions.server.engine.errors import EngineError, EngineUnavailable
 
 __all__ = ["EngineBase", "Generation"]
 

@@ -23,10 +23,10 @@ from dataclasses import replace
 from http import HTTPStatus
 from typing import Any
 
-from server.engine.emulator_metrics import EmulatorMetrics
-from server.engine.output_text import Completion, completion
-from server.engine.sglang_output import abort_reason, generate_output
-from server.engine.simulator import EngineSimulator, SimRequest, Step
+from inference_auctions.server.engine.emulator_metrics import EmulatorMetrics
+from inference_auctions.server.engine.output_text import Completion, completion
+from inference_auctions.server.engine.sglang_output import abort_reason, generate_output
+from inference_auctions.server.engine.simulator import EngineSimulator, SimRequest, Step
 
 __all__ = ["DEFAULT_MODEL_NAME", "LiveRequest", "LiveSimulator"]
 

@@ -15,7 +15,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from server.tokenizer import piece_id
+from inference_auctions.server.tokenizer import piece_id
 
 __all__ = ["Completion", "completion"]
 

@@ -30,14 +30,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.engine.live import LiveRequest, LiveSimulator
-from server.engine.sglang_request import (
+from inference_auctions.server.engine.live import LiveRequest, LiveSimulator
+from inference_auctions.server.engine.sglang_request import (
     ContractError,
     GenerateInput,
     check_context_length,
     parse_generate_body,
 )
-from server.tokenizer import piece_id, pieces
+from inference_auctions.server.tokenizer import piece_id, pieces
 
 __all__ = ["create_sglang_app"]
 
@@ -263,7 +263,7 @@ class _Routes:
         return {
             "model_path": self.live.model_name,
             "served_model_name": self.live.model_name,
-            "tokenizer_path": "server.tokenizer",
+            "tokenizer_path": "inference_auctions.server.tokenizer",
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": "default",

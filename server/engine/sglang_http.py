@@ -32,8 +32,8 @@ from typing import Any
 
 import httpx
 
-from server.engine.base import DispatchMode, EngineChunk, EngineResult
-from server.engine.errors import (
+from inference_auctions.server.engine.base import DispatchMode, EngineChunk, EngineResult
+from inference_auctions.server.engine.errors import (
     EngineError,
     EngineProtocolError,
     EngineRejected,
@@ -41,7 +41,7 @@ from server.engine.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
-from server.engine.generation import EngineBase, Generation
+from inference_auctions.server.engine.generation import EngineBase, Generation
 
 __all__ = ["SGLangHTTPEngine"]
 

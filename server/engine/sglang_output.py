@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.engine.output_text import Completion
-from server.engine.simulator import RequestOutcome
+from inference_auctions.server.engine.output_text import Completion
+from inference_auctions.server.engine.simulator import RequestOutcome
 
 __all__ = ["abort_reason", "generate_output", "length_reason"]
 

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from server.engine.cost_model import CostModel
-from server.engine.radix_cache import RadixCache, RadixNode
+from inference_auctions.server.engine.cost_model import CostModel
+from inference_auctions.server.engine.radix_cache import RadixCache, RadixNode
 
 __all__ = [
     "DEFAULT_CACHE_TOKENS",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-from server.auction.payments import vcg_payment_numerators
-from server.auction.request import AuctionRequest, validate_batch
-from server.auction.schedule import average_bid_dfs
-from server.auction.tree import build_radix_tree
+from inference_auctions.server.auction.payments import vcg_payment_numerators
+from inference_auctions.server.auction.request import AuctionRequest, validate_batch
+from inference_auctions.server.auction.schedule import average_bid_dfs
+from inference_auctions.server.auction.tree import build_radix_tree
 
 
 def exact_payments(requests: Sequence[AuctionRequest]) -> dict[str, Fraction]:

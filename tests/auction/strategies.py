@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from server.auction import AuctionRequest
+from inference_auctions.server.auction import AuctionRequest
 
 # A tiny alphabet and short prompts make shared prefixes, identical prompts and prompts that
 # are prefixes of others the common case rather than the rare one.

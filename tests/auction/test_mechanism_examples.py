@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from server.auction import AuctionInputError, AuctionRequest, run_auction
+from inference_auctions.server.auction import AuctionInputError, AuctionRequest, run_auction
 from tests.auction.exact import exact_payments
 
 

@@ -7,8 +7,13 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.auction import AuctionOutcome, AuctionRequest, run_auction
-from server.auction.reference import all_dfs_orders, reference_order, reference_payments, welfare
+from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
+from inference_auctions.server.auction.reference import (
+    all_dfs_orders,
+    reference_order,
+    reference_payments,
+    welfare,
+)
 from tests.auction.exact import exact_payments
 from tests.auction.strategies import batches, long_batches, misreports
 

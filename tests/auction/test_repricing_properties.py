@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.auction import AuctionRequest, run_auction
-from server.auction.reference import reference_failure_refund, reference_shares
-from server.auction.repricing import Repricer, largest_remainder
+from inference_auctions.server.auction import AuctionRequest, run_auction
+from inference_auctions.server.auction.reference import reference_failure_refund, reference_shares
+from inference_auctions.server.auction.repricing import Repricer, largest_remainder
 from tests.auction.strategies import batches, long_batches
 
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from billing import Ledger
+from inference_auctions.billing import Ledger
 from tests.db_fixtures import MigratedDatabase, ledger, ledger_db
 
 __all__ = ["ledger", "ledger_db"]

@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from billing import BatchRecord, HoldView, Ledger, RequestRecord
-from billing.holds import find_hold
+from inference_auctions.billing import BatchRecord, HoldView, Ledger, RequestRecord
+from inference_auctions.billing.holds import find_hold
 
 TABLES = (
     "users",

@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from billing import EntryKind, EntryView, Ledger
+from inference_auctions.billing import EntryKind, EntryView, Ledger
 
 HELD_KINDS = {EntryKind.HOLD, EntryKind.RELEASE}
 

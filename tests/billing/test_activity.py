@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime, timedelta
 
-from billing import Ledger
+from inference_auctions.billing import Ledger
 from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of
 

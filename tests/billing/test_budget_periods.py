@@ -15,9 +15,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from billing import EntryKind, InsufficientFunds, InvalidInput, Ledger, Period, migrate
-from billing.money import MAX_MICROS
-from server.cli.ledger_commands import budget, rollover
+from inference_auctions.billing import (
+    EntryKind,
+    InsufficientFunds,
+    InvalidInput,
+    Ledger,
+    Period,
+    migrate,
+)
+from inference_auctions.billing.money import MAX_MICROS
+from inference_auctions.server.cli.ledger_commands import budget, rollover
 from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of, get_hold, hold_and_settle
 from tests.billing.period_checks import check_periods, period_totals

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import text
 
-from billing import Ledger
-from server.cli.ledger_commands import GROUPS
+from inference_auctions.billing import Ledger
+from inference_auctions.server.cli.ledger_commands import GROUPS
 from tests.billing.helpers import hold_and_settle
 from tests.db_fixtures import MigratedDatabase
 
@@ -145,6 +145,6 @@ def test_db_commands(tmp_path: Path) -> None:
 
 
 def test_the_groups_are_registered_on_the_main_command() -> None:
-    from server.cli import main
+    from inference_auctions.server.cli import main
 
     assert {"users", "budget", "ledger", "db"} <= set(main.commands)

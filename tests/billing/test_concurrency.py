@@ -7,7 +7,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from billing import InsufficientFunds, Ledger
+from inference_auctions.billing import InsufficientFunds, Ledger
 from tests.billing.helpers import batch_of, entries_total
 from tests.db_fixtures import MigratedDatabase
 

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from billing import (
+from inference_auctions.billing import (
     BatchCapExceeded,
     HoldState,
     IdempotencyConflict,

@@ -6,8 +6,13 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import text
 
-from billing import Ledger, LedgerSettings
-from billing.jobs import run_hold_expiry, run_reconcile, run_rollover, start_scheduler
+from inference_auctions.billing import Ledger, LedgerSettings
+from inference_auctions.billing.jobs import (
+    run_hold_expiry,
+    run_reconcile,
+    run_rollover,
+    start_scheduler,
+)
 from tests.billing.conftest import Clock
 from tests.db_fixtures import MigratedDatabase
 
@@ -35,7 +40,7 @@ def test_each_job_calls_its_service_function(
     ledger.create_user("alice", budget_micros=100, period="day")
     ledger.place_hold("alice", "r1", 10)
     clock.advance(days=1)
-    caplog.set_level(logging.INFO, logger="billing.jobs")
+    caplog.set_level(logging.INFO, logger="inference_auctions.billing.jobs")
     run_rollover(ledger)
     run_hold_expiry(ledger, timedelta(minutes=5))
     # Yesterday's hold, released today, expires with yesterday's period.

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy.orm import Session
 
-from billing import InvalidInput, Ledger
-from billing.market import auctions_since, recent_clearing, spend_since
+from inference_auctions.billing import InvalidInput, Ledger
+from inference_auctions.billing.market import auctions_since, recent_clearing, spend_since
 from tests.billing.helpers import batch_of
 
 BIDS = [("r1", "alice", 400), ("r2", "bob", 300), ("r3", "alice", 100)]

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect, text
 
-from billing import Ledger, migrate
-from billing.database import create_ledger_engine
-from billing.models import Base
+from inference_auctions.billing import Ledger, migrate
+from inference_auctions.billing.database import create_ledger_engine
+from inference_auctions.billing.models import Base
 from tests.db_fixtures import MigratedDatabase
 
 VERSIONS = Path(migrate.INI_PATH).parent / "versions"

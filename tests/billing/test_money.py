@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billing import MAX_MICROS, InvalidAmount, format_micros, parse_credits
+from inference_auctions.billing import MAX_MICROS, InvalidAmount, format_micros, parse_credits
 
 
 @pytest.mark.parametrize(

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import billing
-from billing import Ledger, LedgerError, LedgerUnavailable
-from server.cli import main
+from inference_auctions import billing
+from inference_auctions.billing import Ledger, LedgerError, LedgerUnavailable
+from inference_auctions.server.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+BILLING = "inference_auctions.billing"
+MIGRATIONS = "inference_auctions.migrations"
 
 
 def _imports(path: Path) -> Iterator[tuple[int, str, str | None]]:
@@ -39,12 +41,11 @@ def _trespasses(path: Path, *, sqlalchemy: bool = False) -> list[str]:
     found = []
     for line, module, name in _imports(path):
         where = f"{path.relative_to(ROOT)}:{line}"
-        top = module.split(".")[0]
-        if top == "sqlalchemy" and not sqlalchemy:
+        if module.split(".")[0] == "sqlalchemy" and not sqlalchemy:
             found.append(f"{where} imports {module}")
-        elif top == "billing" and module != "billing":
+        elif module.startswith(BILLING + "."):
             found.append(f"{where} imports the billing submodule {module}")
-        elif module == "billing" and name is not None and not _exported(name):
+        elif module == BILLING and name is not None and not _exported(name):
             found.append(f"{where} imports {name!r}, which billing does not export")
     return found
 
@@ -61,10 +62,10 @@ def test_the_walk_catches_each_kind_of_trespass(tmp_path: Path) -> None:
     bad.write_text(
         "from sqlalchemy.orm import Session\n"
         "import sqlalchemy\n"
-        "from billing.models import BatchRequest\n"
-        "import billing.ledger\n"
-        "from billing import ledger\n"
-        "from billing import Ledger\n"
+        "from inference_auctions.billing.models import BatchRequest\n"
+        "import inference_auctions.billing.ledger\n"
+        "from inference_auctions.billing import ledger\n"
+        "from inference_auctions.billing import Ledger\n"
     )
     try:
         found = _trespasses(bad)
@@ -80,15 +81,15 @@ def test_the_migrations_read_billing_through_its_door() -> None:
     found = [p for path in paths for p in _trespasses(path, sqlalchemy=True)]
     assert found == []
     for path in sorted(ROOT.glob("billing/*.py")):
-        assert all(module.split(".")[0] != "migrations" for _, module, _ in _imports(path)), path
+        assert all(not module.startswith(MIGRATIONS) for _, module, _ in _imports(path)), path
 
 
 def test_billing_finds_its_alembic_config_without_importing_the_migrations() -> None:
     probe = (
-        "import sys, billing\n"
-        "from billing import head_revision\n"
+        "import sys\n"
+        "from inference_auctions.billing import head_revision\n"
         "assert head_revision()\n"
-        "assert 'migrations' not in sys.modules, 'billing imported the migrations package'\n"
+        "assert 'inference_auctions.migrations' not in sys.modules, 'billing imported migrations'\n"
     )
     command = [sys.executable, "-c", probe]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)

@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from billing import HoldState, IdempotencyConflict, Ledger, RequestStatus
-from billing.errors import RequestNotScheduled
-from billing.records import BatchRecord, PricedRequest, RequestRecord
+from inference_auctions.billing import HoldState, IdempotencyConflict, Ledger, RequestStatus
+from inference_auctions.billing.errors import RequestNotScheduled
+from inference_auctions.billing.records import BatchRecord, PricedRequest, RequestRecord
 from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of, entries_total
 

@@ -28,8 +28,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from billing import HoldState, InsufficientFunds, Ledger, Period
-from billing.periods import next_period_start
+from inference_auctions.billing import HoldState, InsufficientFunds, Ledger, Period
+from inference_auctions.billing.periods import next_period_start
 from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of, get_hold
 from tests.billing.period_checks import check_periods

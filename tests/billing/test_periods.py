@@ -5,8 +5,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from billing.errors import InvalidInput
-from billing.periods import Period, parse_period, parse_timezone, period_start, require_aware
+from inference_auctions.billing.errors import InvalidInput
+from inference_auctions.billing.periods import (
+    Period,
+    parse_period,
+    parse_timezone,
+    period_start,
+    require_aware,
+)
 
 
 def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> datetime:

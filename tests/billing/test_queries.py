@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from billing import EntryKind, InvalidInput, Ledger
+from inference_auctions.billing import EntryKind, InvalidInput, Ledger
 from tests.billing.conftest import Clock
 from tests.billing.helpers import hold_and_settle
 

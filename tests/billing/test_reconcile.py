@@ -4,7 +4,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from billing import Ledger
+from inference_auctions.billing import Ledger
 from tests.billing.helpers import hold_and_settle
 from tests.db_fixtures import MigratedDatabase
 

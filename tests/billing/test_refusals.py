@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from billing import (
+from inference_auctions.billing import (
     InsufficientFunds,
     InvalidAmount,
     InvalidInput,

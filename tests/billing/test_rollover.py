@@ -7,8 +7,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from billing import EntryKind, Ledger
-from billing.jobs import run_hold_expiry, run_reconcile, run_rollover
+from inference_auctions.billing import EntryKind, Ledger
+from inference_auctions.billing.jobs import run_hold_expiry, run_reconcile, run_rollover
 from tests.billing.conftest import Clock
 from tests.db_fixtures import MigratedDatabase
 

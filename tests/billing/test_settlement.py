@@ -5,7 +5,7 @@ from datetime import timedelta
 
 import pytest
 
-from billing import (
+from inference_auctions.billing import (
     ChargeExceedsHold,
     HoldNotOpen,
     HoldState,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from billing import DuplicateUser, InvalidInput, Ledger, Period, UnknownUser
+from inference_auctions.billing import DuplicateUser, InvalidInput, Ledger, Period, UnknownUser
 from tests.db_fixtures import MigratedDatabase
 
 

@@ -13,7 +13,12 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "batch.jsonl"
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-c", "from server.cli import main; main()", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "inference_auctions.server.cli",
+        *args,
+    ]
     return subprocess.run(
         command, check=False, input=stdin, capture_output=True, text=True, timeout=60
     )

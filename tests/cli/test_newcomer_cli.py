@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from server.cli.serve_command import _first_steps
-from server.settings import ServerSettings
+from inference_auctions.server.cli.serve_command import _first_steps
+from inference_auctions.server.settings import ServerSettings
 from tests.processes import free_port
 
 REPO = Path(__file__).parents[2]
@@ -17,7 +17,12 @@ EXAMPLE = REPO / "examples" / "batch.jsonl"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-c", "from server.cli import main; main()", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "inference_auctions.server.cli",
+        *args,
+    ]
     return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
 
 

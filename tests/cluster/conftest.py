@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from server.cluster.smg import SMGMissing, find_smg
+from inference_auctions.server.cluster.smg import SMGMissing, find_smg
 from tests.db_fixtures import MigratedDatabase, migrated_database
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from billing import Ledger
-from server.cluster.replica import REPLICA_HEADER
+from inference_auctions.billing import Ledger
+from inference_auctions.server.cluster.replica import REPLICA_HEADER
 
 
 def generate(

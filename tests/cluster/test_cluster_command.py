@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from billing import Ledger
-from server.cli import main
-from server.cluster.supervisor import CLI, free_port
+from inference_auctions.billing import Ledger
+from inference_auctions.server.cli import main
+from inference_auctions.server.cluster.supervisor import CLI, free_port
 from tests.cluster.helpers import generate, replica_of, wait_until
 from tests.db_fixtures import MigratedDatabase
 

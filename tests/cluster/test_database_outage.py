@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from billing import Ledger
+from inference_auctions.billing import Ledger
 from tests.cluster.helpers import charges_by_batch, generate, replica_of
 from tests.cluster.tcp_proxy import TcpProxy
 from tests.db_fixtures import MigratedDatabase

@@ -13,9 +13,13 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.cluster.replica import REPLICA_HEADER, ReplicaLabelled, rate_limit_share
-from server.cluster.smg import SMGMissing, find_smg
-from server.settings import ServerSettings
+from inference_auctions.server.cluster.replica import (
+    REPLICA_HEADER,
+    ReplicaLabelled,
+    rate_limit_share,
+)
+from inference_auctions.server.cluster.smg import SMGMissing, find_smg
+from inference_auctions.server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.server.harness import running_server
 

@@ -13,10 +13,10 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from billing import Ledger
-from billing.jobs import run_hold_expiry, run_reconcile, run_rollover
-from billing.leadership import JobLeadership, start_jobs
-from server.settings import ServerSettings
+from inference_auctions.billing import Ledger
+from inference_auctions.billing.jobs import run_hold_expiry, run_reconcile, run_rollover
+from inference_auctions.billing.leadership import JobLeadership, start_jobs
+from inference_auctions.server.settings import ServerSettings
 from tests.billing.conftest import Clock
 from tests.cluster.helpers import charges_by_batch, generate, wait_until
 from tests.db_fixtures import MigratedDatabase, migrated_database

@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from billing import Ledger
-from server.cluster.supervisor import (
+from inference_auctions.billing import Ledger
+from inference_auctions.server.cluster.supervisor import (
     CLI,
     Child,
     ClusterPlan,

@@ -17,8 +17,8 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 
-from billing import Ledger
-from billing.models import (
+from inference_auctions.billing import Ledger
+from inference_auctions.billing.models import (
     AuctionBatch,
     Balance,
     BatchRequest,

@@ -16,9 +16,15 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from billing.models import AuctionBatch, BatchRequest, EntryKind, LedgerEntry, User
-from server.api.dashboard_routes import _projection
-from server.dashboard.sessions import COOKIE_NAME, SessionStore
+from inference_auctions.billing.models import (
+    AuctionBatch,
+    BatchRequest,
+    EntryKind,
+    LedgerEntry,
+    User,
+)
+from inference_auctions.server.api.dashboard_routes import _projection
+from inference_auctions.server.dashboard.sessions import COOKIE_NAME, SessionStore
 from tests.dashboard.seeding import create_users_before, seed_batches, send_traffic
 from tests.db_fixtures import migrated_database
 from tests.server.harness import RunningServer, running_server
@@ -347,7 +353,7 @@ def test_no_key_reaches_the_servers_logs(
     server: RunningServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     # uvicorn's loggers do not propagate to the root: the capture is attached to each.
-    names = ("uvicorn", "uvicorn.access", "uvicorn.error", "server", "billing")
+    names = ("uvicorn", "uvicorn.access", "uvicorn.error", "inference_auctions")
     loggers = [logging.getLogger(name) for name in names]
     caplog.set_level(logging.DEBUG)
     levels = [logger.level for logger in loggers]

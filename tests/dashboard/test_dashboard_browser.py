@@ -21,9 +21,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from billing import format_micros
-from billing.models import BatchRequest, User
-from server.dashboard.sessions import COOKIE_NAME
+from inference_auctions.billing import format_micros
+from inference_auctions.billing.models import BatchRequest, User
+from inference_auctions.server.dashboard.sessions import COOKIE_NAME
 from tests.dashboard.seeding import create_users_before, seed_batches, send_traffic
 from tests.db_fixtures import migrated_database
 from tests.server.harness import RunningServer, running_server

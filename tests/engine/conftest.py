@@ -11,9 +11,9 @@ from typing import Any
 
 import uvicorn
 
-from server.engine.live import LiveSimulator
-from server.engine.sglang_app import create_sglang_app
-from server.engine.simulator import EngineSimulator
+from inference_auctions.server.engine.live import LiveSimulator
+from inference_auctions.server.engine.sglang_app import create_sglang_app
+from inference_auctions.server.engine.simulator import EngineSimulator
 from tests.processes import free_port
 
 

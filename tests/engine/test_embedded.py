@@ -9,12 +9,16 @@ from typing import Any
 
 import pytest
 
-from server.engine import EmbeddedEngine, SGLangHTTPEngine, make_engine
-from server.engine.base import EngineRequest, EngineResult
-from server.engine.errors import EngineRejected, EngineServerError, EngineUnavailable
-from server.engine.live import LiveSimulator
-from server.engine.simulator import EngineSimulator, Step
-from server.tokenizer import encode
+from inference_auctions.server.engine import EmbeddedEngine, SGLangHTTPEngine, make_engine
+from inference_auctions.server.engine.base import EngineRequest, EngineResult
+from inference_auctions.server.engine.errors import (
+    EngineRejected,
+    EngineServerError,
+    EngineUnavailable,
+)
+from inference_auctions.server.engine.live import LiveSimulator
+from inference_auctions.server.engine.simulator import EngineSimulator, Step
+from inference_auctions.server.tokenizer import encode
 
 
 @asynccontextmanager

@@ -10,7 +10,7 @@ import time
 import httpx
 from click.testing import CliRunner
 
-from server.cli import main
+from inference_auctions.server.cli import main
 from tests.processes import free_port
 
 
@@ -31,8 +31,8 @@ def test_emulate_sglang_serves_until_interrupted() -> None:
     port = free_port()
     command = [
         sys.executable,
-        "-c",
-        "from server.cli import main; main()",
+        "-m",
+        "inference_auctions.server.cli",
         "emulate-sglang",
         "--port",
         str(port),

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from server.engine.base import DispatchMode, EngineRequest
-from server.engine.errors import (
+from inference_auctions.server.engine.base import DispatchMode, EngineRequest
+from inference_auctions.server.engine.errors import (
     EngineError,
     EngineProtocolError,
     EngineRejected,
@@ -20,7 +20,7 @@ from server.engine.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
-from server.engine.sglang_http import SGLangHTTPEngine
+from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
 from tests.processes import free_port
 
 REQUEST = EngineRequest("r1", [1, 2, 3], {"max_new_tokens": 2}, priority=1)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from server.engine.base import EngineRequest, EngineResult
-from server.engine.errors import EngineRejected
-from server.engine.sglang_http import SGLangHTTPEngine
-from server.tokenizer import encode
+from inference_auctions.server.engine.base import EngineRequest, EngineResult
+from inference_auctions.server.engine.errors import EngineRejected
+from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
+from inference_auctions.server.tokenizer import encode
 from tests.engine.conftest import emulator
 
 

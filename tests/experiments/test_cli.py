@@ -7,8 +7,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from server.cli import main
-from server.cli.experiment_command import experiment
+from inference_auctions.server.cli import main
+from inference_auctions.server.cli.experiment_command import experiment
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

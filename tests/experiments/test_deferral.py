@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.experiments.orders import ScheduledBatch, queue_batches
-from bench.experiments.runner import Engine, serve
-from bench.experiments.workloads import Query
-from server.deferral import DeferralSettings
+from inference_auctions.experiments.orders import ScheduledBatch, queue_batches
+from inference_auctions.experiments.runner import Engine, serve
+from inference_auctions.experiments.workloads import Query
+from inference_auctions.server.deferral import DeferralSettings
 
 PREFIX = list(range(1, 401))
 

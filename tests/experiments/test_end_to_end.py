@@ -11,10 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from bench.experiments.autobidding import AutobidSettings, condition_number, run_autobidding
-from bench.experiments.orders import ORDERS, queue_order
-from bench.experiments.plan import WorkloadSpec
-from bench.experiments.runner import Engine, Measurement, measure, serve
+from inference_auctions.experiments.autobidding import (
+    AutobidSettings,
+    condition_number,
+    run_autobidding,
+)
+from inference_auctions.experiments.orders import ORDERS, queue_order
+from inference_auctions.experiments.plan import WorkloadSpec
+from inference_auctions.experiments.runner import Engine, Measurement, measure, serve
 
 QUEUE = 512
 TRIALS = 2

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.experiments.metrics import (
+from inference_auctions.experiments.metrics import (
     mean_and_stderr,
     realized_priorities,
     welfare,

@@ -13,17 +13,17 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.experiments.runner import Engine, measure
-from bench.experiments.scale_out import (
+from inference_auctions.experiments.runner import Engine, measure
+from inference_auctions.experiments.scale_out import (
     CACHE_THRESHOLD,
     ROUTERS,
     measure_deployment,
     route,
     run_scale_out,
 )
-from bench.experiments.scale_out_report import write_scale_out
-from bench.experiments.workloads import Query, mixshare
-from server.cli import main
+from inference_auctions.experiments.scale_out_report import write_scale_out
+from inference_auctions.experiments.workloads import Query, mixshare
+from inference_auctions.server.cli import main
 
 _QUEUE = mixshare(50, 96, np.random.default_rng(3))
 

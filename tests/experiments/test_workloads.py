@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.experiments.workloads import (
+from inference_auctions.experiments.workloads import (
     OUTPUT_TOKENS,
     Query,
     Workload,
@@ -23,7 +23,7 @@ from bench.experiments.workloads import (
     one_cluster_bids,
     trees,
 )
-from server.auction.tree import build_radix_tree
+from inference_auctions.server.auction.tree import build_radix_tree
 
 QUEUE = 1024
 

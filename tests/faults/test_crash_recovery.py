@@ -34,9 +34,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from billing import Ledger
-from server.auction import AuctionRequest
-from server.auction.repricing import Repricer
+from inference_auctions.billing import Ledger
+from inference_auctions.server.auction import AuctionRequest
+from inference_auctions.server.auction.repricing import Repricer
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.faults.faulty_sglang import FaultySGLang, token_ids
@@ -44,7 +44,7 @@ from tests.processes import free_port, wait_until_healthy
 
 GRANT = 10_000_000
 BIDS = {"alice": "0.5", "bob": "0.3", "carol": "0.2"}
-CLI = [sys.executable, "-c", "from server.cli import main; main()"]
+CLI = [sys.executable, "-m", "inference_auctions.server.cli"]
 
 
 def _wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:

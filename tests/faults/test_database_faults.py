@@ -24,10 +24,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-import billing.database
-from billing import Ledger
-from server.clearing import refund_rule
-from server.settings import ServerSettings
+from inference_auctions.billing import Ledger
+from inference_auctions.billing import database as ledger_database
+from inference_auctions.server.clearing import refund_rule
+from inference_auctions.server.settings import ServerSettings
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.server.harness import TEST_SETTINGS, serve_app
@@ -118,7 +118,7 @@ def test_a_sqlite_lock_past_the_busy_timeout_is_503_and_writes_nothing(
     sqlite_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The server waits this long for the lock (30 s by default) before giving up.
-    monkeypatch.setattr(billing.database, "SQLITE_BUSY_TIMEOUT_S", 0.4)
+    monkeypatch.setattr(ledger_database, "SQLITE_BUSY_TIMEOUT_S", 0.4)
     with _server(sqlite_db.url, sqlite_db, batch_size=2, max_wait_ms=1_500) as (url, ledger):
         keys = {u: ledger.create_user(u, budget_micros=GRANT).api_key for u in ("ann", "ben")}
         with ThreadPoolExecutor(2) as pool:
@@ -164,7 +164,7 @@ def test_a_ledger_locked_when_requests_complete_answers_503_and_refunds_later(
     # The batch settles; while its requests are at the engine (about a second of real-time
     # emulation) the ledger is locked past the busy timeout, so their outcomes cannot be
     # recorded. No client may get a 200 for an answer the ledger does not know was served.
-    monkeypatch.setattr(billing.database, "SQLITE_BUSY_TIMEOUT_S", 0.4)
+    monkeypatch.setattr(ledger_database, "SQLITE_BUSY_TIMEOUT_S", 0.4)
     with _server(
         sqlite_db.url, sqlite_db, batch_size=2, max_wait_ms=2_000, emulator_time_scale=1.0
     ) as (url, ledger):

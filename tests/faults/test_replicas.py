@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from billing import Ledger
-from server.settings import ServerSettings
+from inference_auctions.billing import Ledger
+from inference_auctions.server.settings import ServerSettings
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.server.harness import TEST_SETTINGS, serve_app

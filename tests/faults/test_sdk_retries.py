@@ -19,10 +19,10 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-import billing.database
-from billing import Ledger
-from sdk import AuctionClient, Budget
-from server.settings import ServerSettings
+from inference_auctions.billing import Ledger
+from inference_auctions.billing import database as ledger_database
+from inference_auctions.sdk import AuctionClient, Budget
+from inference_auctions.server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.server.harness import TEST_SETTINGS, serve_app
 
@@ -107,7 +107,7 @@ class _Faults(httpx.BaseTransport):
 def test_the_sdk_retries_a_dropped_connection_and_a_failed_settlement_and_pays_once(
     sqlite_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(billing.database, "SQLITE_BUSY_TIMEOUT_S", 0.4)
+    monkeypatch.setattr(ledger_database, "SQLITE_BUSY_TIMEOUT_S", 0.4)
     settings = ServerSettings(
         database_url=sqlite_db.url, **{**TEST_SETTINGS, "batch_size": 2, "max_wait_ms": 700}
     )

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sdk import _constants
+from inference_auctions.sdk import _constants
 
 from .fake_server import FakeServer
 from .live_server import LiveServer, live_server

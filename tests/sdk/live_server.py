@@ -23,7 +23,7 @@ import httpx
 from tests.processes import free_port, wait_until_healthy
 
 SERVER_PYTHON = os.environ.get("INFERENCE_AUCTION_TEST_SERVER_PYTHON") or sys.executable
-CLI = [SERVER_PYTHON, "-c", "from server.cli import main; main()"]
+CLI = [SERVER_PYTHON, "-m", "inference_auctions.server.cli"]
 
 
 @dataclass

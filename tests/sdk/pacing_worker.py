@@ -12,7 +12,7 @@ import threading
 import time
 from datetime import datetime, timedelta
 
-import sdk
+from inference_auctions import sdk
 
 THREADS = 3
 

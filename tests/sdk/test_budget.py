@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sdk import Budget, ConfigurationError
-from sdk._budget import default_anchor, period_window
+from inference_auctions.sdk import Budget, ConfigurationError
+from inference_auctions.sdk._budget import default_anchor, period_window
 
 
 def test_budget_converts_money_exactly() -> None:

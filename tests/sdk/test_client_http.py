@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-import sdk
-from sdk import AsyncAuctionClient, AuctionClient, Budget
+from inference_auctions import sdk
+from inference_auctions.sdk import AsyncAuctionClient, AuctionClient, Budget
 
 from .conftest import BASE_URL, async_transport, transport
 from .fake_server import API_KEY, DROP, FakeServer, error_response

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import pytest
 
-from sdk import AsyncAuctionClient, AuctionClient, Budget, PacingBidder
+from inference_auctions.sdk import AsyncAuctionClient, AuctionClient, Budget, PacingBidder
 
 from .conftest import BASE_URL, async_transport, transport
 from .fake_server import API_KEY, FakeServer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import sdk
+from inference_auctions import sdk
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -26,13 +26,13 @@ def test_public_classes_live_in_the_package() -> None:
     for name in sdk.__all__:
         obj = getattr(sdk, name)
         if isinstance(obj, type):
-            assert obj.__module__ == "sdk", name
+            assert obj.__module__ == "inference_auctions.sdk", name
 
 
 def test_sdk_never_imports_the_server() -> None:
     # A fresh interpreter: this test process may have imported the server for other tests.
-    code = "import sdk, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-    code += "('server', 'billing', 'fastapi', 'sqlalchemy')))"
+    code = "import sys, inference_auctions.sdk; print(sorted(m for m in sys.modules if m in "
+    code += "('inference_auctions.server', 'inference_auctions.billing', 'fastapi', 'sqlalchemy')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

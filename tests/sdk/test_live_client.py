@@ -19,8 +19,8 @@ from decimal import Decimal
 import httpx
 import pytest
 
-import sdk
-from sdk import AsyncAuctionClient, AuctionClient, Budget
+from inference_auctions import sdk
+from inference_auctions.sdk import AsyncAuctionClient, AuctionClient, Budget
 from tests.processes import free_port
 
 from .live_server import LiveServer
@@ -233,7 +233,7 @@ def test_a_closed_client_says_so(live: LiveServer) -> None:
 def test_retries_are_logged_at_info() -> None:
     # A port nothing listens on: every attempt is refused, over the real network.
     code = (
-        "import sdk\n"
+        "from inference_auctions import sdk\n"
         f"c = sdk.AuctionClient('http://127.0.0.1:{free_port()}', 'sk', sync_on_start=False,"
         " budget=sdk.Budget(total='1', auctions=1))\n"
         "try:\n"

@@ -21,7 +21,7 @@ from decimal import Decimal
 import httpx
 import pytest
 
-import sdk
+from inference_auctions import sdk
 
 from .live_server import LiveServer
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sdk import InvalidAmountError, format_credits, to_micros
+from inference_auctions.sdk import InvalidAmountError, format_credits, to_micros
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdk import Budget, ConfigurationError, PacingBidder
-from sdk._pacing import _scale
+from inference_auctions.sdk import Budget, ConfigurationError, PacingBidder
+from inference_auctions.sdk._pacing import _scale
 
 CREDIT = 1_000_000
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-import sdk
+from inference_auctions import sdk
 
 
 def test_retry_delay_policy() -> None:

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sdk import Auction, Budget, PacingBidder
-from sdk._settlement import Settlement
+from inference_auctions.sdk import Auction, Budget, PacingBidder
+from inference_auctions.sdk._settlement import Settlement
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 

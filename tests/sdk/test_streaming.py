@@ -8,9 +8,9 @@ import json
 import httpx
 import pytest
 
-import sdk
-from sdk import AsyncAuctionClient, AuctionClient, Budget
-from sdk._streaming import SSEDecoder
+from inference_auctions import sdk
+from inference_auctions.sdk import AsyncAuctionClient, AuctionClient, Budget
+from inference_auctions.sdk._streaming import SSEDecoder
 
 from .conftest import BASE_URL, async_transport, transport
 from .fake_server import API_KEY, FakeServer, error_response

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from billing.models import Base
+from inference_auctions.billing.models import Base
 from tests.db_fixtures import MigratedDatabase, ledger, ledger_db
 from tests.server.harness import RunningServer, running_server
 

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from billing import apikeys
-from billing import users as billing_users
-from billing.models import Base, User
+from inference_auctions.billing import apikeys
+from inference_auctions.billing import users as billing_users
+from inference_auctions.billing.models import Base, User
 from tests.db_fixtures import MigratedDatabase
 from tests.security.conftest import ledger_snapshot
 from tests.server.harness import RunningServer, running_server

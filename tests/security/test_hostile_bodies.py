@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 import pytest
 
-from billing.models import ID_LENGTH, NAME_LENGTH
-from server.api.body_decoder import INLINE_BODY_BYTES
-from server.api.schemas import RID_MAX_LENGTH
-from server.settings import ServerSettings
+from inference_auctions.billing.models import ID_LENGTH, NAME_LENGTH
+from inference_auctions.server.api.body_decoder import INLINE_BODY_BYTES
+from inference_auctions.server.api.schemas import RID_MAX_LENGTH
+from inference_auctions.server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.security.conftest import ledger_snapshot
 from tests.server.harness import RunningServer, running_server
@@ -176,7 +176,7 @@ def _latency(client: httpx.Client, index: int) -> float:
 def test_eight_ten_megabyte_bodies_do_not_stall_another_user(
     sqlite_db: MigratedDatabase, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="server")
+    caplog.set_level(logging.INFO, logger="inference_auctions.server")
     with running_server(sqlite_db) as server:
         mallory = server.create_user("mallory")
         with server.client(server.create_user("olivia")) as client:
@@ -220,7 +220,7 @@ def _read_until_closed(connection: socket.socket, limit: float) -> tuple[bytes, 
 def test_slow_headers_slow_bodies_and_silent_sockets_are_cut_off(
     sqlite_db: MigratedDatabase, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="server")
+    caplog.set_level(logging.INFO, logger="inference_auctions.server")
     # The deadline is 1 s here; a batch closes only after 1.5 s, so a request that is read in
     # time but answered later shows that the deadline covers reading only.
     with running_server(
@@ -308,10 +308,10 @@ def test_a_client_gone_mid_body_is_one_info_line(
             records = list(caplog.records)
     finally:
         uvicorn_errors.removeHandler(caplog.handler)
-    about_it = [r for r in records if r.name.startswith(("server", "uvicorn"))]
-    assert [(r.levelname, r.name) for r in about_it] == [("INFO", "server.api.body")], [
-        r.getMessage() for r in about_it
-    ]
+    about_it = [r for r in records if r.name.startswith(("inference_auctions.server", "uvicorn"))]
+    assert [(r.levelname, r.name) for r in about_it] == [
+        ("INFO", "inference_auctions.server.api.body")
+    ], [r.getMessage() for r in about_it]
     assert about_it[0].exc_info is None
     assert "5,010 of its 100000 body bytes" in about_it[0].getMessage()
 

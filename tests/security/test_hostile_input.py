@@ -30,10 +30,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.api.body import MAX_BODY_BYTES
-from server.api.schemas import SamplingParams
-from server.auction import AuctionInputError, AuctionOutcome, AuctionRequest, run_auction
-from server.auction.reference import reference_order, reference_payments
+from inference_auctions.server.api.body import MAX_BODY_BYTES
+from inference_auctions.server.api.schemas import SamplingParams
+from inference_auctions.server.auction import (
+    AuctionInputError,
+    AuctionOutcome,
+    AuctionRequest,
+    run_auction,
+)
+from inference_auctions.server.auction.reference import reference_order, reference_payments
 from tests.auction.exact import exact_payments
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.security.conftest import ledger_snapshot

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import uvicorn
 
-from billing import Ledger
-from server.app import create_app
-from server.http_protocol import uvicorn_config
-from server.settings import ServerSettings
+from inference_auctions.billing import Ledger
+from inference_auctions.server.app import create_app
+from inference_auctions.server.http_protocol import uvicorn_config
+from inference_auctions.server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase
 
 # Fast defaults for tests: the emulator runs 500x faster than an H100 would, batches close

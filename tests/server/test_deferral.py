@@ -7,10 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from server.auction import AuctionRequest, run_auction
-from server.deferral import BatchPrefixes, DeferralSettings, PrefixDeferral, Release
-from server.service import _deferral_settings
-from server.settings import ServerSettings
+from inference_auctions.server.auction import AuctionRequest, run_auction
+from inference_auctions.server.deferral import (
+    BatchPrefixes,
+    DeferralSettings,
+    PrefixDeferral,
+    Release,
+)
+from inference_auctions.server.service import _deferral_settings
+from inference_auctions.server.settings import ServerSettings
 
 PREFIX = list(range(1000, 1100))  # 100 tokens
 

@@ -34,7 +34,12 @@ def sglang_url() -> Iterator[str]:
     """An `emulate-sglang` process on a free port, running at the modelled GPU's speed."""
     port = free_port()
     command = [
-        *(sys.executable, "-c", "from server.cli import main; main()", "emulate-sglang"),
+        *(
+            sys.executable,
+            "-m",
+            "inference_auctions.server.cli",
+            "emulate-sglang",
+        ),
         *("--port", str(port), "--time-scale", "1.0"),
     ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -9,8 +9,8 @@ import json
 from click.testing import CliRunner
 from sqlalchemy import text
 
-from billing import BalanceRecord, DriftRecord, EntryRecord, SummaryRecord
-from server.cli import main
+from inference_auctions.billing import BalanceRecord, DriftRecord, EntryRecord, SummaryRecord
+from inference_auctions.server.cli import main
 from tests.billing.helpers import hold_and_settle
 from tests.db_fixtures import MigratedDatabase
 from tests.server.harness import RunningServer

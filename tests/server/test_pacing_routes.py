@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from billing.market import ClearingSample
-from server.api.pacing_routes import prices_json
+from inference_auctions.billing.market import ClearingSample
+from inference_auctions.server.api.pacing_routes import prices_json
 
 T = datetime(2030, 3, 1, tzinfo=UTC)
 

@@ -8,8 +8,8 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from server.api.error_handlers import install_error_handlers
-from server.api.request_id import RequestIdMiddleware
+from inference_auctions.server.api.error_handlers import install_error_handlers
+from inference_auctions.server.api.request_id import RequestIdMiddleware
 
 
 def _app() -> FastAPI:

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import httpx
 
-from sdk import AsyncAuctionClient, AuctionClient, Budget
+from inference_auctions.sdk import AsyncAuctionClient, AuctionClient, Budget
 from tests.server.harness import RunningServer
 
 

@@ -27,8 +27,8 @@ def sglang_url() -> Iterator[str]:
     port = free_port()
     command = [
         sys.executable,
-        "-c",
-        "from server.cli import main; main()",
+        "-m",
+        "inference_auctions.server.cli",
         "emulate-sglang",
         "--port",
         str(port),

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from server.api.schemas import SamplingParams
+from inference_auctions.server.api.schemas import SamplingParams
 from tests.db_fixtures import migrated_database
 from tests.security.conftest import ledger_snapshot
 from tests.server.harness import RunningServer, running_server

@@ -20,9 +20,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
 
-from bench.experiments.autobidding import AutobidRun
-from bench.experiments.metrics import mean_and_stderr
-from bench.experiments.runner import Measurement, SweepResult
+from inference_auctions.experiments.autobidding import AutobidRun
+from inference_auctions.experiments.metrics import mean_and_stderr
+from inference_auctions.experiments.runner import Measurement, SweepResult
 
 __all__ = ["METRICS", "plot_autobidding", "plot_sweeps"]
 

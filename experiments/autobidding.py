@@ -26,12 +26,12 @@ from decimal import Decimal
 
 import numpy as np
 
-from bench.experiments.metrics import welfare, welfare_gain_percent
-from bench.experiments.workloads import Workload, trees
-from sdk import Budget, PacingBidder
-from server.auction import AuctionOutcome, AuctionRequest, run_auction
-from server.auction.schedule import subtree_sums
-from server.auction.tree import build_radix_tree
+from inference_auctions.experiments.metrics import welfare, welfare_gain_percent
+from inference_auctions.experiments.workloads import Workload, trees
+from inference_auctions.sdk import Budget, PacingBidder
+from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
+from inference_auctions.server.auction.schedule import subtree_sums
+from inference_auctions.server.auction.tree import build_radix_tree
 
 __all__ = [
     "AutobidRun",

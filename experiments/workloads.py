@@ -37,8 +37,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from billing.money import MICROS_PER_CREDIT
-from server.jsonlines import RecordError, read_records, record_credits, record_tokens
+from inference_auctions.billing.money import MICROS_PER_CREDIT
+from inference_auctions.server.jsonlines import (
+    RecordError,
+    read_records,
+    record_credits,
+    record_tokens,
+)
 
 __all__ = [
     "OUTPUT_TOKENS",

@@ -12,8 +12,8 @@ model assigns each query, in arrival order, to one of K workers without looking 
 * `round-robin`: query i to worker i mod K.
 
 Each worker then auctions its own share of the queue in batches, exactly as one server does
-(`bench.experiments.orders`), and serves it on its own fresh engine simulator with its own
-KV cache. Welfare ranks every query of the deployment by its time to first token, as the
+(`inference_auctions.experiments.orders`), and serves it on its own fresh engine simulator with
+its own KV cache. Welfare ranks every query of the deployment by its time to first token, as the
 paper ranks one server's queries; the hit rate is cached over prompt tokens of all workers.
 """
 
@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.experiments.metrics import (
+from inference_auctions.experiments.metrics import (
     mean_and_stderr,
     realized_priorities,
     welfare_gain_percent,
 )
-from bench.experiments.orders import queue_batches
-from bench.experiments.runner import Engine, serve
-from bench.experiments.workloads import OUTPUT_TOKENS, Query, Workload, mixshare
+from inference_auctions.experiments.orders import queue_batches
+from inference_auctions.experiments.runner import Engine, serve
+from inference_auctions.experiments.workloads import OUTPUT_TOKENS, Query, Workload, mixshare
 
 __all__ = [
     "ORDERS",

@@ -20,14 +20,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.experiments.metrics import realized_priorities, welfare, welfare_gain_percent
-from bench.experiments.orders import ScheduledBatch, queue_batches
-from bench.experiments.plan import Sweep, WorkloadSpec
-from bench.experiments.workloads import Query, Workload
-from server.auction.tree import build_radix_tree
-from server.deferral import DeferralSettings, PrefixDeferral
-from server.engine.cost_model import CostModel
-from server.engine.simulator import (
+from inference_auctions.experiments.metrics import (
+    realized_priorities,
+    welfare,
+    welfare_gain_percent,
+)
+from inference_auctions.experiments.orders import ScheduledBatch, queue_batches
+from inference_auctions.experiments.plan import Sweep, WorkloadSpec
+from inference_auctions.experiments.workloads import Query, Workload
+from inference_auctions.server.auction.tree import build_radix_tree
+from inference_auctions.server.deferral import DeferralSettings, PrefixDeferral
+from inference_auctions.server.engine.cost_model import CostModel
+from inference_auctions.server.engine.simulator import (
     DEFAULT_CACHE_TOKENS,
     DEFAULT_CHUNKED_PREFILL_SIZE,
     EngineSimulator,

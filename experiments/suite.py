@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from bench.experiments.autobidding import AutobidRun, AutobidSettings, run_autobidding
-from bench.experiments.figures import plot_autobidding, plot_sweeps
-from bench.experiments.orders import ORDERS
-from bench.experiments.plan import FULL, Scale, figure_sweeps
-from bench.experiments.report import Results, machine, write_report
-from bench.experiments.runner import Engine, run_sweep
-from bench.experiments.workloads import OUTPUT_TOKENS
-from server.deferral import DeferralSettings
+from inference_auctions.experiments.autobidding import AutobidRun, AutobidSettings, run_autobidding
+from inference_auctions.experiments.figures import plot_autobidding, plot_sweeps
+from inference_auctions.experiments.orders import ORDERS
+from inference_auctions.experiments.plan import FULL, Scale, figure_sweeps
+from inference_auctions.experiments.report import Results, machine, write_report
+from inference_auctions.experiments.runner import Engine, run_sweep
+from inference_auctions.experiments.workloads import OUTPUT_TOKENS
+from inference_auctions.server.deferral import DeferralSettings
 
 __all__ = ["FIGURES", "Config", "Tracker", "run"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.experiments.figures import STYLE, _figure, _save
-from bench.experiments.scale_out import BATCH, ROUTERS, SHARE, ScaleOutResult
+from inference_auctions.experiments.figures import STYLE, _figure, _save
+from inference_auctions.experiments.scale_out import BATCH, ROUTERS, SHARE, ScaleOutResult
 
 __all__ = ["METRICS", "markdown_table", "plot_scale_out", "write_scale_out"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.experiments.workloads import (
+from inference_auctions.experiments.workloads import (
     OUTPUT_TOKENS,
     Workload,
     chains,

@@ -9,11 +9,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.experiments.autobidding import AutobidRun
-from bench.experiments.figures import METRICS
-from bench.experiments.headlines import Headline, headlines
-from bench.experiments.metrics import mean_and_stderr
-from bench.experiments.runner import SweepResult
+from inference_auctions.experiments.autobidding import AutobidRun
+from inference_auctions.experiments.figures import METRICS
+from inference_auctions.experiments.headlines import Headline, headlines
+from inference_auctions.experiments.metrics import mean_and_stderr
+from inference_auctions.experiments.runner import SweepResult
 
 __all__ = ["Results", "machine", "write_report"]
 

@@ -13,9 +13,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from bench.experiments.autobidding import AutobidRun
-from bench.experiments.metrics import mean_and_stderr
-from bench.experiments.runner import Measurement, SweepResult
+from inference_auctions.experiments.autobidding import AutobidRun
+from inference_auctions.experiments.metrics import mean_and_stderr
+from inference_auctions.experiments.runner import Measurement, SweepResult
 
 __all__ = ["Headline", "headlines"]
 

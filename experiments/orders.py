@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.experiments.workloads import Query
-from server.auction import AuctionRequest, run_auction
-from server.deferral import BatchPrefixes
+from inference_auctions.experiments.workloads import Query
+from inference_auctions.server.auction import AuctionRequest, run_auction
+from inference_auctions.server.deferral import BatchPrefixes
 
 __all__ = ["ORDERS", "ScheduledBatch", "batch_order", "queue_batches", "queue_order"]
 
