@@ -11,7 +11,7 @@ from inference_auctions.billing import HoldState, IdempotencyConflict, Ledger, R
 from inference_auctions.billing.errors import RequestNotScheduled
 from inference_auctions.billing.records import BatchRecord, PricedRequest, RequestRecord
 from tests.billing.conftest import Clock
-from tests.billing.helpers import batch_of, entries_total
+from tests.billing.helpers import batch_of, entries_total, get_hold
 
 BIDS = [("r1", "alice", 400), ("r2", "bob", 300), ("r3", "alice", 100)]
 CHARGES = {"alice": 250, "bob": 120}
@@ -144,7 +144,7 @@ def test_claims_leave_out_holds_that_are_not_open(settled: Ledger) -> None:
     assert calls == [["n1", "n2"]]
     assert dict(claimed.refused) == {"r1": "settled"}
     assert claimed.settled is not None and dict(claimed.settled.charges_micros)["bob"] == 30
-    assert settled.get_hold("n1").state is HoldState.SETTLED  # type: ignore[union-attr]
+    assert get_hold(settled, "n1").state is HoldState.SETTLED  # type: ignore[union-attr]
     nothing = settled.settle_claimable([("r2", "bob")], clear)
     assert nothing.settled is None and dict(nothing.refused) == {"r2": "settled"}
     assert settled.reconcile().ok
