@@ -17,7 +17,7 @@ from .fake_server import API_KEY, FakeServer
 
 CREDIT = 1_000_000
 # The clients here spend their budgets to the end and then bid 0, which warns.
-pytestmark = pytest.mark.filterwarnings("ignore::sdk.BudgetExhaustedWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::inference_auctions.sdk.BudgetExhaustedWarning")
 
 
 def test_threads_sharing_a_bidder_never_overspend() -> None:

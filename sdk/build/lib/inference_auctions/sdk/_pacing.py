@@ -1,0 +1,560 @@
+"""Value pacing by dual descent (Algorithm 3 of the paper) with a never-overspend guard.
+
+Each request's value `v` (what full priority is worth, in micro-credits) becomes the bid
+`floor(v / (1 + mu))`. After every auction the user took part in, with charge `z` and target
+spend per auction `gamma`, the dual variable moves as `mu <- clip(mu + eta * (z - gamma), 0,
+mu_max)`: spending above target shades later bids down, spending below target lifts them back
+towards the full value. Separately from pacing, bids are scaled down whenever their sum plus
+everything already in flight would exceed what is left of the budget; since a VCG charge never
+exceeds the bids it answers, the charges can then never add up to more than the budget.
+
+Several processes of one user share one budget through the server's ledger: a client hands the
+user's ledger-wide spend and auction count to `sync_shared` at a bounded interval, and adds the
+charges it sees itself in between, so that every process derives the same target.
+
+This module does no I/O and never blocks for long, so the same object serves threads and
+asyncio tasks alike: every method takes one short lock and returns.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ._budget import Budget, default_anchor, period_window
+from ._exceptions import ConfigurationError
+
+__all__ = ["PacingBidder"]
+
+STATE_VERSION = 1
+# Charges of older batches are forgotten: a batch is reported within one request's lifetime.
+_MAX_BATCHES = 4096
+_STATE_BATCHES = 256
+# Over the last part of a period the multiplier fades out: budget left at the end is worth
+# nothing, so bidding closer to full value then only adds utility (the guard still caps bids).
+_FINAL_STRETCH = 0.1
+
+
+@dataclass
+class _Batch:
+    charge: int
+    rids: set[str] = field(default_factory=set)
+
+
+class PacingBidder:
+    """Turns values into bids under a `Budget`, learning the pacing multiplier as it goes."""
+
+    def __init__(
+        self,
+        budget: Budget,
+        *,
+        clock: Callable[[], float] = time.time,
+        server_period: bool = False,
+    ) -> None:
+        self._budget = budget
+        # Paced against the user's budget period on the server, whose length and grant come
+        # from there; `budget` then only carries the pacing options.
+        self._server_period = server_period
+        self._clock = clock
+        self._lock = threading.Lock()
+        now = clock()
+        self._mu = 0.0
+        self._spent = 0
+        self._reserved = 0
+        self._auctions = 0
+        self._v_max = 0
+        self._guarded = False
+        self._batches: OrderedDict[str, _Batch] = OrderedDict()
+        # The auction rate is measured over the whole life of the bidder, across periods.
+        self._rate_auctions = 0
+        self._rate_seconds_before = 0.0
+        self._rate_since = now
+        self._version = 0
+        # The budget being paced: the Budget's total, or the server period's grant once synced.
+        self._total = budget.total_micros
+        # Set by `sync_shared`: spend, auctions and the period come from the server's ledger,
+        # shared by every process of the user; between syncs this process adds what it sees.
+        self._shared = False
+        self._shared_elapsed = 0.0
+        self._shared_at = now
+        self._local_spent = 0
+        self._local_auctions = 0
+        # Charges seen while the last sync was under way: maybe in its figure, maybe not.
+        self._unconfirmed = 0
+        self._needs_sync = False
+        self._start = budget.start or _utc(now)
+        self._window: tuple[datetime, datetime] | None = None
+        if budget.period is not None:
+            anchor = budget.start or default_anchor(budget.period, _utc(now))
+            self._window = period_window(budget.period, anchor, _utc(now))
+
+    # -- reading the state -------------------------------------------------------------------
+
+    @property
+    def budget(self) -> Budget:
+        """The budget being paced."""
+        return self._budget
+
+    @property
+    def mu(self) -> float:
+        """The dual variable; 0 means bidding full value."""
+        return self._mu
+
+    @property
+    def alpha(self) -> float:
+        """The pacing multiplier `1 / (1 + mu)` applied to values."""
+        return 1.0 / (1.0 + self._mu)
+
+    @property
+    def spent_micros(self) -> int:
+        """Charges observed in the current horizon or period."""
+        return self._spent
+
+    @property
+    def in_flight_micros(self) -> int:
+        """Sum of bids sent whose outcome is not known yet."""
+        return self._reserved
+
+    @property
+    def remaining_micros(self) -> int:
+        """Budget not yet spent in the current horizon or period."""
+        with self._lock:
+            self._roll(self._clock())
+            return max(0, self._total - self._spent)
+
+    @property
+    def available_micros(self) -> int:
+        """What new bids may still add up to: the remaining budget less the bids in flight."""
+        with self._lock:
+            self._roll(self._clock())
+            return self._available()
+
+    @property
+    def auctions(self) -> int:
+        """Distinct auctions (batches) observed in the current horizon or period."""
+        return self._auctions
+
+    @property
+    def total_micros(self) -> int:
+        """The budget of the current horizon or period (the server's grant when paced by it)."""
+        return self._total
+
+    @property
+    def budget_limited(self) -> bool:
+        """Whether the budget currently holds bids below the values (or is spent)."""
+        return self._mu > 0.0 or self._guarded or self.exhausted
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the budget of the current horizon or period is spent.
+
+        Charges counted twice for safety (seen while a sync was under way) do not make it
+        so: only spend the ledger confirmed, plus charges seen since.
+        """
+        with self._lock:
+            self._roll(self._clock())
+            return self._spent - self._unconfirmed >= self._total
+
+    @property
+    def needs_sync(self) -> bool:
+        """Whether a new period began since the last shared sync, so its figures are stale."""
+        return self._needs_sync
+
+    @property
+    def target_micros(self) -> float:
+        """The target spend per auction, `gamma`."""
+        with self._lock:
+            return self._gamma(self._clock())
+
+    @property
+    def window(self) -> tuple[datetime, datetime] | None:
+        """The current period `[start, end)` for periodic budgets, else None."""
+        with self._lock:
+            self._roll(self._clock())
+            return self._window
+
+    @property
+    def spend_since(self) -> datetime:
+        """Since when charges count against the budget (the horizon or period start)."""
+        with self._lock:
+            self._roll(self._clock())
+            return self._window[0] if self._window is not None else self._start
+
+    @property
+    def charges(self) -> dict[str, int]:
+        """Charges per batch id for the batches remembered in this horizon or period."""
+        with self._lock:
+            return {batch_id: b.charge for batch_id, b in self._batches.items()}
+
+    @property
+    def version(self) -> int:
+        """A counter bumped by every change, so writers of the state file can skip stale ones."""
+        return self._version
+
+    # -- bidding and settling ----------------------------------------------------------------
+
+    def bid(self, values: Sequence[int], *, max_bid: int | None = None) -> list[int]:
+        """Bids in micro-credits for one auction's values; their sum is reserved as in flight."""
+        if any(v < 0 for v in values):
+            raise ValueError("values must not be negative")
+        with self._locked() as now:
+            self._v_max = max(self._v_max, sum(values))
+            if self._budget.pacing == "asap":
+                bids = list(values)
+            else:
+                mu = self._mu * self._fade(now)
+                bids = [_scale(v, mu) for v in values]
+            for cap in (self._budget.max_bid_micros, max_bid):
+                if cap is not None:
+                    bids = [min(b, cap) for b in bids]
+            bids = self._guard(bids)
+            self._reserved += sum(bids)
+            return bids
+
+    def reserve(self, amount: int) -> int:
+        """Reserve up to `amount` of the available budget for a bid placed elsewhere."""
+        with self._locked():
+            granted = max(0, min(amount, self._available()))
+            self._reserved += granted
+            return granted
+
+    def release(self, amount: int) -> None:
+        """Return a reservation whose request was never charged."""
+        with self._locked():
+            self._reserved = max(0, self._reserved - amount)
+
+    def settle(
+        self,
+        batch_id: str,
+        charge_micros: int,
+        *,
+        reserved: int,
+        rid: str = "",
+        per_request: bool = False,
+    ) -> bool:
+        """Release a request's reservation and record its charge, in one step.
+
+        `charge_micros` is the user's whole batch charge, or with `per_request` this request's
+        share of it (the shares are added up). Returns True when this was the first report of
+        the batch, i.e. the update ran.
+        """
+        with self._locked() as now:
+            # Releasing and recording together: a gap between them would let a concurrent
+            # bid see the money as available before the charge is counted.
+            self._reserved = max(0, self._reserved - reserved)
+            return self._observe(batch_id, charge_micros, rid, now, per_request)
+
+    def observe(
+        self, batch_id: str, charge_micros: int, *, rid: str = "", per_request: bool = False
+    ) -> bool:
+        """Record a batch's total charge (or a request's share); one dual update per batch."""
+        with self._locked() as now:
+            return self._observe(batch_id, charge_micros, rid, now, per_request)
+
+    def settle_unknown(self, reserved: int) -> None:
+        """Count a reservation as spent when it is unknown whether the server charged it."""
+        with self._locked():
+            # Assuming the whole bid was charged keeps the guard sound; the next ledger sync
+            # replaces the guess with the real figure.
+            self._reserved = max(0, self._reserved - reserved)
+            self._spent += reserved
+            self._local_spent += reserved
+
+    def refund(self, batch_id: str, rid: str) -> int:
+        """Undo a batch's charge once its last known request failed at the engine."""
+        with self._locked():
+            record = self._batches.get(batch_id)
+            if record is None:
+                return 0
+            record.rids.discard(rid)
+            if record.rids:
+                # Other requests of the batch succeeded; the server refunds only this one's
+                # share, which only the ledger knows. Keeping the charge errs on the safe side.
+                return 0
+            amount = record.charge
+            record.charge = 0
+            self._spent = max(0, self._spent - amount)
+            self._local_spent -= amount
+            return amount
+
+    def sync(
+        self,
+        spent_micros: int,
+        *,
+        period_start: datetime | None = None,
+        batches: Mapping[str, int] | None = None,
+    ) -> None:
+        """Replace the spend with the server ledger's figure for the same horizon or period."""
+        with self._locked() as now:
+            if period_start is not None and isinstance(self._budget.period, str):
+                self._window = period_window(self._budget.period, period_start, _utc(now))
+            self._spent = spent_micros
+            for batch_id, charge in (batches or {}).items():
+                # Known to the ledger already: a later report must not add it a second time.
+                self._batches.setdefault(batch_id, _Batch(charge))
+            self._trim()
+
+    def sync_marker(self) -> tuple[int, int]:
+        """What this process had counted when a shared sync was sent (pass it back to it)."""
+        with self._lock:
+            return self._local_spent, self._local_auctions
+
+    def sync_shared(
+        self,
+        *,
+        marker: tuple[int, int],
+        spent_micros: int,
+        auctions: int,
+        window: tuple[datetime, datetime | None],
+        now: datetime,
+        total_micros: int | None = None,
+    ) -> None:
+        """Take the user's ledger-wide figures (every process of the user) as the spend.
+
+        `window` is the horizon or period `[start, end)` the figures cover (end None for a
+        horizon of auctions); `marker` is `sync_marker()` from just before the request, so
+        charges this process saw while it was under way are added rather than lost. Counting
+        them may count them twice until the next sync: an overestimate, the safe side.
+        """
+        spent_before, auctions_before = marker
+        with self._locked() as clock_now:
+            start, end = window
+            if end is not None:
+                self._window = (start, end)
+            elif self._window is None:
+                self._start = start
+            if total_micros is not None:
+                self._total = total_micros
+            self._shared = True
+            self._needs_sync = False
+            self._unconfirmed = max(0, self._local_spent - spent_before)
+            self._spent = spent_micros + self._unconfirmed
+            self._auctions = auctions + (self._local_auctions - auctions_before)
+            # How long the figures have been accruing, on the server's clock.
+            self._shared_elapsed = max(0.0, (now - start).total_seconds())
+            self._shared_at = clock_now
+            # Bids other processes have in flight are deliberately not reserved here: they
+            # are bids, not charges, and reserving them starved every process at the end of
+            # a period in tests; the sync interval bounds what they add unseen.
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """A JSON-ready snapshot from which `from_state` restores the bidder."""
+        with self._lock:
+            now = self._clock()
+            recent = list(self._batches.items())[-_STATE_BATCHES:]
+            return {
+                "version": STATE_VERSION,
+                "budget_micros": self._budget.total_micros,
+                "auctions_horizon": self._budget.auctions,
+                "mu": self._mu,
+                "spent_micros": self._spent,
+                "auctions": self._auctions,
+                "v_max_micros": self._v_max,
+                "start": self._start.isoformat(),
+                "window_start": None if self._window is None else self._window[0].isoformat(),
+                "rate_auctions": self._rate_auctions,
+                "rate_seconds": self._rate_seconds_before + (now - self._rate_since),
+                "batches": {batch_id: b.charge for batch_id, b in recent},
+            }
+
+    @classmethod
+    def from_state(
+        cls,
+        budget: Budget,
+        state: Mapping[str, Any],
+        *,
+        clock: Callable[[], float] = time.time,
+        server_period: bool = False,
+    ) -> PacingBidder:
+        """Restore a bidder; spend carries over only while the horizon or period is the same."""
+        if state.get("version") != STATE_VERSION:
+            raise ConfigurationError(f"unsupported pacing state version {state.get('version')!r}")
+        bidder = cls(budget, clock=clock, server_period=server_period)
+        try:
+            bidder._restore(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigurationError(f"invalid pacing state: {exc}") from exc
+        return bidder
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        now = _utc(self._clock())
+        self._mu = max(0.0, float(state["mu"]))
+        self._v_max = int(state["v_max_micros"])
+        self._rate_auctions = int(state["rate_auctions"])
+        self._rate_seconds_before = float(state["rate_seconds"])
+        same_budget = state["budget_micros"] == self._budget.total_micros
+        if self._budget.period is None:
+            same = same_budget and state["auctions_horizon"] == self._budget.auctions
+            if same and self._budget.start is None:
+                self._start = datetime.fromisoformat(state["start"])
+        else:
+            window_start = state["window_start"]
+            same = same_budget and window_start is not None
+            if same:
+                anchor = datetime.fromisoformat(window_start)
+                if self._budget.start is None:
+                    self._window = period_window(self._budget.period, anchor, now)
+                same = self._window is not None and self._window[0] == anchor
+        if same:
+            self._spent = int(state["spent_micros"])
+            self._auctions = int(state["auctions"])
+            for batch_id, charge in dict(state["batches"]).items():
+                self._batches[str(batch_id)] = _Batch(int(charge))
+
+    # -- internals (the lock is held) --------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[float]:
+        with self._lock:
+            now = self._clock()
+            self._roll(now)
+            yield now
+            self._version += 1
+
+    def _fade(self, now: float) -> float:
+        """1 until the final stretch of a period, then down to 0 at its end."""
+        if self._window is None:
+            return 1.0
+        start, end = self._window
+        stretch = _FINAL_STRETCH * (end - start).total_seconds()
+        return min(1.0, max(0.0, end.timestamp() - now) / stretch)
+
+    def _available(self) -> int:
+        return max(0, self._total - self._spent - self._reserved)
+
+    def _guard(self, bids: list[int]) -> list[int]:
+        available = self._available()
+        total = sum(bids)
+        self._guarded = total > available
+        if not self._guarded:
+            return bids
+        # Scaling each bid by available/total (rounded down) keeps the sum within reach.
+        return [b * available // total for b in bids]
+
+    def _observe(
+        self, batch_id: str, charge: int, rid: str, now: float, per_request: bool = False
+    ) -> bool:
+        if charge < 0:
+            raise ValueError("a charge cannot be negative")
+        record = self._batches.get(batch_id)
+        if record is not None:
+            if per_request:
+                # Each request reports its own share: the shares add up to the batch charge.
+                if rid not in record.rids:
+                    record.rids.add(rid)
+                    record.charge += charge
+                    self._spent += charge
+                    self._local_spent += charge
+                return False
+            # Another of our requests in the same batch: the charge covers them all, so it is
+            # counted once; a different figure replaces the first without a second update.
+            if rid:
+                record.rids.add(rid)
+            self._spent += charge - record.charge
+            self._local_spent += charge - record.charge
+            record.charge = charge
+            return False
+        self._batches[batch_id] = _Batch(charge, {rid} if rid else set())
+        self._trim()
+        self._spent += charge
+        self._local_spent += charge
+        self._local_auctions += 1
+        self._auctions += 1
+        self._rate_auctions += 1
+        self._update(charge, now)
+        return True
+
+    def _update(self, charge: int, now: float) -> None:
+        if self._budget.pacing == "asap" or self._spent >= self._total:
+            # Nothing left to pace: the guard holds bids at zero until the budget renews, and
+            # the zero charges that follow say nothing about the right multiplier.
+            return
+        gamma = self._gamma(now)
+        eta = self._budget.eta0 / (gamma * math.sqrt(self._horizon(now)))
+        mu_max = self._v_max / gamma
+        self._mu = min(max(self._mu + eta * (charge - gamma), 0.0), mu_max)
+
+    def _gamma(self, now: float) -> float:
+        if self._window is None:
+            horizon = self._budget.auctions or 1
+            if not self._shared:
+                return self._total / horizon
+            # Shared by processes (and restarts): what is left over the auctions left, from
+            # the ledger-wide figures, so that a burst by one process is made up by all.
+            remaining = max(0, self._total - self._spent)
+            return max(1.0, remaining / max(1, horizon - self._auctions))
+        remaining = max(0, self._total - self._spent)
+        # At least one micro-credit, so that eta and mu_max stay finite at the very end.
+        return max(1.0, remaining / self._expected_remaining(now))
+
+    def _horizon(self, now: float) -> float:
+        if self._window is None:
+            return float(self._budget.auctions or 1)
+        return self._auctions + self._expected_remaining(now)
+
+    def _expected_remaining(self, now: float) -> float:
+        """Auctions still to come in this period, from the rate seen so far."""
+        assert self._window is not None
+        start, end = self._window
+        length = (end - start).total_seconds()
+        time_left = max(0.0, end.timestamp() - now)
+        if self._shared:
+            # The user's rate over the whole period so far, every process together: each
+            # process then derives the same target.
+            seen = self._auctions
+            elapsed = self._shared_elapsed + (now - self._shared_at)
+        else:
+            seen = self._rate_auctions
+            elapsed = self._rate_seconds_before + (now - self._rate_since)
+        # A pseudo-window of 1/24 of the period keeps the first few auctions from implying
+        # an absurd rate; a declared `auctions` per period serves as the prior rate over it.
+        pseudo = length / 24.0
+        if self._budget.auctions is not None:
+            prior = self._budget.auctions / length * pseudo
+            rate = (seen + prior) / (elapsed + pseudo)
+        else:
+            rate = seen / max(elapsed, pseudo)
+        return max(1.0, rate * time_left)
+
+    def _roll(self, now: float) -> None:
+        if self._window is None or now < self._window[1].timestamp():
+            return
+        if self._server_period or self._budget.period is None:
+            # A server period: the next one's start and grant come with the next sync.
+            length = self._window[1] - self._window[0]
+            self._window = (self._window[1], self._window[1] + length)
+            self._needs_sync = True
+        else:
+            self._window = period_window(self._budget.period, self._window[1], _utc(now))
+            self._needs_sync = self._shared
+        # A new period renews the budget; mu carries over, it is what was learned.
+        self._spent = 0
+        self._unconfirmed = 0
+        self._auctions = 0
+        self._shared_elapsed = 0.0
+        self._shared_at = now
+        self._batches.clear()
+        self._version += 1
+
+    def _trim(self) -> None:
+        while len(self._batches) > _MAX_BATCHES:
+            self._batches.popitem(last=False)
+
+
+def _scale(value: int, mu: float) -> int:
+    """`floor(value / (1 + mu))` exactly: a float is a ratio of integers."""
+    num, den = mu.as_integer_ratio()
+    return value * den // (den + num)
+
+
+def _utc(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, UTC)
