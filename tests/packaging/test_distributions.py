@@ -36,7 +36,10 @@ def _build_wheel(source: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wheels")
-    return {"server": _build_wheel(ROOT, out), "sdk": _build_wheel(ROOT / "sdk", out)}
+    # The SDK is built from a copy: an in-tree build would leave build/ inside sdk/.
+    sdk_copy = tmp_path_factory.mktemp("source") / "sdk"
+    shutil.copytree(ROOT / "sdk", sdk_copy, ignore=shutil.ignore_patterns("__pycache__", "build"))
+    return {"server": _build_wheel(ROOT, out), "sdk": _build_wheel(sdk_copy, out)}
 
 
 def _files(wheel: Path) -> list[str]:
