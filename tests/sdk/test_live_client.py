@@ -34,8 +34,20 @@ def _client(live: LiveServer, key: str, **kwargs: object) -> AuctionClient:
 
 
 def _contest(live: LiveServer, ours: str, bids: tuple[str, str] = ("0.5", "0.1")) -> None:
-    """Requests of our user and a rival's, sent together so that batches hold both."""
+    """Requests of our user and a rival's, sent together until our user has paid something."""
     _, rival = live.new_user()
+    since = datetime.now(UTC) - timedelta(seconds=1)
+    # Timing decides how the eight requests fall into batches: a round whose batches hold
+    # only one of the two users charges nothing, so the round is played again.
+    for _ in range(10):
+        _contest_round(live, ours, rival, bids)
+        with _client(live, ours) as probe:
+            if probe.ledger.spend(since=since).spent_micros > 0:
+                return
+    raise AssertionError("ten rounds of contested requests never charged our user")
+
+
+def _contest_round(live: LiveServer, ours: str, rival: str, bids: tuple[str, str]) -> None:
     barrier = threading.Barrier(8)
 
     def send(key: str, bid: str, n: int) -> None:
