@@ -1,10 +1,14 @@
-"""Helpers for tests that run servers: a free loopback port, and waiting for `/health`."""
+"""Helpers for tests that run servers: a free loopback port, waiting for `/health`, and the
+SGLang emulator as a process of its own."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 
@@ -33,3 +37,21 @@ def wait_until_healthy(
         if time.monotonic() > deadline:
             raise RuntimeError(f"the server at {url} did not become healthy in {timeout} s")
         time.sleep(0.05)
+
+
+@contextmanager
+def emulated_sglang(time_scale: float) -> Iterator[str]:
+    """An `emulate-sglang` process on a free loopback port; yields its URL, stops it after."""
+    port = free_port()
+    command = [sys.executable, "-m", "inference_auctions.server.cli", "emulate-sglang"]
+    command += ["--port", str(port), "--time-scale", str(time_scale)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+        assert process.stderr is not None
+        process.stderr.close()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +18,7 @@ import httpx
 import pytest
 
 from tests.db_fixtures import MigratedDatabase
-from tests.processes import free_port, wait_until_healthy
+from tests.processes import emulated_sglang
 from tests.server.harness import running_server
 
 SIBLINGS = 6
@@ -32,26 +30,8 @@ BUSY_TOKENS = 16_000
 @pytest.fixture(scope="module")
 def sglang_url() -> Iterator[str]:
     """An `emulate-sglang` process on a free port, running at the modelled GPU's speed."""
-    port = free_port()
-    command = [
-        *(
-            sys.executable,
-            "-m",
-            "inference_auctions.server.cli",
-            "emulate-sglang",
-        ),
-        *("--port", str(port), "--time-scale", "1.0"),
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(url, process)
+    with emulated_sglang(time_scale=1.0) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(30)
-        assert process.stderr is not None
-        process.stderr.close()
 
 
 def _wait_until_running(sglang_url: str) -> None:

@@ -7,8 +7,6 @@ contract a real SGLang server has, so the server's SGLang client code is exercis
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -17,34 +15,15 @@ import httpx
 import pytest
 
 from tests.db_fixtures import MigratedDatabase
-from tests.processes import free_port, wait_until_healthy
+from tests.processes import emulated_sglang, free_port
 from tests.server.harness import running_server
 
 
 @pytest.fixture(scope="module")
 def sglang_url() -> Iterator[str]:
     """An `emulate-sglang` process on a free loopback port."""
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "inference_auctions.server.cli",
-        "emulate-sglang",
-        "--port",
-        str(port),
-        "--time-scale",
-        "0.002",
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(url, process)
+    with emulated_sglang(time_scale=0.002) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(30)
-        assert process.stderr is not None
-        process.stderr.close()
 
 
 def _burst(url: str, key: str, count: int) -> list[dict[str, Any]]:
