@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from inference_auctions.billing import (
     activity,
     grants,
+    hold_groups,
     holds,
     market,
     migrate,
@@ -36,9 +37,14 @@ from inference_auctions.billing import (
     users,
 )
 from inference_auctions.billing.database import READ_ONLY, create_ledger_engine, unavailable
-from inference_auctions.billing.errors import InvalidInput
+from inference_auctions.billing.errors import (
+    InvalidInput,
+    LedgerError,
+    RequestNotScheduled,
+    UnknownRequest,
+)
 from inference_auctions.billing.export import render
-from inference_auctions.billing.models import EntryKind, RequestStatus
+from inference_auctions.billing.models import EntryKind
 from inference_auctions.billing.periods import require_aware
 from inference_auctions.billing.records import (
     BalanceView,
@@ -47,6 +53,7 @@ from inference_auctions.billing.records import (
     CreatedUser,
     EntryPage,
     EntryView,
+    HoldRequest,
     HoldView,
     ReconcileReport,
     RefundResult,
@@ -55,6 +62,7 @@ from inference_auctions.billing.records import (
     RequestRecord,
     RequestView,
     RolloverResult,
+    ServedRecord,
     SettleResult,
     SummaryRow,
     UserInfo,
@@ -275,10 +283,20 @@ class Ledger:
     ) -> HoldView:
         """Hold `amount_micros` for request `rid`; raises `InsufficientFunds`. Idempotent; a
         released hold is opened again by a replay with the same payload `fingerprint`."""
+        result = self.place_holds([HoldRequest(name, rid, amount_micros, fingerprint)])[0]
+        if isinstance(result, LedgerError):
+            raise result
+        return result
+
+    def place_holds(self, requests: Sequence[HoldRequest]) -> list[HoldView | LedgerError]:
+        """Place many holds in one transaction (group commit); result i is what `place_hold`
+        would have returned for `requests[i]`, or the `LedgerError` it would have raised, had
+        the requests been placed one after the other in this order. A refused request changes
+        nothing for the others; raises `LedgerUnavailable` (nothing written) as a whole."""
+        if not requests:
+            return []
         now = self._now()
-        return self._write(
-            lambda s: holds.place_hold(s, name, rid, amount_micros, now, fingerprint)
-        )
+        return self._write(lambda s: hold_groups.place_holds(s, requests, now))
 
     def release(self, rid: str, reason: str = "dropped before dispatch") -> HoldView:
         """Release the hold of a request that will not be settled. Idempotent."""
@@ -373,18 +391,25 @@ class Ledger:
         self, rid: str, cached_tokens: int | None = None, ttft_ms: float | None = None
     ) -> None:
         """Record a scheduled request served; raises `RequestNotScheduled` if recovery (or
-        anything else) recorded its outcome first."""
+        anything else) recorded its outcome first, `UnknownRequest` if no batch settled it."""
+        if self.record_served_many([ServedRecord(rid, cached_tokens, ttft_ms)])[0]:
+            return
+        # Not scheduled: its status can only have moved on (nothing sets it back), so a
+        # later read tells why.
+        found = self.find_request(rid)
+        if found is None:
+            raise UnknownRequest(rid, "no batch settled it")
+        raise RequestNotScheduled(rid, found.status.value)
+
+    def record_served_many(self, records: Sequence[ServedRecord]) -> list[bool]:
+        """Record scheduled requests served, in one transaction; result i is False where
+        request i was not scheduled any more (recovery failed it first, it was recorded
+        already, or no batch settled it). Raises `InvalidInput` (nothing written) for a
+        malformed record."""
+        if not records:
+            return []
         now = self._now()
-        self._write(
-            lambda s: request_log.finish_scheduled(
-                s,
-                rid,
-                status=RequestStatus.SERVED,
-                cached_tokens=cached_tokens,
-                ttft_ms=ttft_ms,
-                now=now,
-            )
-        )
+        return self._write(lambda s: request_log.serve_scheduled(s, records, now))
 
     def record_failed(
         self, rid: str, batch_id: str, name: str, *, target_micros: int, reason: str

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -24,6 +24,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -317,3 +318,9 @@ class BatchRequest(Base):
     # the batch again (failure refunds) without its prompts. NULL for batches settled before.
     arrival: Mapped[int | None] = mapped_column(Integer)
     tree_path: Mapped[str | None] = mapped_column(Text)
+
+
+# The tables behind the models, typed as tables, for Core statements over many rows at once.
+HOLDS = cast(Table, Hold.__table__)
+LEDGER_ENTRIES = cast(Table, LedgerEntry.__table__)
+AUCTION_REQUESTS = cast(Table, BatchRequest.__table__)

@@ -9,11 +9,12 @@ can never wait on each other in a cycle.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing.errors import IdempotencyConflict, InvalidInput, UnknownUser
@@ -21,6 +22,7 @@ from inference_auctions.billing.models import (
     BALANCE_KINDS,
     HELD_KINDS,
     ID_LENGTH,
+    LEDGER_ENTRIES,
     NAME_LENGTH,
     REASON_LENGTH,
     Balance,
@@ -95,6 +97,16 @@ def lock_account(session: Session, name: str) -> Account:
 def lock_accounts(session: Session, names: Iterable[str]) -> dict[str, Account]:
     """Lock the accounts of `names` in name order; raise `UnknownUser` for a missing one."""
     wanted = sorted({check_name(name) for name in names})
+    found = lock_existing_accounts(session, wanted)
+    for name in wanted:
+        if name not in found:
+            raise UnknownUser(name)
+    return found
+
+
+def lock_existing_accounts(session: Session, names: Iterable[str]) -> dict[str, Account]:
+    """Lock the accounts of those of `names` that exist, in name order (names are valid)."""
+    wanted = sorted(set(names))
     if not wanted:
         return {}
     rows = session.execute(
@@ -104,11 +116,7 @@ def lock_accounts(session: Session, names: Iterable[str]) -> dict[str, Account]:
         .order_by(User.name)
         .with_for_update(of=Balance)
     ).all()
-    found = {user.name: Account(user, balance) for user, balance in rows}
-    for name in wanted:
-        if name not in found:
-            raise UnknownUser(name)
-    return found
+    return {user.name: Account(user, balance) for user, balance in rows}
 
 
 def find_entry(session: Session, key: str) -> LedgerEntry | None:
@@ -134,23 +142,61 @@ def post(
     `period_start` is the budget period the money belongs to (see `billing.grants`).
     """
     entry = LedgerEntry(
-        user_id=account.user.id,
-        kind=kind,
-        amount_micros=amount_micros,
-        batch_id=batch_id,
-        request_id=request_id,
-        reason=reason,
-        idempotency_key=key,
-        created_at=now,
-        period_start=period_start,
+        **entry_row(
+            account,
+            kind,
+            amount_micros,
+            key=key,
+            now=now,
+            reason=reason,
+            batch_id=batch_id,
+            request_id=request_id,
+            period_start=period_start,
+        )
     )
+    session.add(entry)
+    return entry
+
+
+def entry_row(
+    account: Account,
+    kind: EntryKind,
+    amount_micros: int,
+    *,
+    key: str,
+    now: datetime,
+    reason: str | None = None,
+    batch_id: str | None = None,
+    request_id: str | None = None,
+    period_start: datetime | None = None,
+) -> dict[str, Any]:
+    """Move the locked balance row by one entry and return the entry as a row to insert.
+
+    For callers that write many entries at once with `insert_entries`, one statement for all
+    of them; `post` is the same for a single entry written through the ORM.
+    """
     if kind in BALANCE_KINDS:
         account.balance.balance_micros += amount_micros
     elif kind in HELD_KINDS:
         account.balance.held_micros += amount_micros
     account.balance.updated_at = now
-    session.add(entry)
-    return entry
+    return {
+        "user_id": account.user.id,
+        "kind": kind,
+        "amount_micros": amount_micros,
+        "batch_id": batch_id,
+        "request_id": request_id,
+        "reason": reason,
+        "idempotency_key": key,
+        "created_at": now,
+        "period_start": period_start,
+    }
+
+
+def insert_entries(session: Session, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert entry rows made by `entry_row` in one multi-row statement."""
+    if rows:
+        session.connection().execute(insert(LEDGER_ENTRIES), list(rows))
 
 
 def time_key(moment: datetime) -> str:

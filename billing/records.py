@@ -119,6 +119,25 @@ class HoldView:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldRequest:
+    """One hold to place with `Ledger.place_holds`: the arguments of `Ledger.place_hold`."""
+
+    user: str
+    rid: str
+    amount_micros: int
+    fingerprint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServedRecord:
+    """A scheduled request answered, for `Ledger.record_served_many`."""
+
+    rid: str
+    cached_tokens: int | None = None
+    ttft_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SettleResult:
     """What settling a batch moved: each user's charge and the holds released (micro-credits).
 

@@ -7,15 +7,16 @@ they are updated in place.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import CursorResult, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing.errors import InvalidInput, RequestNotScheduled, UnknownRequest
-from inference_auctions.billing.models import BatchRequest, RequestStatus, User
+from inference_auctions.billing.models import AUCTION_REQUESTS, BatchRequest, RequestStatus, User
 from inference_auctions.billing.postings import check_id
-from inference_auctions.billing.records import RequestView
+from inference_auctions.billing.records import RequestView, ServedRecord
 
 
 def request_view(request: BatchRequest, user_name: str) -> RequestView:
@@ -115,12 +116,7 @@ def finish_scheduled(
     conditions = [BatchRequest.rid == rid, BatchRequest.status == RequestStatus.SCHEDULED]
     if scheduled_before is not None:
         conditions.append(BatchRequest.updated_at < scheduled_before)
-    if cached_tokens is not None and (
-        isinstance(cached_tokens, bool) or not isinstance(cached_tokens, int) or cached_tokens < 0
-    ):
-        raise InvalidInput(
-            "cached_tokens", f"must be a non-negative integer, got {cached_tokens!r}"
-        )
+    _check_cached(cached_tokens)
     moved = session.execute(
         update(BatchRequest)
         .where(*conditions)
@@ -139,6 +135,66 @@ def finish_scheduled(
     if current is None:
         raise UnknownRequest(rid, "no batch settled it")
     raise RequestNotScheduled(rid, current.status.value)
+
+
+def serve_scheduled(session: Session, records: Sequence[ServedRecord], now: datetime) -> list[bool]:
+    """Move each record's request from `scheduled` to `served`, only if it is still scheduled;
+    result i tells whether record i moved it (a repeated rid moves it at most once).
+
+    The rows are read under row locks (PostgreSQL; SQLite's `BEGIN IMMEDIATE` already holds the
+    write lock), so their status cannot change before this transaction commits, and the update
+    stays conditional on `scheduled` besides: served and failed remain exclusive.
+    """
+    for record in records:
+        check_id(record.rid, "rid")
+        _check_ttft(record.ttft_ms)
+        _check_cached(record.cached_tokens)
+    # Locked in rid order, so two of these never wait on each other in a cycle.
+    rows = session.execute(
+        select(BatchRequest.rid, BatchRequest.status)
+        .where(BatchRequest.rid.in_({r.rid for r in records}))
+        .order_by(BatchRequest.rid)
+        .with_for_update()
+    )
+    current: dict[str, RequestStatus] = dict(rows.all())
+    moved: list[bool] = []
+    served: list[dict[str, object]] = []
+    for record in records:
+        if current.get(record.rid) is RequestStatus.SCHEDULED:
+            current[record.rid] = RequestStatus.SERVED
+            served.append(
+                {
+                    "b_rid": record.rid,
+                    "b_cached": record.cached_tokens,
+                    "b_ttft": None if record.ttft_ms is None else float(record.ttft_ms),
+                }
+            )
+            moved.append(True)
+        else:
+            moved.append(False)
+    if served:
+        table = AUCTION_REQUESTS
+        session.connection().execute(
+            update(table)
+            .where(table.c.rid == bindparam("b_rid"), table.c.status == RequestStatus.SCHEDULED)
+            .values(
+                status=RequestStatus.SERVED,
+                cached_tokens=bindparam("b_cached"),
+                ttft_ms=bindparam("b_ttft"),
+                updated_at=now,
+            ),
+            served,
+        )
+    return moved
+
+
+def _check_cached(cached_tokens: int | None) -> None:
+    if cached_tokens is not None and (
+        isinstance(cached_tokens, bool) or not isinstance(cached_tokens, int) or cached_tokens < 0
+    ):
+        raise InvalidInput(
+            "cached_tokens", f"must be a non-negative integer, got {cached_tokens!r}"
+        )
 
 
 def _check_ttft(ttft_ms: float | None) -> None:
