@@ -5,15 +5,13 @@ after the other in the group's order, so a later request of a user sees the earl
 holds, and a refused request changes nothing for the others. The common case, a new hold for
 an enabled user, is decided in Python against the locked balance row and written with one
 multi-row insert for all holds and one for all their entries; each balance row is updated
-once. Every other case (a hold already placed for the rid: a replay, a re-opening or a
-conflict) goes through `holds.place_hold` itself, inside a savepoint so that its refusal undoes
-only its own writes.
+once. Every other case goes through `holds.place_hold` itself, inside a savepoint so that its
+refusal undoes only its own writes: a hold already placed for the rid (a replay, a re-opening
+or a conflict), and a user's first hold after a budget period boundary (opening the period
+writes entries, which a refused hold must not leave behind).
 
 Every involved user is locked once, in name order (`lock_existing_accounts`), so groups never
-wait on each other in a cycle. One difference from placing the holds one by one: a user's
-budget period is opened once for the group, and stays open even if all of that user's new
-holds are then refused (alone, a refusal undoes the opening). Opening a period is what the
-rollover job does for idle users anyway, and the next operation of the user would do it.
+wait on each other in a cycle.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ from inference_auctions.billing.errors import (
     UnknownUser,
     UserDisabled,
 )
-from inference_auctions.billing.grants import open_period
+from inference_auctions.billing.grants import budget_row, period_at
 from inference_auctions.billing.models import HOLDS, Budget, EntryKind, Hold, HoldState
 from inference_auctions.billing.money import check_micros
 from inference_auctions.billing.postings import (
@@ -87,7 +85,7 @@ def place_holds(
         account = group.accounts.get(request.user)
         if account is None:
             results[index] = UnknownUser(request.user)
-        elif request.rid in known or request.rid in group.placed:
+        elif request.rid in known or request.rid in group.placed or group.period_due(account):
             results[index] = group.place_slowly(request)
         else:
             results[index] = group.place_new(request, account)
@@ -121,7 +119,7 @@ class _Group:
         name = request.user
         if account.user.disabled:
             return UserDisabled(name)
-        budget = self._budget(account)
+        budget = self._budgets[name]
         amount = request.amount_micros
         cap = budget.batch_cap_micros
         if cap is not None:
@@ -171,6 +169,8 @@ class _Group:
     def place_slowly(self, request: HoldRequest) -> HoldResult:
         """Place a hold through `holds.place_hold`, undoing only its own writes if refused."""
         self.write()  # it must see every hold decided before it
+        # Whatever it decides, a later request for this rid must find what it wrote.
+        self.placed.add(request.rid)
         self._budgets.pop(request.user, None)
         self._open_totals.pop(request.user, None)
         try:
@@ -194,14 +194,18 @@ class _Group:
             self._holds = []
             self._entries = []
 
-    def _budget(self, account: Account) -> Budget:
+    def period_due(self, account: Account) -> bool:
+        """Whether the user's budget period must be opened first (then cached as open)."""
+        name = account.user.name
+        if name in self._budgets:
+            return False
         # The boundary may have passed since the last operation: yesterday's leftovers must
         # not be spendable after midnight, whether or not the rollover job ran.
-        name = account.user.name
-        budget = self._budgets.get(name)
-        if budget is None:
-            budget = self._budgets[name] = open_period(self.session, account, self.now)
-        return budget
+        budget = budget_row(self.session, account.user.id)
+        if period_at(budget, self.now) > budget.current_period_start:
+            return True
+        self._budgets[name] = budget
+        return False
 
     def _open_total(self, account: Account) -> int:
         name = account.user.name
