@@ -8,15 +8,21 @@ Errors name the client's rid, never the ledger's internal `user/rid`.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 from typing import Any
 
-from inference_auctions.billing import HoldState, Ledger, LedgerError, LedgerUnavailable
+from inference_auctions.billing import (
+    HoldRequest,
+    HoldState,
+    Ledger,
+    LedgerError,
+    LedgerUnavailable,
+)
 from inference_auctions.billing import IdempotencyConflict as LedgerConflict
 from inference_auctions.server.errors import Conflict, ServiceError, Unavailable, from_ledger_error
+from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.tickets import Ticket
 
@@ -48,16 +54,11 @@ def unavailable(message: str) -> ServiceError:
     return Unavailable(message, headers={"Retry-After": "1"})
 
 
-async def place_hold(ledger: Ledger, metrics: Metrics, ticket: Ticket) -> None:
+async def place_hold(writer: LedgerWriter, metrics: Metrics, ticket: Ticket) -> None:
     """Hold the ticket's bid (re-opening a released hold of the same payload)."""
+    request = HoldRequest(ticket.user, ticket.ledger_rid, ticket.bid_micros, ticket.fingerprint)
     try:
-        hold = await asyncio.to_thread(
-            ledger.place_hold,
-            ticket.user,
-            ticket.ledger_rid,
-            ticket.bid_micros,
-            ticket.fingerprint,
-        )
+        hold = await writer.hold(request)
     except LedgerConflict:
         raise conflict(ticket.rid) from None
     except LedgerUnavailable as error:  # down or locked: nothing was written
@@ -80,10 +81,12 @@ async def place_hold(ledger: Ledger, metrics: Metrics, ticket: Ticket) -> None:
         )
 
 
-async def release_hold(ledger: Ledger, metrics: Metrics, ticket: Ticket, reason: str) -> None:
+async def release_hold(
+    writer: LedgerWriter, ledger: Ledger, metrics: Metrics, ticket: Ticket, reason: str
+) -> None:
     """Free the ticket's hold; a failure is left to the stale-hold job."""
     try:
-        await asyncio.to_thread(ledger.release, ticket.ledger_rid, reason)
+        await writer.call(ledger.release, ticket.ledger_rid, reason)
     except Exception as error:
         metrics.ledger_errors.labels(operation="release").inc()
         log.warning("releasing the hold of %r failed: %s", ticket.rid, error)

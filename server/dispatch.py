@@ -19,13 +19,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from inference_auctions.billing import Ledger, RequestNotScheduled
+from inference_auctions.billing import Ledger, RequestNotScheduled, ServedRecord
 from inference_auctions.server.admission import unavailable
 from inference_auctions.server.clearing import ClearedBatch
 from inference_auctions.server.engine.base import EngineChunk
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
 from inference_auctions.server.engine.generation import Generation
 from inference_auctions.server.errors import EngineFailed, EngineTimedOut, ServiceError
+from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.settings import ServerSettings
 from inference_auctions.server.tickets import Chunk, Ticket
@@ -52,6 +53,7 @@ class Serving:
 
     settings: ServerSettings
     ledger: Ledger
+    writer: LedgerWriter
     metrics: Metrics
     freed: Callable[[str], None]  # called with its ledger rid once a request leaves the engine
     started: Callable[[str], None] = lambda _: None  # called at its first token (deferral)
@@ -132,15 +134,8 @@ class Serving:
         )
         ttft_ms = None if streamed.ttft is None else streamed.ttft * 1000
         try:
-            await asyncio.to_thread(
-                self.ledger.record_served, ticket.ledger_rid, cached_tokens, ttft_ms
-            )
-        except RequestNotScheduled:
-            self.metrics.requests.labels(status="failed").inc()
-            log.warning("request %r was recorded unserved (recovery) before its answer", ticket.rid)
-            return unavailable(
-                f"request {ticket.rid!r} was counted unserved and refunded before its answer "
-                "could be recorded; send it again with a new rid"
+            recorded = await self.writer.served(
+                ServedRecord(ticket.ledger_rid, cached_tokens, ttft_ms)
             )
         except Exception as failure:
             self.metrics.ledger_errors.labels(operation="record").inc()
@@ -149,6 +144,13 @@ class Serving:
             return unavailable(
                 f"the answer to request {ticket.rid!r} could not be recorded; it counts as "
                 "unserved and will be refunded; send it again with a new rid"
+            )
+        if not recorded:
+            self.metrics.requests.labels(status="failed").inc()
+            log.warning("request %r was recorded unserved (recovery) before its answer", ticket.rid)
+            return unavailable(
+                f"request {ticket.rid!r} was counted unserved and refunded before its answer "
+                "could be recorded; send it again with a new rid"
             )
         self.metrics.requests.labels(status="served").inc()
         self.metrics.record_cache(
@@ -161,7 +163,7 @@ class Serving:
         self.metrics.requests.labels(status="failed").inc()
         target = batch.refund_after_failure(ticket.user, ticket.ledger_rid)
         try:
-            await asyncio.to_thread(
+            await self.writer.call(
                 self.ledger.record_failed,
                 ticket.ledger_rid,
                 batch.batch_id,

@@ -22,7 +22,6 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,6 +49,7 @@ from inference_auctions.server.errors import (
     InvalidRequest,
     ServiceError,
 )
+from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.settings import ServerSettings
 from inference_auctions.server.tickets import Clearance, Ticket
@@ -98,12 +98,16 @@ class AuctionService:
         self._runner: asyncio.Task[None] | None = None
         # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
         self.dispatcher = DeferredDispatch(engine, _deferral_settings(settings), self.metrics)
+        # Every ledger write of the serving path, grouped onto one thread (group commit).
+        self.writer = LedgerWriter(ledger)
         self._serving = Serving(
-            settings, ledger, self.metrics, self._freed, started=self.dispatcher.first_token
+            settings,
+            ledger,
+            self.writer,
+            self.metrics,
+            self._freed,
+            started=self.dispatcher.first_token,
         )
-        # Clearing has a thread of its own: in the shared pool it would queue behind the holds
-        # of the very requests that are waiting for it.
-        self._clearing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clearing")
 
     async def start(self) -> None:
         """Start closing batches."""
@@ -119,7 +123,7 @@ class AuctionService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
         self.dispatcher.close()
-        self._clearing.shutdown(wait=True)
+        await self.writer.close()
 
     # Admission
 
@@ -153,16 +157,22 @@ class AuctionService:
         # Claimed before the first await, so a concurrent retry joins instead of racing.
         self._remember(key, ticket)
         try:
-            await place_hold(self.ledger, self.metrics, ticket)
+            await place_hold(self.writer, self.metrics, ticket)
             ticket.queued = time.monotonic()
             try:
                 self.pool.submit(ticket)
             except (QueueFull, PoolClosed) as error:
-                await release_hold(self.ledger, self.metrics, ticket, "not queued: " + str(error))
+                await self._release(ticket, "not queued: " + str(error))
                 raise unavailable(str(error)) from None
         except ServiceError as error:
             self._forget(key)
             await ticket.finish(error)  # a concurrent retry that joined gets the same answer
+            raise
+        except asyncio.CancelledError:
+            # Never leave a ticket behind that nothing will finish: a retry would wait on it
+            # forever. A hold committed meanwhile is left to the stale-hold job.
+            self._forget(key)
+            await ticket.finish(unavailable("the request was cancelled before it was queued"))
             raise
         return ticket
 
@@ -186,11 +196,12 @@ class AuctionService:
     async def abandon(self, ticket: Ticket) -> None:
         """The client went away: if its batch has not closed, take it back and free its hold."""
         if self.pool.withdraw(ticket):
-            await release_hold(
-                self.ledger, self.metrics, ticket, "client disconnected before dispatch"
-            )
+            await self._release(ticket, "client disconnected before dispatch")
             await ticket.finish(unavailable("the client disconnected"))
             self._forget((ticket.user, ticket.rid))
+
+    async def _release(self, ticket: Ticket, reason: str) -> None:
+        await release_hold(self.writer, self.ledger, self.metrics, ticket, reason)
 
     def _remember(self, key: tuple[str, str], ticket: Ticket) -> None:
         self._tickets[key] = ticket
@@ -209,19 +220,19 @@ class AuctionService:
         closed = time.monotonic()
         for ticket in tickets:
             ticket.closed = closed
-        loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
-            # Large batches take tens of milliseconds: keep the event loop serving meanwhile.
-            cleared = await loop.run_in_executor(
-                self._clearing, clear_and_settle, self.ledger, tickets, new_batch_id(), self._clock
+            # On the writer thread: large batches take tens of milliseconds, during which the
+            # event loop keeps serving.
+            cleared = await self.writer.call(
+                clear_and_settle, self.ledger, tickets, new_batch_id(), self._clock
             )
         except Exception as error:
             self.metrics.ledger_errors.labels(operation="settle").inc()
             log.error("settling a batch failed; its requests fail unserved: %s", error)
             failure = unavailable("the ledger could not settle the batch; nothing was charged")
             for ticket in tickets:
-                await release_hold(self.ledger, self.metrics, ticket, "batch could not be settled")
+                await self._release(ticket, "batch could not be settled")
                 await ticket.finish(failure)
                 # A retry of the rid is admitted afresh (its hold re-opened) instead of
                 # replaying this failure.

@@ -7,10 +7,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference_auctions import billing
+from inference_auctions.server.api.json_response import JSONBytes
 from inference_auctions.server.api.validation_messages import describe_validation_error
 from inference_auctions.server.errors import (
     Forbidden,
@@ -24,18 +24,18 @@ from inference_auctions.server.errors import (
 log = logging.getLogger(__name__)
 
 
-def _render(error: ServiceError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status_code, headers=error.headers)
+def _render(error: ServiceError) -> JSONBytes:
+    return JSONBytes(error.body(), status_code=error.status_code, headers=error.headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Render every error as JSON with the right status; never a traceback."""
 
-    async def service_error(_: Request, error: Exception) -> JSONResponse:
+    async def service_error(_: Request, error: Exception) -> JSONBytes:
         assert isinstance(error, ServiceError)
         return _render(error)
 
-    async def ledger_error(_: Request, error: Exception) -> JSONResponse:
+    async def ledger_error(_: Request, error: Exception) -> JSONBytes:
         assert isinstance(error, billing.LedgerError)
         if isinstance(error, billing.LedgerUnavailable):
             # Unreachable, locked past its timeout or out of connections: the transaction did
@@ -43,11 +43,11 @@ def install_error_handlers(app: FastAPI) -> None:
             log.warning("ledger unavailable: %s", error.cause)
         return _render(from_ledger_error(error))
 
-    async def validation_error(_: Request, error: Exception) -> JSONResponse:
+    async def validation_error(_: Request, error: Exception) -> JSONBytes:
         assert isinstance(error, RequestValidationError)
         return _render(validation_to_invalid_request(error.errors()))
 
-    async def http_error(_: Request, error: Exception) -> JSONResponse:
+    async def http_error(_: Request, error: Exception) -> JSONBytes:
         assert isinstance(error, StarletteHTTPException)
         kind = {404: NotFound, 401: Unauthenticated, 403: Forbidden}.get(error.status_code)
         if kind is not None:
@@ -56,7 +56,7 @@ def install_error_handlers(app: FastAPI) -> None:
         failure.status_code, failure.error_type = error.status_code, "http_error"
         return _render(failure)
 
-    async def unexpected(_: Request, error: Exception) -> JSONResponse:
+    async def unexpected(_: Request, error: Exception) -> JSONBytes:
         log.exception("unhandled error", exc_info=error)
         return _render(ServiceError("internal error; the request changed nothing it reported"))
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from fastapi.responses import StreamingResponse
 
 from inference_auctions.billing import MICROS_PER_CREDIT, InvalidAmount, UserInfo, parse_credits
 from inference_auctions.server.api.deps import AppState
+from inference_auctions.server.api.json_response import sse_event
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
 from inference_auctions.server.errors import (
     EngineFailed,
@@ -30,6 +30,7 @@ from inference_auctions.server.errors import (
 from inference_auctions.server.service import AuctionService, payload_fingerprint
 from inference_auctions.server.tickets import Chunk, Clearance, Ticket
 
+_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -174,29 +175,25 @@ def stream(service: AuctionService, ticket: Ticket, render: Render) -> Streaming
     )
 
 
-async def _events(service: AuctionService, ticket: Ticket, render: Render) -> AsyncIterator[str]:
+async def _events(service: AuctionService, ticket: Ticket, render: Render) -> AsyncIterator[bytes]:
     ticket.waiters += 1
     try:
         try:
             clearance = await ticket.wait_cleared()
         except ServiceError as error:
-            yield _event(error.body())
-            yield "data: [DONE]\n\n"
+            yield sse_event(error.body())
+            yield _DONE
             return
-        yield _event(render(clearance, None))
+        yield sse_event(render(clearance, None))
         try:
             async for chunk in ticket.follow():
-                yield _event(render(clearance, chunk))
+                yield sse_event(render(clearance, chunk))
         except ServiceError as error:
-            yield _event(error.body())
-        yield "data: [DONE]\n\n"
+            yield sse_event(error.body())
+        yield _DONE
     finally:
         ticket.waiters -= 1
         if ticket.clearance is None and ticket.waiters == 0:
             # The client left before its batch closed; shielded so the hold is surely freed.
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(service.abandon(ticket))
-
-
-def _event(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from inference_auctions.server.api.body import json_body_schema, parse_body
 from inference_auctions.server.api.deps import CurrentUser, State
@@ -24,6 +24,7 @@ from inference_auctions.server.api.generation import (
     prompt_tokens,
     stream,
 )
+from inference_auctions.server.api.json_response import JSONBytes
 from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.tickets import Chunk, Clearance
@@ -147,7 +148,7 @@ async def _run(
     if streamed:
         return stream(state.service, ticket, renderer.chunk)
     clearance, final = await complete(request, state.service, ticket)
-    return JSONResponse(renderer.whole(clearance, final))
+    return JSONBytes(renderer.whole(clearance, final))
 
 
 class _Renderer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from inference_auctions.server.api.body import json_body_schema, parse_body
 from inference_auctions.server.api.deps import CurrentUser, State
@@ -18,6 +18,7 @@ from inference_auctions.server.api.generation import (
     prompt_tokens,
     stream,
 )
+from inference_auctions.server.api.json_response import JSONBytes
 from inference_auctions.server.api.schemas import GenerateBody
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.tickets import Chunk, Clearance
@@ -46,7 +47,7 @@ async def generate(request: Request, user: CurrentUser, state: State) -> Respons
     if body.stream:
         return stream(state.service, ticket, lambda c, k: render(job.rid, len(tokens), c, k))
     clearance, final = await complete(request, state.service, ticket)
-    return JSONResponse(render(job.rid, len(tokens), clearance, final))
+    return JSONBytes(render(job.rid, len(tokens), clearance, final))
 
 
 def render(
