@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -122,7 +122,8 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports implement `asyncio.Transport` without deriving from it.
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         # A high-water mark of 0: any byte the kernel did not take at once pauses writing, so
         # `resume_writing` marks the moment the whole request is on its way.
