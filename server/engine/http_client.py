@@ -457,7 +457,7 @@ class HTTPClient:
     def _encode(self, method: str, path: str, body: Any) -> bytes:
         start = f"{method} {self._prefix}{path} HTTP/1.1\r\n".encode("latin-1") + self._headers
         if body is None:
-            if method in ("GET", "HEAD"):
+            if method == "GET":
                 return start + b"\r\n"
             return start + b"Content-Length: 0\r\n\r\n"
         payload = orjson.dumps(body, option=_JSON_OPTIONS)
