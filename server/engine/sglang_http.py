@@ -19,18 +19,24 @@ with concurrent calls for one text sharing a single request. Failures map to the
 body or a stream cut before its last chunk -> `EngineProtocolError`. SGLang 0.5.23 answers bad
 input in three shapes (`{"error": "text"}` from its JSON contract check, `{"error": {"message":
 ...}}`, and `{"message": ...}` or `{"detail": ...}` for HTTP exceptions); all are read.
+
+HTTP goes through `server.engine.http_client`, a small keep-alive client made for the serving
+path's CPU budget; the request deadline covers connecting, queueing at SGLang and every chunk.
+Token ids are cached as read-only numpy arrays (int32 while the ids fit): `tokenize_array`
+hands out the cached array itself, `tokenize` a fresh list.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Any
 
-import httpx
+import numpy as np
+import orjson
+from numpy.typing import NDArray
 
 from inference_auctions.server.engine.base import DispatchMode, EngineChunk, EngineResult
 from inference_auctions.server.engine.errors import (
@@ -42,15 +48,25 @@ from inference_auctions.server.engine.errors import (
     EngineUnavailable,
 )
 from inference_auctions.server.engine.generation import EngineBase, Generation
+from inference_auctions.server.engine.http_client import (
+    DeadlineExceeded,
+    HTTPClient,
+    HTTPClientError,
+    HTTPTimeout,
+)
 
-__all__ = ["SGLangHTTPEngine"]
+__all__ = ["SGLangHTTPEngine", "TokenArray"]
+
+# The cached token ids of one prompt: read-only, shared by every caller.
+TokenArray = NDArray[np.int32] | NDArray[np.int64]
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _error_message(body: bytes, status: int) -> str:
     """The message in any of SGLang's error shapes, else the body's start."""
     try:
-        data = json.loads(body)
-    except ValueError:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
         data = None
     if isinstance(data, dict):
         error = data.get("error")
@@ -93,6 +109,20 @@ def _chunk(data: Any, rid: str) -> EngineChunk:
     return chunk
 
 
+def _token_array(tokens: list[int]) -> TokenArray:
+    """`tokens` as a read-only array: int32 while every id fits (vocabularies are far below
+    2**31), else int64; the cache hands the same array to every caller."""
+    try:
+        wide = np.array(tokens, dtype=np.int64)
+    except (OverflowError, ValueError, TypeError) as error:
+        raise EngineProtocolError("SGLang /tokenize sent ids that are not token ids") from error
+    array: TokenArray = wide
+    if wide.size == 0 or (int(wide.min()) >= _INT32_MIN and int(wide.max()) <= _INT32_MAX):
+        array = wide.astype(np.int32)
+    array.flags.writeable = False
+    return array
+
+
 def _stream_error(error: Any) -> EngineError:
     """The engine error for a `data: {"error": ...}` event."""
     if isinstance(error, Mapping):
@@ -120,7 +150,6 @@ class SGLangHTTPEngine(EngineBase):
         tokenize_cache_size: int = 65_536,
         add_special_tokens: bool = True,
         api_key: str | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("priority", "ordered"):
@@ -132,13 +161,12 @@ class SGLangHTTPEngine(EngineBase):
         self.control_timeout = control_timeout
         self.add_special_tokens = add_special_tokens
         self._api_key = api_key
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
-        self._tokens: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._client: HTTPClient | None = None
+        self._tokens: OrderedDict[str, TokenArray] = OrderedDict()
         self._context_length: int | None = None
         self._context_asked = False  # an SGLang without `max_model_len` is asked only once
         self._tokenize_cache_size = tokenize_cache_size
-        self._tokenizing: dict[str, asyncio.Task[tuple[int, ...]]] = {}
+        self._tokenizing: dict[str, asyncio.Task[TokenArray]] = {}
         self.tokenize_hits = 0
         self.tokenize_misses = 0
         self._queue: asyncio.Queue[Generation] = asyncio.Queue()
@@ -148,15 +176,10 @@ class SGLangHTTPEngine(EngineBase):
         """Open the connection pool and start the sender."""
         if self._client is not None:
             return
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(self.control_timeout, connect=self.connect_timeout),
-            # A whole batch is in flight at once; waiting for a pooled connection would add
-            # a second queue in front of SGLang's.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-            transport=self._transport,
+        self._client = HTTPClient(
+            self.base_url,
+            connect_timeout=self.connect_timeout,
+            authorization=f"Bearer {self._api_key}" if self._api_key else None,
         )
         self._sender = asyncio.create_task(self._send_in_order(), name="sglang-sender")
 
@@ -180,18 +203,23 @@ class SGLangHTTPEngine(EngineBase):
         if self._client is None:
             return False
         try:
-            response = await self._client.get("/health")
-        except httpx.HTTPError:
+            response = await self._client.request("GET", "/health", timeout=self.control_timeout)
+        except HTTPClientError:
             return False
-        return response.status_code == HTTPStatus.OK
+        return response.status == HTTPStatus.OK
 
     async def tokenize(self, text: str) -> list[int]:
-        """SGLang's token ids for `text`, from the cache or its `/tokenize`."""
+        """SGLang's token ids for `text`, from the cache or its `/tokenize`, as a new list."""
+        tokens: list[int] = (await self.tokenize_array(text)).tolist()
+        return tokens
+
+    async def tokenize_array(self, text: str) -> TokenArray:
+        """SGLang's token ids for `text`: the cached read-only array itself, never a copy."""
         cached = self._tokens.get(text)
         if cached is not None:
             self._tokens.move_to_end(text)
             self.tokenize_hits += 1
-            return list(cached)
+            return cached
         task = self._tokenizing.get(text)
         if task is None:
             self.tokenize_misses += 1
@@ -201,8 +229,7 @@ class SGLangHTTPEngine(EngineBase):
         else:
             self.tokenize_hits += 1
         # Shielded: one caller giving up must not cancel the request the others wait on.
-        tokens = await asyncio.shield(task)
-        return list(tokens)
+        return await asyncio.shield(task)
 
     async def context_length(self) -> int | None:
         """SGLang's context length (`max_model_len` of its `/tokenize`), asked once."""
@@ -216,12 +243,14 @@ class SGLangHTTPEngine(EngineBase):
         if self._client is None:
             raise EngineUnavailable("the SGLang client is closed")
         try:
-            response = await self._client.post("/flush_cache")
-        except httpx.TimeoutException as error:
+            response = await self._client.request(
+                "POST", "/flush_cache", timeout=self.control_timeout
+            )
+        except HTTPTimeout as error:
             raise EngineTimeout(f"SGLang's /flush_cache timed out: {error}") from None
-        except httpx.HTTPError as error:
+        except HTTPClientError as error:
             raise EngineUnavailable(f"SGLang unreachable at {self.base_url}: {error}") from None
-        return response.status_code == HTTPStatus.OK
+        return response.status == HTTPStatus.OK
 
     def _send(self, generations: list[Generation]) -> None:
         for generation in generations:
@@ -239,18 +268,20 @@ class SGLangHTTPEngine(EngineBase):
             generation.start(self._generate(generation, self._client))
             await generation.admitted()
 
-    async def _fetch_tokens(self, text: str) -> tuple[int, ...]:
+    async def _fetch_tokens(self, text: str) -> TokenArray:
         if self._client is None:
             raise EngineUnavailable("the SGLang engine is not started")
         body = {"prompt": text, "add_special_tokens": self.add_special_tokens}
         try:
-            response = await self._client.post("/tokenize", json=body)
-        except httpx.TimeoutException as error:
+            response = await self._client.request(
+                "POST", "/tokenize", body, timeout=self.control_timeout
+            )
+        except HTTPTimeout as error:
             raise EngineTimeout(f"SGLang /tokenize timed out: {error!r}") from error
-        except httpx.HTTPError as error:
+        except HTTPClientError as error:
             raise EngineUnavailable(f"SGLang /tokenize unreachable: {error!r}") from error
-        if response.status_code != HTTPStatus.OK:
-            status = response.status_code
+        if response.status != HTTPStatus.OK:
+            status = response.status
             raise _status_error(status, _error_message(response.content, status))
         try:
             data = response.json()
@@ -262,13 +293,13 @@ class SGLangHTTPEngine(EngineBase):
             self._context_length = limit
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineProtocolError("SGLang /tokenize sent no token list")
-        result = tuple(tokens)
+        result = _token_array(tokens)
         self._tokens[text] = result
         if len(self._tokens) > self._tokenize_cache_size:
             self._tokens.popitem(last=False)
         return result
 
-    async def _generate(self, generation: Generation, client: httpx.AsyncClient) -> None:
+    async def _generate(self, generation: Generation, client: HTTPClient) -> None:
         request = generation.request
         stream = request.stream or self.mode == "ordered"
         body: dict[str, Any] = {
@@ -277,42 +308,37 @@ class SGLangHTTPEngine(EngineBase):
             "rid": request.rid,
             "stream": stream,
         }
+        # In `priority` mode the next request may follow once this one is on the wire.
+        on_sent = generation.admit if self.mode == "priority" else None
         if self.mode == "priority":
             body["priority"] = request.priority
-        # Queueing at SGLang can take minutes, so there is no read timeout: one deadline
-        # covers the whole request.
-        options: dict[str, Any] = {"timeout": httpx.Timeout(None, connect=self.connect_timeout)}
-        if self.mode == "priority":
-
-            async def on_event(event: str, _: dict[str, Any]) -> None:
-                if event.endswith("send_request_body.complete"):
-                    generation.admit()  # on the wire: the next request may follow
-
-            options["extensions"] = {"trace": on_event}
         try:
-            async with asyncio.timeout(self.request_timeout):
-                if stream:
-                    await self._generate_streamed(generation, client, body, options)
-                else:
-                    await self._generate_once(generation, client, body, options)
-        except TimeoutError as error:
+            if stream:
+                await self._generate_streamed(generation, client, body, on_sent)
+            else:
+                await self._generate_once(generation, client, body, on_sent)
+        except DeadlineExceeded as error:
+            # Queueing at SGLang can take minutes, so there is no read timeout: one deadline
+            # covers the whole request.
             raise EngineTimeout(
                 f"SGLang did not finish {request.rid!r} within {self.request_timeout} s"
             ) from error
-        except httpx.TimeoutException as error:
+        except HTTPTimeout as error:
             raise EngineTimeout(f"SGLang timed out on {request.rid!r}: {error!r}") from error
-        except httpx.HTTPError as error:
+        except HTTPClientError as error:
             raise EngineUnavailable(f"SGLang unreachable for {request.rid!r}: {error!r}") from error
 
     async def _generate_once(
         self,
         generation: Generation,
-        client: httpx.AsyncClient,
+        client: HTTPClient,
         body: dict[str, Any],
-        options: dict[str, Any],
+        on_sent: Callable[[], None] | None,
     ) -> None:
-        response = await client.post("/generate", json=body, **options)
-        status = response.status_code
+        response = await client.request(
+            "POST", "/generate", body, timeout=self.request_timeout, on_sent=on_sent
+        )
+        status = response.status
         if status != HTTPStatus.OK:
             raise _status_error(status, _error_message(response.content, status))
         try:
@@ -327,28 +353,31 @@ class SGLangHTTPEngine(EngineBase):
     async def _generate_streamed(
         self,
         generation: Generation,
-        client: httpx.AsyncClient,
+        client: HTTPClient,
         body: dict[str, Any],
-        options: dict[str, Any],
+        on_sent: Callable[[], None] | None,
     ) -> None:
         loop = asyncio.get_running_loop()
         sent = loop.time()
         first_chunk: float | None = None
         last: EngineChunk | None = None
-        async with client.stream("POST", "/generate", json=body, **options) as response:
-            status = response.status_code
+        async with client.stream(
+            "POST", "/generate", body, timeout=self.request_timeout, on_sent=on_sent
+        ) as response:
+            status = response.status
             if status != HTTPStatus.OK:
-                raise _status_error(status, _error_message(await response.aread(), status))
+                raise _status_error(status, _error_message(await response.read(), status))
+            done = False
             try:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
+                async for payload in response.events():
+                    # After `[DONE]` the body is read to its end, so that the connection can
+                    # be reused, and anything more is ignored.
+                    if done or payload == b"[DONE]":
+                        done = True
                         continue
-                    payload = line[len("data:") :].strip()
-                    if payload == "[DONE]":
-                        break
                     try:
-                        data = json.loads(payload)
-                    except ValueError as error:
+                        data = orjson.loads(payload)
+                    except orjson.JSONDecodeError as error:
                         raise EngineProtocolError(
                             "SGLang streamed an event that is not JSON"
                         ) from error
@@ -358,7 +387,9 @@ class SGLangHTTPEngine(EngineBase):
                     if first_chunk is None:
                         first_chunk = loop.time() - sent
                     generation.emit(last)
-            except httpx.HTTPError as error:
+            except HTTPTimeout:
+                raise  # the deadline, not a broken stream
+            except HTTPClientError as error:
                 raise EngineProtocolError(
                     f"SGLang's stream for {generation.rid!r} broke: {error!r}"
                 ) from error

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from itertools import pairwise
 from typing import Any
 
+import numpy as np
 import pytest
 
 from inference_auctions.server.engine.base import EngineRequest, EngineResult
@@ -206,3 +207,23 @@ def test_health_and_a_closed_engine() -> None:
 
     with emulator() as (url, _):
         asyncio.run(run(url))
+
+
+def test_tokenize_hands_out_the_cached_array_read_only() -> None:
+    async def run(url: str) -> None:
+        async with _engine(url) as engine:
+            first = await engine.tokenize_array("Hello world")
+            again = await engine.tokenize_array("Hello world")
+            assert again is first  # no copy per call
+            assert first.dtype == np.int32
+            assert not first.flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                first[0] = 0
+            listed = await engine.tokenize("Hello world")
+            assert type(listed) is list and listed == encode("Hello world")
+            listed.append(1)  # a caller's own list: the cache is untouched
+            assert first.tolist() == encode("Hello world")
+
+    with emulator() as (url, counts):
+        asyncio.run(run(url))
+        assert counts.paths["/tokenize"] == 1
