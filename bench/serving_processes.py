@@ -55,6 +55,21 @@ class Service:
             pass
 
 
+def settle(services: Sequence[Service], busy: float = 0.05, limit: float = 120) -> float:
+    """Wait until every service is idle (under `busy` CPU-seconds per second, over 0.25 s):
+    a warm-up leaves requests queued that would otherwise eat into the measured run. Returns
+    the seconds waited."""
+    started = time.monotonic()
+    window = 0.25
+    while time.monotonic() - started < limit:
+        before = [s.cpu_seconds() for s in services]
+        time.sleep(window)
+        spent = [s.cpu_seconds() - b for s, b in zip(services, before, strict=True)]
+        if max(spent) < busy * window:
+            break
+    return time.monotonic() - started
+
+
 def start_service(
     name: str,
     command: Sequence[str],
