@@ -9,7 +9,10 @@ the JSON contract, such as an unknown `sampling_params` key; a 400 `{"error": {"
 for bad input such as a duplicate in-flight rid, sent inside the stream for a streamed request;
 `{"object": "error", "message": ..., "code": ...}` for an abort with another status), and
 `/tokenize`, `/detokenize`, `/health`, `/health_generate`, `/ready`, `/v1/models`,
-`/model_info`, `/server_info`, `/flush_cache`, `/abort_request`, `/v1/loads` and `/metrics`.
+`/model_info`, `/server_info`, `/flush_cache`, `/abort_request`, `/v1/loads` and `/metrics`;
+and SGLang's OpenAI-compatible `/v1/chat/completions` and `/v1/completions`, streamed and not,
+whose bodies `server.engine.sglang_openai` reads and shapes (the emulator has no chat template:
+that module documents the fixed one it uses).
 """
 
 from __future__ import annotations
@@ -31,9 +34,21 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from inference_auctions.server.engine.live import LiveRequest, LiveSimulator
+from inference_auctions.server.engine.sglang_openai import (
+    OpenAIError,
+    OpenAIRequest,
+    Shaper,
+    finish_reason,
+    openai_error_body,
+    parse_chat_body,
+    parse_completion_body,
+    sendable,
+    stop_cut,
+)
 from inference_auctions.server.engine.sglang_request import (
     ContractError,
     GenerateInput,
+    SamplingOptions,
     check_context_length,
     parse_generate_body,
 )
@@ -64,6 +79,13 @@ def _http_error(message: str, status: int) -> JSONResponse:
     """SGLang's answer to an HTTPException (its ErrorResponse shape)."""
     body = {"object": "error", "message": message, "type": str(status), "param": None}
     return JSONResponse({**body, "code": status}, status_code=status)
+
+
+def _openai_error(
+    message: str, param: str | None, status: int = HTTPStatus.BAD_REQUEST
+) -> JSONResponse:
+    """SGLang's answer to a request its OpenAI layer refuses."""
+    return JSONResponse(openai_error_body(message, param, status), status_code=status)
 
 
 def _error_stream(message: str) -> StreamingResponse:
@@ -138,6 +160,8 @@ class _Routes:
         get, post = ["GET"], ["POST"]
         return [
             ("/generate", self.generate, ["POST", "PUT"]),
+            ("/v1/chat/completions", self.chat_completions, post),
+            ("/v1/completions", self.completions, post),
             ("/tokenize", self.tokenize, post),
             ("/v1/tokenize", self.tokenize, post),
             ("/detokenize", self.detokenize, post),
@@ -213,6 +237,43 @@ class _Routes:
         )
         self.book.learn(submitted.completion.text())
         return submitted
+
+    async def chat_completions(self, request: Request) -> Response:
+        """`/v1/chat/completions`: messages rendered to one prompt, streamed or not."""
+        return await self._openai(request, parse_chat_body)
+
+    async def completions(self, request: Request) -> Response:
+        """`/v1/completions`: one prompt, text or token ids, streamed or not."""
+        return await self._openai(request, parse_completion_body)
+
+    async def _openai(self, request: Request, parse: Callable[[Any], OpenAIRequest]) -> Response:
+        body = await _body(request)
+        if body is _INVALID:
+            return _openai_error("The request body is not valid JSON.", None)
+        try:
+            parsed = parse(body)
+        except OpenAIError as error:
+            return _openai_error(str(error), error.param)
+        sampling = SamplingOptions(
+            parsed.max_new_tokens, parsed.sampling_seed, parsed.requested_max_new_tokens
+        )
+        # Stop strings are looked for in the text as it grows, which takes every step's output.
+        stream = parsed.stream or bool(parsed.stop)
+        generate = GenerateInput(
+            parsed.rid, parsed.text, parsed.input_ids, sampling, stream, parsed.priority
+        )
+        try:
+            submitted = self._submit(generate)
+        except ValueError as error:
+            return _openai_error(str(error), None)
+        except RuntimeError as error:
+            return _openai_error(str(error), None, HTTPStatus.SERVICE_UNAVAILABLE)
+        shaper = Shaper(parsed, submitted.rid)
+        if parsed.stream:
+            return StreamingResponse(
+                _openai_stream(submitted, shaper), media_type="text/event-stream"
+            )
+        return await _openai_answer(submitted, shaper, request)
 
     async def tokenize(self, request: Request) -> Response:
         """`/tokenize`: a prompt or a list of prompts."""
@@ -343,23 +404,88 @@ async def _abort_on_disconnect(request: Request, submitted: LiveRequest) -> None
     submitted.abort()
 
 
-async def _answer(submitted: LiveRequest, request: Request) -> Response:
-    # As SGLang does, a client that goes away while it waits aborts its request.
+@asynccontextmanager
+async def _watched(request: Request, submitted: LiveRequest) -> AsyncIterator[None]:
+    """While a non-streamed request runs: as SGLang does, a client that goes away while it
+    waits aborts its request; and the request is always released at the end."""
     watcher = asyncio.create_task(_abort_on_disconnect(request, submitted))
-    final: dict[str, Any] = {}
     try:
-        async for output in submitted.outputs():
-            final = output
+        yield
     finally:
         watcher.cancel()
         submitted.abort()
+
+
+def _abort_status(reason: dict[str, Any]) -> int:
+    return int(reason.get("status_code") or HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+async def _answer(submitted: LiveRequest, request: Request) -> Response:
+    final: dict[str, Any] = {}
+    async with _watched(request, submitted):
+        async for output in submitted.outputs():
+            final = output
     reason = final["meta_info"]["finish_reason"]
     if reason.get("type") == "abort":
-        status = reason.get("status_code") or HTTPStatus.INTERNAL_SERVER_ERROR
+        status = _abort_status(reason)
         if status == HTTPStatus.BAD_REQUEST:
             return _bad_request(reason["message"])
         return _http_error(reason["message"], status)
     return JSONResponse(final)
+
+
+async def _progress(
+    submitted: LiveRequest, stop: tuple[str, ...]
+) -> AsyncIterator[tuple[str, dict[str, Any], str | None]]:
+    """(the text so far, cut at a stop string; the output; the stop string matched, if one),
+    ending at the first match: the caller's release of the request then stops the engine."""
+    async for output in submitted.outputs():
+        text, matched = stop_cut(output["text"], stop)
+        yield text, output, matched
+        if matched is not None:
+            return
+
+
+async def _openai_answer(submitted: LiveRequest, shaper: Shaper, request: Request) -> Response:
+    last: tuple[str, dict[str, Any], str | None] = ("", {}, None)
+    async with _watched(request, submitted):
+        async for step in _progress(submitted, shaper.request.stop):
+            last = step
+    text, output, matched = last
+    meta = output["meta_info"]
+    reason = meta["finish_reason"]
+    if matched is None and reason.get("type") == "abort":
+        return _openai_error(reason["message"], None, _abort_status(reason))
+    usage = shaper.usage(meta["prompt_tokens"], meta["completion_tokens"])
+    return JSONResponse(shaper.response(text, finish_reason(reason, matched), matched, usage))
+
+
+async def _openai_stream(submitted: LiveRequest, shaper: Shaper) -> AsyncIterator[bytes]:
+    stop = shaper.request.stop
+    sent = 0
+    try:
+        if shaper.request.kind == "chat":
+            yield _sse(shaper.chunk("", role=True))
+        async for text, output, matched in _progress(submitted, stop):
+            meta = output["meta_info"]
+            reason = meta["finish_reason"]
+            if matched is None and reason is not None and reason.get("type") == "abort":
+                error = openai_error_body(reason["message"], None, _abort_status(reason))
+                yield _sse({"error": error})
+                break
+            done = matched is not None or reason is not None
+            upto = len(text) if done else sendable(text, stop)
+            delta, sent = text[sent:upto], max(sent, upto)
+            if done:
+                yield _sse(shaper.chunk(delta, finish_reason(reason, matched), matched))
+                if shaper.request.include_usage:
+                    usage = shaper.usage(meta["prompt_tokens"], meta["completion_tokens"])
+                    yield _sse(shaper.usage_chunk(usage))
+            elif delta:
+                yield _sse(shaper.chunk(delta))
+        yield b"data: [DONE]\n\n"
+    finally:
+        submitted.abort()  # a stop string matched, or the client went away: free the engine
 
 
 def create_sglang_app(live: LiveSimulator) -> FastAPI:

@@ -1,0 +1,432 @@
+"""The serving benchmark: `wrk` against the engine, the auction layer and a peer gateway, at once.
+
+Three paths, driven by the same `wrk` settings (2 threads, the same connection counts and
+duration, a short warm-up before each measured run), on this machine, in one run:
+
+* direct: `wrk` -> the SGLang emulator (`emulate-sglang --time-scale 0.001`, its own process);
+* auction: `wrk` -> the auction server (`inference-auction serve --engine-url <emulator>`, its
+  own process, a fresh one per connection count, over one ledger) -> the emulator; 8 users with
+  large budgets, keys rotated and bids varied per request (bench/wrk/auction_generate.lua);
+* litellm: `wrk` -> LiteLLM's proxy (1 worker, no database, in `.bench-venvs/litellm`, created
+  on first use) -> the emulator's OpenAI-compatible `/v1/chat/completions`.
+
+Every request asks for 4 output tokens. Per path and connection count it reports requests,
+req/s, p50 and p99 latency and the non-2xx count (from the Lua `done()`/`response()` hooks of
+bench/wrk), the CPU time per request of each process involved (user + system from /proc,
+summed over the process tree, during the measured run only, divided by the requests it
+completed), and for the auction server its own overhead (arrival to dispatch minus the batching
+wait) and batching wait from `/v1/admin/timings` (over the warm-up and the measured run of that
+server), and the throughput ratio to the direct path. A 1-connection run of direct and auction
+gives the latency the layer adds to a lone request. Afterwards the ledger is reconciled and
+audited: the settled requests against the 2xx responses, open holds, and no user charged more
+than their bids in a batch.
+
+Run (wrk is the Debian package; the first run installs LiteLLM, which takes minutes):
+
+    python -m bench.serving --connections 20 200 --seconds 10 --database both
+    python -m bench.serving --database sqlite --skip-litellm --markdown results/serving.md
+
+PostgreSQL: a database of its own is created on `--postgres-url` and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import Progress
+
+from bench import serving_litellm as litellm
+from bench.serving_ledger import Audit, audit, create_users, fresh_database
+from bench.serving_processes import Service, free_port, settle, start_service
+from bench.serving_wrk import WrkResult, run_wrk
+from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME
+
+ROOT = Path(__file__).resolve().parent.parent
+USERS = 8
+_CLI = [sys.executable, "-m", "inference_auctions.server.cli"]
+
+
+@dataclass
+class Row:
+    """One measured run of one path."""
+
+    path: str
+    connections: int
+    result: WrkResult
+    front_cpu_ms: float | None  # per request; None on the direct path (no front)
+    emulator_cpu_ms: float | None  # None when no request completed
+    timings: dict[str, Any] | None = None  # the auction server's /v1/admin/timings
+    ratio: float | None = None  # req/s over the direct path's at the same connections
+
+
+@dataclass
+class Report:
+    """One database's table, and its ledger's audit."""
+
+    database: str
+    rows: list[Row] = field(default_factory=list)
+    audit: Audit | None = None
+    auction_ok: int = 0  # 2xx responses of every auction run, warm-ups included
+    # At most this many requests can be cut off in flight when those runs end (a warm-up and
+    # a measured run per server, one request per connection each).
+    auction_cut_bound: int = 0
+
+
+@dataclass
+class Settings:
+    """The command line, parsed."""
+
+    connections: list[int]
+    seconds: float
+    warmup: float
+    single: bool
+    databases: list[str]
+    litellm: bool
+    postgres_url: str
+    time_scale: str
+    markdown: Path | None
+    server_args: list[str]
+
+
+class Bench:
+    """The processes of one benchmark run and the runs themselves."""
+
+    def __init__(self, settings: Settings, stack: ExitStack, folder: Path, progress: Progress):
+        self.settings = settings
+        self.stack = stack
+        self.folder = folder
+        self.progress = progress
+        self.task = progress.add_task("starting", total=self._steps())
+        self.emulator: Service | None = None
+        self.litellm: Service | None = None
+        self.litellm_key = litellm.master_key()
+
+    def _steps(self) -> int:
+        paths = 3 if self.settings.litellm else 2
+        per_database = paths * len(self.settings.connections) + (2 if self.settings.single else 0)
+        return per_database * len(self.settings.databases)
+
+    def _service(
+        self, name: str, command: Sequence[str], url: str, health: str, **env: str
+    ) -> Service:
+        service = start_service(
+            name, command, url=url, health_path=health, log_dir=self.folder, env=env
+        )
+        self.stack.callback(service.stop)
+        return service
+
+    def start_shared(self) -> None:
+        """The emulator and, unless skipped, LiteLLM in front of it: both serve every table."""
+        port = free_port()
+        command = [*_CLI, "emulate-sglang", "--port", str(port), "--log-level", "warning"]
+        command += ["--time-scale", self.settings.time_scale]
+        self.progress.update(self.task, description="starting the emulator")
+        self.emulator = self._service("emulator", command, f"http://127.0.0.1:{port}", "/health")
+        if not self.settings.litellm:
+            return
+        self.progress.update(self.task, description="LiteLLM's virtualenv (first run: minutes)")
+        executable = litellm.ensure_venv(ROOT)
+        config = litellm.write_config(
+            self.folder, self.emulator.url, DEFAULT_MODEL_NAME, self.litellm_key
+        )
+        port = free_port()
+        self.progress.update(self.task, description="starting LiteLLM's proxy")
+        self.litellm = self._service(
+            "litellm",
+            litellm.command(executable, config, port),
+            f"http://127.0.0.1:{port}",
+            "/health/liveliness",
+            **litellm.ENV,
+        )
+        # One request end to end, so a broken route fails here rather than as 100% non-2xx.
+        reply = httpx.post(
+            self.litellm.url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {self.litellm_key}"},
+            json={
+                "model": litellm.MODEL_NAME,
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "ping"}],
+            },
+            timeout=60,
+        )
+        if reply.status_code != 200:
+            raise RuntimeError(f"LiteLLM -> emulator failed: {reply.status_code} {reply.text}")
+
+    def _measure(
+        self,
+        label: str,
+        script: str,
+        front: Service | None,
+        connections: int,
+        args: Sequence[str] = (),
+    ) -> tuple[Row, WrkResult]:
+        """Warm up, then one measured run with the CPU of each process read around it."""
+        assert self.emulator is not None
+        url = (front or self.emulator).url
+        self.progress.update(self.task, description=f"{label}, {connections} connections")
+        warm = run_wrk(script, url, connections, self.settings.warmup, args)
+        processes = [self.emulator] + ([front] if front else [])
+        settle(processes)  # what the warm-up left queued is served before the clock starts
+        before = [p.cpu_seconds() for p in processes]
+        result = run_wrk(script, url, connections, self.settings.seconds, args)
+        spent = [p.cpu_seconds() - b for p, b in zip(processes, before, strict=True)]
+        per_request = [1000 * s / result.requests if result.requests else None for s in spent]
+        row = Row(
+            label,
+            connections,
+            result,
+            front_cpu_ms=per_request[1] if front else None,
+            emulator_cpu_ms=per_request[0],
+        )
+        self.progress.advance(self.task)
+        return row, warm
+
+    def _auction(
+        self, url: str, keys: list[str], admin: str, connections: int, report: Report
+    ) -> Row:
+        """A fresh auction server, so its timings and CPU are this connection count's alone."""
+        assert self.emulator is not None
+        port = free_port()
+        command = [*_CLI, "serve", "--port", str(port), "--engine-url", self.emulator.url]
+        command += ["--database-url", url, "--log-level", "warning", *self.settings.server_args]
+        server = self._service(
+            "auction",
+            command,
+            f"http://127.0.0.1:{port}",
+            "/health",
+            INFERENCE_AUCTION_RATE_LIMIT_PER_SECOND="1000000",
+            INFERENCE_AUCTION_RATE_LIMIT_BURST="1000000",
+        )
+        try:
+            row, warm = self._measure("auction", "auction_generate.lua", server, connections, keys)
+            reply = httpx.get(
+                server.url + "/v1/admin/timings",
+                headers={"Authorization": f"Bearer {admin}"},
+                timeout=30,
+            )
+            reply.raise_for_status()
+            row.timings = reply.json()
+        finally:
+            server.stop()  # graceful: requests still in flight finish and settle
+        report.auction_ok += row.result.ok + warm.ok
+        report.auction_cut_bound += 2 * connections
+        return row
+
+    def database(self, kind: str) -> Report:
+        """Every path at every connection count, over one fresh ledger of `kind`."""
+        report = Report(kind)
+        with fresh_database(kind, self.folder, self.settings.postgres_url) as url:
+            users = create_users(url, USERS)
+            levels = ([1] if self.settings.single else []) + self.settings.connections
+            for connections in levels:
+                direct, _ = self._measure("direct", "emulator_generate.lua", None, connections)
+                rows = [
+                    direct,
+                    self._auction(url, users.keys, users.admin_key, connections, report),
+                ]
+                if self.litellm is not None and connections > 1:
+                    args = [self.litellm_key, litellm.MODEL_NAME]
+                    rows.append(
+                        self._measure(
+                            "litellm", "litellm_chat.lua", self.litellm, connections, args
+                        )[0]
+                    )
+                for row in rows[1:]:
+                    row.ratio = row.result.rate / direct.result.rate if direct.result.rate else None
+                report.rows += rows
+            self.progress.update(self.task, description=f"auditing the {kind} ledger")
+            report.audit = audit(url)
+        return report
+
+
+def _ms(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+HEADERS = (
+    "path",
+    "conns",
+    "requests",
+    "req/s",
+    "p50 ms",
+    "p99 ms",
+    "non-2xx",
+    "front CPU ms/req",
+    "emulator CPU ms/req",
+    "overhead p50 / p99 ms",
+    "batching wait p50 ms",
+    "req/s vs direct",
+)
+
+
+def _cells(row: Row) -> list[str]:
+    r = row.result
+    overhead = wait = "-"
+    if row.timings:
+        o, w = row.timings["overhead"], row.timings["batching_wait"]
+        overhead = f"{_ms(o['p50_ms'], 2)} / {_ms(o['p99_ms'], 2)}"
+        wait = _ms(w["p50_ms"], 2)
+    return [
+        row.path,
+        str(row.connections),
+        f"{r.requests:,}",
+        f"{r.rate:,.0f}",
+        _ms(r.p50_ms if r.requests else None, 2),
+        _ms(r.p99_ms if r.requests else None, 2),
+        str(r.not_ok),
+        _ms(row.front_cpu_ms, 2),
+        _ms(row.emulator_cpu_ms, 2),
+        overhead,
+        wait,
+        "-" if row.ratio is None else f"{row.ratio:.2f}x",
+    ]
+
+
+def _notes(report: Report) -> list[str]:
+    notes = []
+    single = {row.path: row for row in report.rows if row.connections == 1}
+    if "direct" in single and "auction" in single:
+        added = single["auction"].result.p50_ms - single["direct"].result.p50_ms
+        notes.append(f"1 connection: the auction layer adds {added:.2f} ms to the p50.")
+    a = report.audit
+    if a is not None:
+        verdict = "clean" if a.clean else "NOT CLEAN"
+        notes.append(
+            f"Ledger {verdict}: reconciled={a.reconciled} (drifts {a.drifts}), "
+            f"served {a.served:,} / failed {a.failed} / unresolved {a.scheduled}, "
+            f"open holds {a.open_holds}, charged {a.charged_micros:,} micro-credits, "
+            f"refunded {a.refunded_micros:,}, users charged above their bids {a.overcharged}."
+        )
+        gap = a.served - report.auction_ok
+        verdict = "consistent" if 0 <= gap <= report.auction_cut_bound else "INCONSISTENT"
+        notes.append(
+            f"Settled as served {a.served:,} vs 2xx seen by wrk {report.auction_ok:,}: "
+            f"{verdict} (difference {gap:+,}, at most {report.auction_cut_bound:,} requests "
+            "can be in flight when wrk stops a run; the server still serves and charges them)."
+        )
+    return notes
+
+
+def markdown(reports: list[Report], command: str) -> str:
+    """Every table as markdown, with the command that produced it."""
+    lines = [f"Command: `{command}`", ""]
+    for report in reports:
+        lines += [f"### {report.database}", ""]
+        lines.append("| " + " | ".join(HEADERS) + " |")
+        lines.append("|" + "|".join(["---"] + ["---:"] * (len(HEADERS) - 1)) + "|")
+        lines += ["| " + " | ".join(_cells(row)) + " |" for row in report.rows]
+        lines += ["", *(f"- {note}" for note in _notes(report)), ""]
+    return "\n".join(lines)
+
+
+def _parse(argv: Sequence[str] | None) -> Settings:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.serving",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--connections",
+        type=int,
+        nargs="+",
+        default=[20, 200],
+        help="wrk connection counts, each measured on every path (default: 20 200)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="length of each measured run (default: 10)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=2.0, help="length of the warm-up before each (default: 2)"
+    )
+    parser.add_argument(
+        "--database",
+        choices=["sqlite", "postgresql", "both"],
+        default="sqlite",
+        help="the auction server's ledger; one table each (default: sqlite)",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
+        help="a PostgreSQL server on which a scratch database is created and dropped",
+    )
+    parser.add_argument(
+        "--skip-litellm", action="store_true", help="leave out the LiteLLM path (and its install)"
+    )
+    parser.add_argument(
+        "--no-single", action="store_true", help="leave out the 1-connection direct/auction run"
+    )
+    parser.add_argument(
+        "--time-scale", default="0.001", help="the emulator's --time-scale (default: 0.001)"
+    )
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra argument for `inference-auction serve` (repeat: --server-arg=--max-wait-ms "
+        "--server-arg=5)",
+    )
+    parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
+    args = parser.parse_args(argv)
+    databases = ["sqlite", "postgresql"] if args.database == "both" else [args.database]
+    return Settings(
+        connections=args.connections,
+        seconds=args.seconds,
+        warmup=args.warmup,
+        single=not args.no_single,
+        databases=databases,
+        litellm=not args.skip_litellm,
+        postgres_url=args.postgres_url,
+        time_scale=args.time_scale,
+        markdown=args.markdown,
+        server_args=args.server_arg,
+    )
+
+
+def run(settings: Settings, show: Callable[[Report, Console], None]) -> list[Report]:
+    """Start the processes, measure every database, stop everything (also on Ctrl-C)."""
+    reports = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-serving-") as folder,
+        ExitStack() as stack,
+        Progress(transient=True) as progress,
+    ):
+        bench = Bench(settings, stack, Path(folder), progress)
+        bench.start_shared()
+        for kind in settings.databases:
+            report = bench.database(kind)
+            show(report, progress.console)
+            reports.append(report)
+    return reports
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the benchmark and print one table per database."""
+    settings = _parse(argv)
+    command = "python -m bench.serving " + shlex.join(sys.argv[1:] if argv is None else argv)
+    started = time.monotonic()
+
+    def show(report: Report, console: Console) -> None:
+        table = markdown([report], command).split("\n", 2)[2]
+        console.print(table, markup=False, highlight=False, soft_wrap=True)
+
+    reports = run(settings, show)
+    print(f"({time.monotonic() - started:.0f} s in all)")
+    if settings.markdown is not None:
+        settings.markdown.parent.mkdir(parents=True, exist_ok=True)
+        settings.markdown.write_text(markdown(reports, command))
+
+
+if __name__ == "__main__":
+    main()
