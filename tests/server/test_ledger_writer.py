@@ -95,7 +95,7 @@ def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger)
         ledger.create_user(user, budget_micros=BUDGET)
     tickets = [_ticket(user, f"s{i}", 10_000 + i) for user in USERS for i in range(10)]
 
-    async def run() -> tuple[list[bool | BaseException], int]:
+    async def run() -> tuple[list[object], int]:
         writer = LedgerWriter(ledger)
         try:
             for ticket in tickets:
