@@ -3,8 +3,17 @@
 SQLite: every write transaction starts with `BEGIN IMMEDIATE`, so concurrent writers queue on
 the busy timeout instead of failing on a lock upgrade halfway through; WAL lets readers run
 beside the writer. pysqlite's own transaction handling is switched off so that SQLAlchemy's
-BEGIN is the one that counts. PostgreSQL: the service layer locks balance rows with
-`SELECT ... FOR UPDATE`.
+BEGIN is the one that counts.
+
+SQLite's durability is the URL's `synchronous` parameter (`sqlite:///ledger.db?synchronous=full`).
+The default, `normal`, is what SQLite recommends with WAL: a committed transaction survives the
+server process crashing or being killed at any point, and the database is never corrupt, but
+the last transactions before a power failure or operating-system crash may be rolled back.
+`full` syncs the disk at every commit (about 1.7 ms each on the benchmark machine; the serving
+path commits two or three times per request, fewer under load thanks to group commit).
+Production deployments that need every commit on disk run PostgreSQL.
+
+PostgreSQL: the service layer locks balance rows with `SELECT ... FOR UPDATE`.
 """
 
 from __future__ import annotations
@@ -17,11 +26,12 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from inference_auctions.billing.errors import LedgerUnavailable
+from inference_auctions.billing.errors import InvalidInput, LedgerUnavailable
 
 # Passed as an execution option by read-only operations: a deferred BEGIN takes no write lock.
 READ_ONLY = "ledger_read_only"
 SQLITE_BUSY_TIMEOUT_S = 30.0
+SQLITE_SYNCHRONOUS = ("normal", "full")
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -54,14 +64,21 @@ def create_ledger_engine(url: str | URL, **kwargs: Any) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", True)
         return create_engine(parsed, **kwargs)
+    synchronous = parsed.query.get("synchronous", "normal")
+    if synchronous not in SQLITE_SYNCHRONOUS:
+        raise InvalidInput(
+            "database_url",
+            f"synchronous={synchronous!r} is not one of {', '.join(SQLITE_SYNCHRONOUS)}",
+        )
+    parsed = parsed.difference_update_query(["synchronous"])
     connect_args = dict(kwargs.pop("connect_args", {}))
     connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_S)
     engine = create_engine(parsed, connect_args=connect_args, **kwargs)
-    _set_up_sqlite(engine)
+    _set_up_sqlite(engine, str(synchronous))
     return engine
 
 
-def _set_up_sqlite(engine: Engine) -> None:
+def _set_up_sqlite(engine: Engine, synchronous: str) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
         # None hands transaction control to the BEGIN emitted below.
@@ -71,6 +88,7 @@ def _set_up_sqlite(engine: Engine) -> None:
             cursor.execute("PRAGMA foreign_keys = ON")
             if engine.url.database not in (None, "", ":memory:"):
                 cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         finally:
             cursor.close()
 
