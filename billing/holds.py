@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -28,10 +29,18 @@ from inference_auctions.billing.models import (
     EntryKind,
     Hold,
     HoldState,
+    LedgerEntry,
     User,
 )
 from inference_auctions.billing.money import check_micros
-from inference_auctions.billing.postings import Account, check_id, check_reason, lock_account, post
+from inference_auctions.billing.postings import (
+    Account,
+    check_id,
+    check_reason,
+    entry_row,
+    lock_account,
+    post,
+)
 from inference_auctions.billing.records import HoldView
 
 
@@ -170,11 +179,25 @@ def close_hold(
     batch_id: str | None = None,
 ) -> None:
     """Release an open hold's funds (settled or dropped); the caller holds the account lock."""
+    entry = closing_entry(account, hold, state, reason=reason, now=now, batch_id=batch_id)
+    session.add(LedgerEntry(**entry))
+
+
+def closing_entry(
+    account: Account,
+    hold: Hold,
+    state: HoldState,
+    *,
+    reason: str,
+    now: datetime,
+    batch_id: str | None = None,
+) -> dict[str, Any]:
+    """Close an open hold and move the locked balance row; returns the release entry as a row
+    to insert (`postings.insert_entries`), for callers that close many holds at once."""
     hold.state = state
     hold.closed_at = now
     hold.batch_id = batch_id
-    post(
-        session,
+    return entry_row(
         account,
         EntryKind.RELEASE,
         -hold.amount_micros,

@@ -15,8 +15,9 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing.errors import (
@@ -27,8 +28,9 @@ from inference_auctions.billing.errors import (
     UnknownRequest,
 )
 from inference_auctions.billing.grants import open_period
-from inference_auctions.billing.holds import close_hold
+from inference_auctions.billing.holds import closing_entry
 from inference_auctions.billing.models import (
+    AUCTION_REQUESTS,
     AuctionBatch,
     BatchRequest,
     EntryKind,
@@ -41,7 +43,13 @@ from inference_auctions.billing.models import (
 from inference_auctions.billing.money import check_micros, check_total_micros
 from inference_auctions.billing.period_charges import post_charge
 from inference_auctions.billing.periods import require_aware
-from inference_auctions.billing.postings import Account, check_id, check_name, lock_accounts
+from inference_auctions.billing.postings import (
+    Account,
+    check_id,
+    check_name,
+    insert_entries,
+    lock_accounts,
+)
 from inference_auctions.billing.records import (
     BatchRecord,
     ClaimedBatch,
@@ -256,18 +264,30 @@ def _settle(
     )
     session.flush()  # the batch row must exist before rows that reference it
     reason = f"settled in batch {batch.batch_id}"
-    for request in sorted(requests, key=lambda r: r.position):
-        account = accounts[request.user]
-        session.add(_request_row(batch.batch_id, request, account.user.id, now))
-        close_hold(
-            session,
-            account,
-            holds[request.rid],
-            HoldState.SETTLED,
-            reason=reason,
-            now=now,
-            batch_id=batch.batch_id,
-        )
+    ordered = sorted(requests, key=lambda r: r.position)
+    # One multi-row insert for the request rows and one for the releases. The request rows
+    # are written now, before the holds' updates flush: the crash tests rely on that order.
+    session.connection().execute(
+        insert(AUCTION_REQUESTS),
+        [
+            _request_row(batch.batch_id, request, accounts[request.user].user.id, now)
+            for request in ordered
+        ],
+    )
+    insert_entries(
+        session,
+        [
+            closing_entry(
+                accounts[request.user],
+                holds[request.rid],
+                HoldState.SETTLED,
+                reason=reason,
+                now=now,
+                batch_id=batch.batch_id,
+            )
+            for request in ordered
+        ],
+    )
     for name in sorted(accounts):
         account = accounts[name]
         post_charge(
@@ -322,22 +342,24 @@ def _open_holds(
 
 def _request_row(
     batch_id: str, request: RequestRecord, user_id: int, now: datetime
-) -> BatchRequest:
-    return BatchRequest(
-        rid=request.rid,
-        batch_id=batch_id,
-        user_id=user_id,
-        position=request.position,
-        priority=float(request.priority),
-        bid_micros=request.bid_micros,
-        prompt_tokens=request.prompt_tokens,
-        status=RequestStatus.SCHEDULED,
-        updated_at=now,
-        arrival=request.arrival,
-        tree_path=None
+) -> dict[str, Any]:
+    return {
+        "rid": request.rid,
+        "batch_id": batch_id,
+        "user_id": user_id,
+        "position": request.position,
+        "priority": float(request.priority),
+        "bid_micros": request.bid_micros,
+        "prompt_tokens": request.prompt_tokens,
+        "cached_tokens": None,
+        "ttft_ms": None,
+        "status": RequestStatus.SCHEDULED,
+        "updated_at": now,
+        "arrival": request.arrival,
+        "tree_path": None
         if request.tree_path is None
         else ".".join(str(int(node)) for node in request.tree_path),
-    )
+    }
 
 
 def _replay(
