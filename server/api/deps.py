@@ -81,8 +81,8 @@ class AppState:
     dashboard: DashboardState = field(default_factory=DashboardState)
 
 
-def get_state(request: Request) -> AppState:
-    """The app's services."""
+async def get_state(request: Request) -> AppState:
+    """The app's services (a coroutine: FastAPI runs a plain function in a worker thread)."""
     state: AppState = request.app.state.services
     return state
 
