@@ -114,27 +114,30 @@ def lexicographic_order(
     their arrival order), and for each the tokens it shares with the one before it (0 first).
 
     Whole batches are handled at once in numpy, never one prompt per Python step where it can
-    be helped: every prompt's first 16 tokens go into one zero-padded matrix, sorted by its
-    columns and then the prompt's length (so a prompt sorts before its own extensions), and
-    neighbour rows are compared in one pass. Most prompts differ within those first tokens;
-    only the runs of neighbours that tie on all 16 are compared on their whole prompts, so the
-    memory this streams stays close to the tokens that are actually shared.
+    be helped: every prompt's first 16 tokens go into one zero-padded matrix of big-endian words
+    with the prompt's length (up to 16) as its last column, so a row's bytes (compared with
+    memcmp, as numpy compares raw rows) order the prompts by those tokens and a prompt before
+    its own extensions; one stable argsort orders them, and neighbour rows are compared in one
+    pass. Most prompts differ within those first tokens; only the runs of neighbours that tie
+    on all 16 are compared on their whole prompts, so the memory this streams stays close to
+    the tokens that are actually shared.
     """
     n = len(prompts)
     if n == 0:
         return [], []
     lengths = np.array(sizes, dtype=np.int64)
     head_lengths = np.minimum(lengths, _SHORT_TOKENS)
-    heads = np.zeros((n, _SHORT_TOKENS), dtype=np.uint64)
+    heads = np.zeros((n, _SHORT_TOKENS + 1), dtype=">u8")
     # Row-major boolean assignment fills each row's first head_lengths[i] cells in turn.
     # Validated ids lie in [0, 2**63), so the unsafe cast to uint64 is exact for every dtype
     # (and keeps int64 and uint64 prompts from being promoted together to float64).
-    heads[np.arange(_SHORT_TOKENS) < head_lengths[:, None]] = np.concatenate(
+    heads[np.arange(_SHORT_TOKENS + 1) < head_lengths[:, None]] = np.concatenate(
         [prompt[:_SHORT_TOKENS] for prompt in prompts], dtype=np.uint64, casting="unsafe"
     )
-    # lexsort: the last key is the primary one, and ties keep their input (arrival) order.
-    order = np.lexsort((head_lengths, *heads.T[::-1]))
-    heads, lengths = heads[order], lengths[order]
+    heads[:, _SHORT_TOKENS] = head_lengths
+    # Stable: identical prompts keep their arrival order.
+    order = np.argsort(_rows(heads), kind="stable")
+    heads, lengths = heads[order, :_SHORT_TOKENS], lengths[order]
     shared = np.zeros(n, dtype=np.int64)
     shared[1:] = np.minimum(
         _first_difference(heads[1:], heads[:-1]), np.minimum(lengths[1:], lengths[:-1])
@@ -143,6 +146,11 @@ def lexicographic_order(
     if tied.size:
         _order_ties(prompts, order, lengths, shared, tied)
     return order.tolist(), shared.tolist()
+
+
+def _rows(matrix: npt.NDArray[Any]) -> npt.NDArray[np.void]:
+    """A C-contiguous matrix's rows as raw byte strings, which numpy compares with memcmp."""
+    return matrix.view(np.dtype((np.void, matrix.itemsize * matrix.shape[1]))).ravel()
 
 
 def _first_difference(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
@@ -164,10 +172,9 @@ def _order_ties(
     """Sort, in place, the runs of neighbours in `order` that tie on their first 16 tokens by
     their whole prompts, and set the tokens shared inside each run.
 
-    `tied` holds the places whose prompt ties with the one before. Each run's tails (the
-    tokens after the first 16) go into one zero-padded matrix of big-endian words with the
-    tail's length as its last column, so the rows' byte order (memcmp, as numpy compares raw
-    rows) is the tails' lexicographic order, a tail sorting before its own extensions.
+    `tied` holds the places whose prompt ties with the one before. The runs' tails (the tokens
+    after the first 16) go into one matrix laid out as the heads' matrix is, so the rows' byte
+    order is again the tails' lexicographic order, a tail before its own extensions.
     """
     is_tied = np.zeros(order.size + 1, dtype=bool)
     is_tied[tied] = True
@@ -188,7 +195,7 @@ def _order_ties(
     for row, (i, tail) in enumerate(zip(members.tolist(), tails.tolist(), strict=True)):
         matrix[row, :tail] = prompts[i][_SHORT_TOKENS:]
     matrix[:, width] = tails
-    rows = matrix.view(np.dtype((np.void, matrix.itemsize * (width + 1)))).ravel()
+    rows = _rows(matrix)
     permutation = np.empty(places.size, dtype=np.intp)
     first = 0
     for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
