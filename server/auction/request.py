@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from inference_auctions.server.auction.errors import AuctionInputError
 
-TokenArray = npt.NDArray[np.int64]
+# A prompt as the core works on it: a 1-D array of token ids in [0, 2**63), in whatever integer
+# dtype it arrived in (int32 from a tokenizer, int64 from a list): converting would copy it.
+TokenArray = npt.NDArray[np.integer[Any]]
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -27,7 +30,7 @@ class AuctionRequest:
 
 @dataclass(frozen=True, slots=True)
 class ValidatedBatch:
-    """A batch whose requests passed validation, with prompts as int64 arrays."""
+    """A batch whose requests passed validation, with prompts as 1-D integer arrays."""
 
     rids: list[str]
     users: list[str]
@@ -65,6 +68,8 @@ def validate_batch(requests: Sequence[AuctionRequest]) -> ValidatedBatch:
 
 
 def _validate_bid(rid: str, bid: object) -> int:
+    if type(bid) is int and bid >= 0:  # the common case; type() also rules out bool
+        return bid
     # bool is a subclass of int and float NaN compares false with everything: both are refused
     # explicitly, because a bid must be an exact whole number of micro-credits.
     if isinstance(bid, bool) or not isinstance(bid, int | np.integer):
@@ -78,6 +83,9 @@ def _validate_bid(rid: str, bid: object) -> int:
 
 
 def _token_array(rid: str, tokens: object) -> TokenArray:
+    # The path the server takes: a flat integer array is checked in place and never copied.
+    if type(tokens) is np.ndarray and tokens.ndim == 1 and tokens.dtype.kind in "iu":
+        return _checked_ids(rid, tokens)
     if isinstance(tokens, str | bytes):
         raise AuctionInputError(rid, "tokens", "must be a sequence of token ids, not text")
     try:
@@ -94,8 +102,21 @@ def _token_array(rid: str, tokens: object) -> TokenArray:
         )
     if array.dtype.kind not in "iu":
         raise AuctionInputError(rid, "tokens", f"must all be ints, found {array.dtype} values")
-    if array.dtype.kind == "u" and array.max() > _INT64_MAX:
-        raise AuctionInputError(rid, "tokens", "must fit in a signed 64-bit int")
-    if array.min() < 0:
+    return _checked_ids(rid, array)
+
+
+def _checked_ids(rid: str, array: npt.NDArray[np.integer[Any]]) -> TokenArray:
+    """`array` (1-D, integer) itself once its ids are known to lie in [0, 2**63).
+
+    The dtype alone settles most of it: unsigned ids below 64 bits can be neither negative nor
+    too large, so they are not read at all; signed ones need one pass for their minimum, and
+    only uint64 can exceed int64.
+    """
+    if array.size == 0:
+        return array
+    if array.dtype.kind == "u":
+        if array.dtype.itemsize == 8 and array.max() > _INT64_MAX:
+            raise AuctionInputError(rid, "tokens", "must fit in a signed 64-bit int")
+    elif array.min() < 0:
         raise AuctionInputError(rid, "tokens", "must be non-negative token ids")
-    return array.astype(np.int64, copy=False)
+    return array

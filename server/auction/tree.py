@@ -61,7 +61,8 @@ class RadixTree:
 def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
     """Build the request-augmented compacted trie of `prompts` (request i = prompts[i])."""
     n = len(prompts)
-    order = _LexicographicOrder(prompts)
+    sizes = [prompt.size for prompt in prompts]
+    requests, shared_with_previous = lexicographic_order(prompts, sizes)
 
     parent = [NO_PARENT]
     children: list[list[int]] = [[]]
@@ -70,7 +71,6 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
     leaf_of = [0] * n
     # The path from the root to the previous prompt's end, as (node, depth in tokens).
     stack = [ROOT]
-    previous = NOT_A_REQUEST
 
     def new_node(under: int, depth: int, request_index: int = NOT_A_REQUEST) -> int:
         node = len(parent)
@@ -81,9 +81,8 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
         children[under].append(node)
         return node
 
-    for index in order.requests:
-        size = int(prompts[index].size)
-        shared = 0 if previous == NOT_A_REQUEST else order.shared_prefix(previous, index)
+    for index, shared in zip(requests, shared_with_previous, strict=True):
+        size = sizes[index]
         popped = NO_PARENT
         while depth_tokens[stack[-1]] > shared:
             popped = stack.pop()
@@ -102,67 +101,118 @@ def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
         if size > depth_tokens[stack[-1]]:
             stack.append(new_node(stack[-1], size))
         leaf_of[index] = new_node(stack[-1], size, index)
-        previous = index
 
     preorder = _preorder(children)
-    stats = _stats(prompts, parent, request, depth_tokens, preorder)
+    stats = _stats(sizes, parent, request, depth_tokens, preorder)
     return RadixTree(parent, children, request, leaf_of, preorder, stats, depth_tokens)
 
 
-class _LexicographicOrder:
-    """The prompts in lexicographic order, and the shared prefix of sorted neighbours.
+def lexicographic_order(
+    prompts: Sequence[TokenArray], sizes: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """The requests with their prompts in lexicographic order (stable: identical prompts keep
+    their arrival order), and for each the tokens it shares with the one before it (0 first).
 
-    Prompts are packed as big-endian fixed-width bytes, whose memcmp order is the prompts'
-    lexicographic order, so the sort runs in C (comparing lists of Python ints would first box
-    every token, which costs more than the rest of the auction together). Most prompts differ
-    within their first tokens, so they are sorted by a short key of those first; only the runs
-    that tie on it are packed whole and sorted again. That keeps the memory this streams close
-    to the tokens that are actually shared.
+    Whole batches are handled at once in numpy, never one prompt per Python step where it can
+    be helped: every prompt's first 16 tokens go into one zero-padded matrix of big-endian words
+    with the prompt's length (up to 16) as its last column, so a row's bytes (compared with
+    memcmp, as numpy compares raw rows) order the prompts by those tokens and a prompt before
+    its own extensions; one stable argsort orders them, and neighbour rows are compared in one
+    pass. Most prompts differ within those first tokens; only the runs of neighbours that tie
+    on all 16 are compared on their whole prompts, so the memory this streams stays close to
+    the tokens that are actually shared.
     """
-
-    def __init__(self, prompts: Sequence[TokenArray]) -> None:
-        # 8-byte words always fit, and the short keys are too small for the width to matter.
-        self._short = [prompt[:_SHORT_TOKENS].astype(">u8").tobytes() for prompt in prompts]
-        self._whole: dict[int, npt.NDArray[Any]] = {}
-        # Stable: identical prompts keep their arrival order among their sibling leaves.
-        self.requests = sorted(range(len(prompts)), key=self._short.__getitem__)
-        start = 0
-        for end in range(1, len(self.requests) + 1):
-            if end == len(self.requests) or self._short_of(end) != self._short_of(start):
-                if end - start > 1:
-                    self._sort_run(prompts, start, end)
-                start = end
-
-    def _short_of(self, place: int) -> bytes:
-        return self._short[self.requests[place]]
-
-    def _sort_run(self, prompts: Sequence[TokenArray], start: int, end: int) -> None:
-        run = self.requests[start:end]
-        largest = max((int(prompts[i].max()) for i in run if prompts[i].size), default=0)
-        width, word = (">u4", np.uint32) if largest < 2**32 else (">u8", np.uint64)
-        whole = {i: prompts[i].astype(width).tobytes() for i in run}
-        run.sort(key=whole.__getitem__)
-        self.requests[start:end] = run
-        for i, packed in whole.items():
-            self._whole[i] = np.frombuffer(packed, dtype=word)
-
-    def shared_prefix(self, a: int, b: int) -> int:
-        """Tokens shared by the prompts of requests a and b, neighbours in the order."""
-        if self._short[a] != self._short[b]:
-            return _common_prefix_length(
-                np.frombuffer(self._short[a], dtype=">u8"),
-                np.frombuffer(self._short[b], dtype=">u8"),
-            )
-        return _common_prefix_length(self._whole[a], self._whole[b])
+    n = len(prompts)
+    if n == 0:
+        return [], []
+    lengths = np.array(sizes, dtype=np.int64)
+    head_lengths = np.minimum(lengths, _SHORT_TOKENS)
+    heads = np.zeros((n, _SHORT_TOKENS + 1), dtype=">u8")
+    # Row-major boolean assignment fills each row's first head_lengths[i] cells in turn.
+    # Validated ids lie in [0, 2**63), so the unsafe cast to uint64 is exact for every dtype
+    # (and keeps int64 and uint64 prompts from being promoted together to float64).
+    heads[np.arange(_SHORT_TOKENS + 1) < head_lengths[:, None]] = np.concatenate(
+        [prompt[:_SHORT_TOKENS] for prompt in prompts], dtype=np.uint64, casting="unsafe"
+    )
+    heads[:, _SHORT_TOKENS] = head_lengths
+    # Stable: identical prompts keep their arrival order.
+    order = np.argsort(_rows(heads), kind="stable")
+    heads, lengths = heads[order, :_SHORT_TOKENS], lengths[order]
+    shared = np.zeros(n, dtype=np.int64)
+    shared[1:] = np.minimum(
+        _first_difference(heads[1:], heads[:-1]), np.minimum(lengths[1:], lengths[:-1])
+    )
+    tied = np.flatnonzero(shared == _SHORT_TOKENS)
+    if tied.size:
+        _order_ties(prompts, order, lengths, shared, tied)
+    return order.tolist(), shared.tolist()
 
 
-def _common_prefix_length(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> int:
-    length = min(a.size, b.size)
-    if length == 0:
-        return 0
-    differs = a[:length] != b[:length]
-    first = int(differs.argmax())
-    return first if differs[first] else length
+def _rows(matrix: npt.NDArray[Any]) -> npt.NDArray[np.void]:
+    """A C-contiguous matrix's rows as raw byte strings, which numpy compares with memcmp."""
+    return matrix.view(np.dtype((np.void, matrix.itemsize * matrix.shape[1]))).ravel()
+
+
+def _first_difference(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
+    """Per row pair, the first column where `a` and `b` differ, or the width when none does."""
+    if a.shape[1] == 0:
+        return np.zeros(a.shape[0], dtype=np.intp)
+    differs: npt.NDArray[np.bool_] = a != b
+    first: npt.NDArray[np.intp] = np.where(differs.any(axis=1), differs.argmax(axis=1), a.shape[1])
+    return first
+
+
+def _order_ties(
+    prompts: Sequence[TokenArray],
+    order: npt.NDArray[np.intp],
+    lengths: npt.NDArray[np.int64],
+    shared: npt.NDArray[np.int64],
+    tied: npt.NDArray[np.intp],
+) -> None:
+    """Sort, in place, the runs of neighbours in `order` that tie on their first 16 tokens by
+    their whole prompts, and set the tokens shared inside each run.
+
+    `tied` holds the places whose prompt ties with the one before. The runs' tails (the tokens
+    after the first 16) go into one matrix laid out as the heads' matrix is, so the rows' byte
+    order is again the tails' lexicographic order, a tail before its own extensions.
+    """
+    is_tied = np.zeros(order.size + 1, dtype=bool)
+    is_tied[tied] = True
+    # A run is a place that does not tie with its predecessor followed by places that do.
+    starts = np.flatnonzero(is_tied[1:] & ~is_tied[:-1])
+    ends = np.flatnonzero(is_tied[:-1] & ~is_tied[1:]) + 1
+    places = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends, strict=True)])
+    members = order[places]
+    tails = lengths[places] - _SHORT_TOKENS
+    width = max(int(tails.max()), 0)
+    # Ids below 2**32 fit 4-byte words, which halves the matrix: decided by the dtype where it
+    # can be, else by the values.
+    narrow = all(
+        prompts[i].dtype.itemsize <= 4 or prompts[i].size == 0 or prompts[i].max() < 2**32
+        for i in members.tolist()
+    )
+    matrix = np.zeros((places.size, width + 1), dtype=">u4" if narrow else ">u8")
+    for row, (i, tail) in enumerate(zip(members.tolist(), tails.tolist(), strict=True)):
+        matrix[row, :tail] = prompts[i][_SHORT_TOKENS:]
+    matrix[:, width] = tails
+    rows = _rows(matrix)
+    permutation = np.empty(places.size, dtype=np.intp)
+    first = 0
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        last = first + end - start
+        # Stable, so identical prompts keep their arrival order.
+        permutation[first:last] = first + np.argsort(rows[first:last], kind="stable")
+        first = last
+    order[places] = members[permutation]
+    matrix, tails = matrix[permutation], tails[permutation]
+    # Places that tie with their predecessor are never a run's first, so their predecessor
+    # (the row before) belongs to the same run.
+    inside = is_tied[places]
+    within = _SHORT_TOKENS + np.minimum(
+        _first_difference(matrix[1:, :width], matrix[:-1, :width]),
+        np.minimum(tails[1:], tails[:-1]),
+    )
+    shared[places[inside]] = within[inside[1:]]
 
 
 def _preorder(children: list[list[int]]) -> list[int]:
@@ -176,7 +226,7 @@ def _preorder(children: list[list[int]]) -> list[int]:
 
 
 def _stats(
-    prompts: Sequence[TokenArray],
+    sizes: list[int],
     parent: list[int],
     request: list[int],
     depth_tokens: list[int],
@@ -188,9 +238,9 @@ def _stats(
     for node in preorder[1:]:
         level[node] = level[parent[node]] + (request[node] == NOT_A_REQUEST)
     return TreeStats(
-        requests=len(prompts),
+        requests=len(sizes),
         nodes=len(radix_nodes),
         depth=max(level, default=0),
-        total_tokens=sum(int(prompt.size) for prompt in prompts),
+        total_tokens=sum(sizes),
         unique_tokens=unique,
     )
