@@ -87,9 +87,15 @@ class AuctionService:
             max_inflight=settings.max_inflight,
             max_queue=settings.max_queue,
         )
-        self.pool: BatchPool[Ticket] = BatchPool(policy, self._clear, lambda: self.inflight)
+        self.pool: BatchPool[Ticket] = BatchPool(
+            policy, self._clear, lambda: self.inflight, saturated=self._saturated
+        )
         self.metrics = Metrics(queue_length=lambda: len(self.pool), inflight=lambda: self.inflight)
         self.inflight = 0
+        # Sent to the engine (or held back by deferral) without a first token yet: ledger rid
+        # -> prompt tokens. Their total is how saturated the engine is (`_saturated`).
+        self._unstarted: dict[str, int] = {}
+        self._unstarted_tokens = 0
         # Recent (overhead, batching wait) of each request, for benchmarks and operators.
         self.timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._sequence = 0
@@ -98,9 +104,7 @@ class AuctionService:
         self._runner: asyncio.Task[None] | None = None
         # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
         self.dispatcher = DeferredDispatch(engine, _deferral_settings(settings), self.metrics)
-        self._serving = Serving(
-            settings, ledger, self.metrics, self._freed, started=self.dispatcher.first_token
-        )
+        self._serving = Serving(settings, ledger, self.metrics, self._freed, started=self._started)
         # Clearing has a thread of its own: in the shared pool it would queue behind the holds
         # of the very requests that are waiting for it.
         self._clearing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clearing")
@@ -293,6 +297,8 @@ class AuctionService:
         for ticket in ordered:
             assert ticket.clearance is not None
             ticket.dispatched = now
+            self._unstarted[ticket.ledger_rid] = len(ticket.tokens)
+            self._unstarted_tokens += len(ticket.tokens)
             self.metrics.dispatch_lag.observe(now - ticket.arrived)
             if ticket.overhead is not None and ticket.batching_wait is not None:
                 self.metrics.overhead.observe(ticket.overhead)
@@ -314,10 +320,23 @@ class AuctionService:
             ),
         )
 
+    def _started(self, ledger_rid: str) -> None:
+        self._unstarted_tokens -= self._unstarted.pop(ledger_rid, 0)
+        self.dispatcher.first_token(ledger_rid)  # a request held back for its prefix may go
+        self.pool.wake()
+
     def _freed(self, ledger_rid: str) -> None:
+        self._unstarted_tokens -= self._unstarted.pop(ledger_rid, 0)  # failed before starting
         self.dispatcher.ended(ledger_rid)  # a request held back for this one's prefix may go
         self.inflight -= 1
-        self.pool.capacity_freed()
+        self.pool.wake()
+
+    def _saturated(self) -> bool:
+        """Whether the engine has about a prefill step's worth of requests it has not started."""
+        return (
+            self._unstarted_tokens >= self.settings.saturation_tokens
+            or len(self._unstarted) >= self.settings.saturation_requests
+        )
 
 
 def _deferral_settings(settings: ServerSettings) -> DeferralSettings | None:
