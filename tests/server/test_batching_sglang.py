@@ -30,6 +30,8 @@ LOW_BIDDERS = 6
 LOW_TOKENS = 5_000
 # At model speed a 16k-token prefill takes 1.6 s: everyone else arrives while it runs.
 BUSY_TOKENS = 16_000
+# ...and then decodes for about 2.5 s more.
+BUSY_OUTPUT = 100
 
 WORK_CONSERVING: dict[str, Any] = {"max_wait_ms": 0, "saturation_tokens": 8_192}
 # main's policy before work-conserving batching: a 50 ms window, and the engine counts as
@@ -77,17 +79,19 @@ def _first_token_at(body: dict[str, Any]) -> float:
 
 def _contest(
     server_url: str, sglang_url: str, key: str, base: int, work_conserving: bool
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """Saturate the engine, send the low bidders, then the high bidder; return the bodies."""
 
-    def body(first: int, length: int, bid: str) -> dict[str, Any]:
+    def body(first: int, length: int, bid: str, new_tokens: int = 2) -> dict[str, Any]:
         prompt = list(range(first, first + length))  # distinct: nothing is cached
-        return {"input_ids": prompt, "bid": bid, "sampling_params": {"max_new_tokens": 2}}
+        return {"input_ids": prompt, "bid": bid, "sampling_params": {"max_new_tokens": new_tokens}}
 
-    async def run() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def run() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
         headers = {"Authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(base_url=server_url, headers=headers, timeout=120) as client:
-            busy = asyncio.create_task(client.post("/generate", json=body(base, BUSY_TOKENS, "1")))
+            # It decodes long after its first token: the backlog must go at that first token.
+            busy_body = body(base, BUSY_TOKENS, "1", new_tokens=BUSY_OUTPUT)
+            busy = asyncio.create_task(client.post("/generate", json=busy_body))
             await asyncio.to_thread(
                 _wait_for, lambda: _engine_load(sglang_url)["num_running_reqs"] >= 1, "busy runs"
             )
@@ -113,10 +117,11 @@ def _contest(
             high_body = body(base + BUSY_TOKENS + LOW_BIDDERS * LOW_TOKENS, LOW_TOKENS, "5")
             high = await client.post("/generate", json=high_body)
             replies = [await low for low in lows]
-            assert (await busy).status_code == 200
+            busy_reply = await busy
+        assert busy_reply.status_code == 200, busy_reply.text
         assert high.status_code == 200, high.text
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
-        return high.json(), [r.json() for r in replies]
+        return busy_reply.json(), high.json(), [r.json() for r in replies]
 
     return asyncio.run(run())
 
@@ -130,7 +135,7 @@ def test_a_late_high_bidder_overtakes_waiting_low_bidders(
     settings = {"batch_size": 64, "max_inflight": 256, "deferral": False, **policy}
     with running_server(ledger_db, engine_url=sglang_url, **settings) as server:
         key = server.create_user("alice", budget=100_000_000)
-        high, lows = _contest(server.url, sglang_url, key, base, work_conserving)
+        busy, high, lows = _contest(server.url, sglang_url, key, base, work_conserving)
     high_first = _first_token_at(high)
     low_firsts = sorted(_first_token_at(low) for low in lows)
     if work_conserving:
@@ -139,6 +144,9 @@ def test_a_late_high_bidder_overtakes_waiting_low_bidders(
         assert auction["position"] == 0
         assert {low["meta_info"]["auction"]["batch_id"] for low in lows} == {auction["batch_id"]}
         assert high_first < low_firsts[0], (high_first, low_firsts)
+        # The pool woke at the long request's first token, not at its end.
+        meta = busy["meta_info"]
+        assert high_first < meta["request_received_ts"] + meta["e2e_latency"]
     else:
         # The low bidders queued inside the engine in batch order: nobody is overtaken.
         assert high_first > low_firsts[-1], (high_first, low_firsts)
