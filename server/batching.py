@@ -1,12 +1,23 @@
 """The waiting pool: when a batch closes, and backpressure from the engine.
 
-A batch closes when `batch_size` requests wait or `max_wait` has passed since the oldest
-arrived, and only while fewer than `max_inflight` requests are outstanding at the engine. That
-last rule is what makes priority matter: while the engine is saturated, requests accumulate
-here and the auction decides who goes first once there is room.
+Batching is work-conserving: waiting only pays when it lets the auction order requests that
+compete for the engine, so the pool never holds a request back from an engine that could
+start it. A batch closes with whatever waits (up to `batch_size`) as soon as
+
+- the engine is not saturated (a `saturated` callback, measured by the caller: requests sent
+  to the engine that have not started yet), and fewer than `max_inflight` requests are
+  outstanding there (a hard cap), and
+- the optional collection window has passed: `max_wait` since the oldest waiting request
+  arrived, or `batch_size` requests wait, or the pool drains. With `max_wait` 0 (the default)
+  a lone request goes straight through.
+
+While the engine is saturated, requests accumulate here, and the next batch, once the engine
+can take more, is an auction over the whole backlog: a later high bidder overtakes the low
+bidders that still wait here, which it never could once they queue inside the engine.
 
 The pool knows nothing about auctions or engines: it hands each closed batch, in arrival order,
-to a `clear` callback, and asks an `inflight` callback how busy the engine is.
+to a `clear` callback, and asks callbacks how busy the engine is. Whoever changes the answer of
+those callbacks (a request starts or leaves the engine) calls `wake`.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ class BatchingPolicy:
     """When a batch may close."""
 
     batch_size: int
-    max_wait: float  # seconds
+    max_wait: float  # seconds of optional collection window; 0: close at once
     max_inflight: int
     max_queue: int
 
@@ -45,18 +56,24 @@ class _Waiting(Generic[Item]):
     arrived: float = field(default_factory=time.monotonic)
 
 
+def _never() -> bool:
+    return False
+
+
 class BatchPool(Generic[Item]):
-    """Collects requests and closes batches by size, age and engine backpressure."""
+    """Collects requests and closes batches whenever the engine can take more (see above)."""
 
     def __init__(
         self,
         policy: BatchingPolicy,
         clear: Callable[[list[Item]], Awaitable[None]],
         inflight: Callable[[], int],
+        saturated: Callable[[], bool] = _never,
     ) -> None:
         self._policy = policy
         self._clear = clear
         self._inflight = inflight
+        self._saturated = saturated
         self._waiting: list[_Waiting[Item]] = []
         self._wake = asyncio.Event()
         self._draining = False
@@ -85,8 +102,8 @@ class BatchPool(Generic[Item]):
                 return True
         return False
 
-    def capacity_freed(self) -> None:
-        """Tell the pool the engine finished a request, so a waiting batch may now close."""
+    def wake(self) -> None:
+        """The engine's load changed (a request started or left): a batch may now close."""
         self._wake.set()
 
     async def drain(self) -> None:
@@ -109,16 +126,20 @@ class BatchPool(Generic[Item]):
                 await self._clear([waiting.item for waiting in batch])
                 self._mark_idle()
 
+    def _engine_busy(self) -> bool:
+        """Whether the engine should not be given more now, however long requests wait."""
+        return self._inflight() >= self._policy.max_inflight or self._saturated()
+
     def _ready(self) -> bool:
-        if not self._waiting or self._inflight() >= self._policy.max_inflight:
+        if not self._waiting or self._engine_busy():
             return False
         if self._draining or len(self._waiting) >= self._policy.batch_size:
             return True
         return time.monotonic() - self._waiting[0].arrived >= self._policy.max_wait
 
     def _seconds_until_due(self) -> float | None:
-        """How long until the oldest request's wait runs out; None: wait for a wake-up."""
-        if not self._waiting or self._inflight() >= self._policy.max_inflight:
+        """How long until the oldest request's window runs out; None: wait for a wake-up."""
+        if not self._waiting or self._engine_busy():
             return None
         return self._waiting[0].arrived + self._policy.max_wait - time.monotonic()
 

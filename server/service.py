@@ -87,9 +87,15 @@ class AuctionService:
             max_inflight=settings.max_inflight,
             max_queue=settings.max_queue,
         )
-        self.pool: BatchPool[Ticket] = BatchPool(policy, self._clear, lambda: self.inflight)
+        self.pool: BatchPool[Ticket] = BatchPool(
+            policy, self._clear, lambda: self.inflight, saturated=self._saturated
+        )
         self.metrics = Metrics(queue_length=lambda: len(self.pool), inflight=lambda: self.inflight)
         self.inflight = 0
+        # Sent to the engine (or held back by deferral) without a first token yet: ledger rid
+        # -> prompt tokens. Their total is how saturated the engine is (`_saturated`).
+        self._unstarted: dict[str, int] = {}
+        self._unstarted_tokens = 0
         # Recent (overhead, batching wait) of each request, for benchmarks and operators.
         self.timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._sequence = 0
@@ -101,12 +107,7 @@ class AuctionService:
         # Every ledger write of the serving path, grouped onto one thread (group commit).
         self.writer = LedgerWriter(ledger)
         self._serving = Serving(
-            settings,
-            ledger,
-            self.writer,
-            self.metrics,
-            self._freed,
-            started=self.dispatcher.first_token,
+            settings, ledger, self.writer, self.metrics, self._freed, started=self._started
         )
 
     async def start(self) -> None:
@@ -304,6 +305,8 @@ class AuctionService:
         for ticket in ordered:
             assert ticket.clearance is not None
             ticket.dispatched = now
+            self._unstarted[ticket.ledger_rid] = len(ticket.tokens)
+            self._unstarted_tokens += len(ticket.tokens)
             self.metrics.dispatch_lag.observe(now - ticket.arrived)
             if ticket.overhead is not None and ticket.batching_wait is not None:
                 self.metrics.overhead.observe(ticket.overhead)
@@ -325,10 +328,23 @@ class AuctionService:
             ),
         )
 
+    def _started(self, ledger_rid: str) -> None:
+        self._unstarted_tokens -= self._unstarted.pop(ledger_rid, 0)
+        self.dispatcher.first_token(ledger_rid)  # a request held back for its prefix may go
+        self.pool.wake()
+
     def _freed(self, ledger_rid: str) -> None:
+        self._unstarted_tokens -= self._unstarted.pop(ledger_rid, 0)  # failed before starting
         self.dispatcher.ended(ledger_rid)  # a request held back for this one's prefix may go
         self.inflight -= 1
-        self.pool.capacity_freed()
+        self.pool.wake()
+
+    def _saturated(self) -> bool:
+        """Whether the engine has about a prefill step's worth of requests it has not started."""
+        return (
+            self._unstarted_tokens >= self.settings.saturation_tokens
+            or len(self._unstarted) >= self.settings.saturation_requests
+        )
 
 
 def _deferral_settings(settings: ServerSettings) -> DeferralSettings | None:

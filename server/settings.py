@@ -40,11 +40,22 @@ class ServerSettings(LedgerSettings):
     deferral_tokens: int = Field(default=32, ge=1)
     deferral_max_hold_ms: float = Field(default=60_000.0, ge=0)
 
-    # Batching: a batch closes at `batch_size` waiting requests or `max_wait_ms` after the
-    # oldest arrived, and only while fewer than `max_inflight` requests are at the engine.
+    # Batching is work-conserving (server.batching): while the engine can take more, a batch
+    # closes at once with whatever waits, up to `batch_size`; while it is saturated, requests
+    # wait here and the next batch auctions the whole backlog. Saturated: the requests sent to
+    # the engine that have no first token yet (queued there, prefilling, or held back by the
+    # prefix deferral) add up to `saturation_tokens` prompt tokens (about one prefill step:
+    # SGLang's default chunked prefill size is 8192) or to `saturation_requests` requests.
+    # Counting prompt tokens, cached ones included, errs on the side of holding back; the
+    # request count bounds what short prompts can queue at the engine. `max_wait_ms` is an
+    # optional collection window while the engine is free: a batch then closes only once
+    # `batch_size` requests wait or the oldest has waited that long (0: at once).
+    # `max_inflight` caps the requests outstanding at the engine, started or not.
     batch_size: int = Field(default=64, ge=1, le=100_000)
-    max_wait_ms: float = Field(default=50.0, ge=0)
+    max_wait_ms: float = Field(default=0.0, ge=0)
     max_inflight: int = Field(default=256, ge=1)
+    saturation_tokens: int = Field(default=8_192, ge=1)
+    saturation_requests: int = Field(default=32, ge=1)
     max_queue: int = Field(default=10_000, ge=1)
 
     # Input limits: anything above them is a 4xx that names the limit.

@@ -27,9 +27,35 @@ from inference_auctions.server.settings import ServerSettings, without_password
     "--schedule-low-priority-values-first; ordered: one request at a time in auction order.",
 )
 @click.option("--database-url", help="Ledger database.  [default: sqlite:///inference-auction.db]")
-@click.option("--batch-size", type=int, help="Close a batch at this many waiting requests.")
-@click.option("--max-wait-ms", type=float, help="...or this long after its oldest arrived.")
-@click.option("--max-inflight", type=int, help="Close batches only while fewer are at the engine.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    help="The most requests one batch takes; with a window, it also closes the window.  "
+    "[default: 64]",
+)
+@click.option(
+    "--max-wait-ms",
+    type=click.FloatRange(min=0),
+    help="Optional collection window while the engine is not saturated: a batch closes once "
+    "its oldest request waited this long (or --batch-size wait). 0: a request goes to the "
+    "engine at once whenever the engine can take more.  [default: 0]",
+)
+@click.option(
+    "--max-inflight",
+    type=click.IntRange(min=1),
+    help="Hard cap on requests outstanding at the engine.  [default: 256]",
+)
+@click.option(
+    "--saturation-tokens",
+    type=click.IntRange(min=1),
+    help="The engine counts as saturated, and requests wait for the next auction, while the "
+    "requests sent to it without a first token hold this many prompt tokens.  [default: 8192]",
+)
+@click.option(
+    "--saturation-requests",
+    type=click.IntRange(min=1),
+    help="...or while this many requests sent to it have no first token.  [default: 32]",
+)
 @click.option("--cache-tokens", "emulator_cache_tokens", type=int, help="Emulator KV cache size.")
 @click.option(
     "--time-scale",

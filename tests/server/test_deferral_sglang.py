@@ -104,8 +104,15 @@ def test_siblings_compute_their_shared_prefix_once_with_the_rule(
     ledger_db: MigratedDatabase, sglang_url: str, deferral: bool
 ) -> None:
     base = 1_000 if deferral else 500_000  # no prefix of one run is cached for the other
-    # Batches close at the siblings' count; the long request alone closes after a second.
-    settings = {"batch_size": SIBLINGS, "max_wait_ms": 1000, "max_inflight": 64}
+    # Batches close at the siblings' count; the long request alone closes after a second. The
+    # siblings must queue inside the engine behind the long prefill, so the long request's
+    # unstarted tokens must not count as saturation (which would keep them in the pool).
+    settings = {
+        "batch_size": SIBLINGS,
+        "max_wait_ms": 1000,
+        "max_inflight": 64,
+        "saturation_tokens": 2 * BUSY_TOKENS,
+    }
     with running_server(ledger_db, engine_url=sglang_url, deferral=deferral, **settings) as server:
         key = server.create_user("alice", budget=100_000_000)
         bodies = _serve_siblings(server.url, key, sglang_url, base)
