@@ -298,6 +298,23 @@ class Ledger:
         now = self._now()
         return self._write(lambda s: hold_groups.place_holds(s, requests, now))
 
+    def commit_group(
+        self, requests: Sequence[HoldRequest], records: Sequence[ServedRecord]
+    ) -> tuple[list[HoldView | LedgerError], list[bool]]:
+        """`place_holds(requests)` and `record_served_many(records)` in ONE transaction: what a
+        group-commit writer collected since its last commit. Holds go first, so the balance
+        rows are locked before the request rows, in the order recovery takes them."""
+        if not requests and not records:
+            return [], []
+        now = self._now()
+
+        def work(session: Session) -> tuple[list[HoldView | LedgerError], list[bool]]:
+            placed = hold_groups.place_holds(session, requests, now) if requests else []
+            served = request_log.serve_scheduled(session, records, now) if records else []
+            return placed, served
+
+        return self._write(work)
+
     def release(self, rid: str, reason: str = "dropped before dispatch") -> HoldView:
         """Release the hold of a request that will not be settled. Idempotent."""
         now = self._now()

@@ -9,8 +9,8 @@ Now every write of the serving path goes through one thread, in order:
 * holds that arrive while a commit is running are placed together in the next one
   (`Ledger.place_holds`: one transaction, each hold still decided against what its user has
   available when its turn in the group comes, so nothing overspends);
-* `served` records likewise (`Ledger.record_served_many`, each still conditional on the request
-  being `scheduled`, so recovery and serving still race safely);
+* `served` records likewise, in the same transaction (`Ledger.commit_group`; each record still
+  conditional on the request being `scheduled`, so recovery and serving still race safely);
 * the rarer writes (a batch's claim, auction and settlement, a failure's refund, a release) run
   on the same thread between the groups (`call`).
 
@@ -117,25 +117,20 @@ class LedgerWriter:
     def _commit(
         self, holds: list[HoldRequest], served: list[ServedRecord]
     ) -> tuple[list[HoldView | BaseException], list[bool | BaseException]]:
-        """Both groups, one transaction each; a failed commit fails only its own group."""
-        hold_results: list[HoldView | BaseException] = []
-        served_results: list[bool | BaseException] = []
-        if holds:
-            try:
-                hold_results = list(self._ledger.place_holds(holds))
-            except Exception as error:  # nothing of the group was written
-                hold_results = [error] * len(holds)
-            self.stats.hold_commits += 1
-            self.stats.holds += len(holds)
-        if served:
-            try:
-                served_results = list(self._ledger.record_served_many(served))
-            except Exception as error:
-                served_results = [error] * len(served)
-            self.stats.served_commits += 1
-            self.stats.served += len(served)
-        return hold_results, served_results
-
+        """Both groups in one transaction; if it fails, every request of the group gets the
+        error (nothing of it was written)."""
+        try:
+            placed, recorded = self._ledger.commit_group(holds, served)
+        except Exception as error:
+            return [error] * len(holds), [error] * len(served)
+        finally:
+            if holds:
+                self.stats.hold_commits += 1
+                self.stats.holds += len(holds)
+            if served:
+                self.stats.served_commits += 1
+                self.stats.served += len(served)
+        return list(placed), list(recorded)
 
 def _settle(
     waiting: list[tuple[Any, asyncio.Future[Any]]], results: list[Any] | list[BaseException]
