@@ -132,6 +132,7 @@ class LedgerWriter:
                 self.stats.served += len(served)
         return list(placed), list(recorded)
 
+
 def _settle(
     waiting: list[tuple[Any, asyncio.Future[Any]]], results: list[Any] | list[BaseException]
 ) -> None:

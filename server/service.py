@@ -39,7 +39,7 @@ from inference_auctions.server.clearing import ClearedBatch, clear_and_settle
 from inference_auctions.server.deferral import DeferralSettings
 from inference_auctions.server.deferred_dispatch import DeferredDispatch
 from inference_auctions.server.dispatch import Serving
-from inference_auctions.server.engine.base import Engine, EngineRequest
+from inference_auctions.server.engine.base import Engine, EngineRequest, TokenIds
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
 from inference_auctions.server.engine.sglang_request import check_context_length
 from inference_auctions.server.errors import (
@@ -133,7 +133,7 @@ class AuctionService:
         *,
         user: str,
         rid: str,
-        tokens: list[int],
+        tokens: TokenIds,
         bid_micros: int,
         sampling_params: dict[str, Any],
         fingerprint: str,
@@ -177,7 +177,7 @@ class AuctionService:
             raise
         return ticket
 
-    async def _check_context(self, tokens: list[int], sampling_params: dict[str, Any]) -> None:
+    async def _check_context(self, tokens: TokenIds, sampling_params: dict[str, Any]) -> None:
         """Refuse, before any money moves, what the engine would refuse for its length."""
         try:
             context = await self.engine.context_length()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from inference_auctions.server.engine.base import TokenIds
 from inference_auctions.server.errors import ServiceError
 
 
@@ -61,7 +62,7 @@ class Ticket:
     user: str
     rid: str  # as the client sent it
     ledger_rid: str  # unique across users: the hold's, the ledger's and the engine's id
-    tokens: list[int]
+    tokens: TokenIds
     bid_micros: int
     sampling_params: dict[str, Any]
     fingerprint: str  # of the payload, so a retry can be told from a conflicting reuse

@@ -13,12 +13,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from inference_auctions.billing import MICROS_PER_CREDIT, InvalidAmount, UserInfo, parse_credits
 from inference_auctions.server.api.deps import AppState
 from inference_auctions.server.api.json_response import sse_event
+from inference_auctions.server.engine.base import TokenArray
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
 from inference_auctions.server.errors import (
     EngineFailed,
@@ -39,7 +41,7 @@ class Job:
     """A validated generation request, ready to be admitted."""
 
     rid: str
-    tokens: list[int]
+    tokens: TokenArray
     bid_micros: int
     sampling_params: dict[str, Any]
     fingerprint: str
@@ -58,7 +60,7 @@ def parse_bid(value: Any, state: AppState) -> int:
 
 async def prompt_tokens(
     state: AppState, text: str | None, input_ids: list[int] | None, field: str
-) -> list[int]:
+) -> TokenArray:
     """Token ids of the prompt (tokenized by the engine, cached), within the size limits."""
     settings = state.service.settings
     if text is None and input_ids is None:
@@ -76,15 +78,15 @@ async def prompt_tokens(
                 param=field,
             )
         try:
-            tokens = await state.service.engine.tokenize(text)
+            tokens = await state.service.engine.tokenize_array(text)
         except EngineTimeout as error:
             raise EngineTimedOut(f"tokenizing the prompt timed out: {error}") from None
         except EngineError as error:
             raise EngineFailed(f"the engine could not tokenize the prompt: {error}") from None
     else:
         assert input_ids is not None
-        tokens = list(input_ids)
-    if not tokens:
+        tokens = _token_array(input_ids)
+    if len(tokens) == 0:
         raise InvalidRequest(f"{field}: the prompt is empty", param=field)
     if len(tokens) > settings.max_prompt_tokens:
         raise InvalidRequest(
@@ -92,6 +94,13 @@ async def prompt_tokens(
             param=field,
         )
     return tokens
+
+
+def _token_array(input_ids: list[int]) -> TokenArray:
+    """The client's ids as an array (the schema bounds each id to [0, 2**31))."""
+    array = np.asarray(input_ids, dtype=np.int32)
+    array.flags.writeable = False
+    return array
 
 
 def check_max_new_tokens(value: int, state: AppState, field: str) -> None:
@@ -103,7 +112,7 @@ def check_max_new_tokens(value: int, state: AppState, field: str) -> None:
 
 def make_job(
     rid: str | None,
-    tokens: list[int],
+    tokens: TokenArray,
     bid_micros: int,
     sampling_params: dict[str, Any],
     payload: dict[str, Any],

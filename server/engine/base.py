@@ -14,12 +14,30 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
 
 if TYPE_CHECKING:
     from inference_auctions.server.engine.generation import Generation
 
-__all__ = ["DispatchMode", "Engine", "EngineChunk", "EngineRequest", "EngineResult", "Usage"]
+__all__ = [
+    "DispatchMode",
+    "Engine",
+    "EngineChunk",
+    "EngineRequest",
+    "EngineResult",
+    "TokenArray",
+    "TokenIds",
+    "Usage",
+]
+
+# A prompt's token ids as the request path carries them: a read-only integer array from the
+# tokenizer (int32 while the ids fit), handed to the auction core and serialized to the engine
+# without a Python list in between. Tests and simple callers may pass a list.
+TokenArray: TypeAlias = npt.NDArray[np.int32] | npt.NDArray[np.int64]
+TokenIds: TypeAlias = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 # `priority`: send a batch at once, each request with its schedule sequence number as SGLang's
 # priority. `ordered`: send request k+1 only once request k has produced its first token.
@@ -31,7 +49,7 @@ class EngineRequest:
     """One generation to run: its global schedule sequence number is its `priority`."""
 
     rid: str
-    input_ids: list[int]
+    input_ids: TokenIds
     sampling_params: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     stream: bool = False
@@ -39,7 +57,7 @@ class EngineRequest:
     def __post_init__(self) -> None:
         if not self.rid:
             raise ValueError("rid must be a non-empty string")
-        if not self.input_ids:
+        if len(self.input_ids) == 0:
             raise ValueError("input_ids must not be empty")
 
 
@@ -143,6 +161,9 @@ class Engine(Protocol):
 
     async def health(self) -> bool:
         """True if the engine answers its health check."""
+
+    async def tokenize_array(self, text: str) -> TokenArray:
+        """The token ids of `text` as a read-only array (what the request path carries)."""
 
     async def tokenize(self, text: str) -> list[int]:
         """The engine's token ids for `text` (cached by prompt where that costs I/O)."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 from http import HTTPStatus
 
-from inference_auctions.server.engine.base import EngineChunk, EngineResult
+import numpy as np
+
+from inference_auctions.server.engine.base import EngineChunk, EngineResult, TokenArray, TokenIds
 from inference_auctions.server.engine.cost_model import CostModel
 from inference_auctions.server.engine.errors import (
     EngineError,
@@ -76,6 +78,12 @@ class EmbeddedEngine(EngineBase):
         """True while the emulated engine runs."""
         return self.live.running
 
+    async def tokenize_array(self, text: str) -> TokenArray:
+        """The token ids of `text` as a read-only int32 array."""
+        array = np.asarray(await self.tokenize(text), dtype=np.int32)
+        array.flags.writeable = False
+        return array
+
     async def tokenize(self, text: str) -> list[int]:
         """Token ids from the default tokenizer (a long text off the event loop)."""
         if len(text) > _INLINE_TOKENIZE_CHARS:
@@ -105,7 +113,7 @@ class EmbeddedEngine(EngineBase):
                     capacity,
                 )
                 submitted = self.live.submit(
-                    request.input_ids,
+                    _as_list(request.input_ids),
                     max_new_tokens=capacity
                     if options.max_new_tokens is None
                     else options.max_new_tokens,
@@ -137,3 +145,8 @@ class EmbeddedEngine(EngineBase):
             generation.emit(chunk)
             if chunk.finished:
                 generation.finish(EngineResult.from_chunk(chunk))
+
+
+def _as_list(ids: TokenIds) -> list[int]:
+    """Plain ints for the emulator, which keys its radix cache by tuples of them."""
+    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)

@@ -36,9 +36,13 @@ from typing import Any
 
 import numpy as np
 import orjson
-from numpy.typing import NDArray
 
-from inference_auctions.server.engine.base import DispatchMode, EngineChunk, EngineResult
+from inference_auctions.server.engine.base import (
+    DispatchMode,
+    EngineChunk,
+    EngineResult,
+    TokenArray,
+)
 from inference_auctions.server.engine.errors import (
     EngineError,
     EngineProtocolError,
@@ -55,10 +59,8 @@ from inference_auctions.server.engine.http_client import (
     HTTPTimeout,
 )
 
-__all__ = ["SGLangHTTPEngine", "TokenArray"]
+__all__ = ["SGLangHTTPEngine"]
 
-# The cached token ids of one prompt: read-only, shared by every caller.
-TokenArray = NDArray[np.int32] | NDArray[np.int64]
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
