@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -44,13 +45,34 @@ class AuthenticationCache:
     """Recently authenticated keys, so a busy client costs no database read per request.
 
     Keyed by the SHA-256 of the key (the key itself is never kept). A disabled user or a
-    rotated key takes effect within `ttl` seconds.
+    rotated key takes effect within `ttl` seconds. When an entry expires under load, the
+    requests of that key arriving together share one database read instead of each making
+    its own (a busy key has dozens in flight).
     """
 
     def __init__(self, ttl: float = 2.0, size: int = 10_000) -> None:
         self._ttl = ttl
         self._size = size
         self._entries: dict[str, tuple[float, UserInfo]] = {}
+        self._reading: dict[str, asyncio.Future[UserInfo | None]] = {}
+
+    async def lookup(self, key: str, read: Callable[[str], UserInfo | None]) -> UserInfo | None:
+        """The user of `key`: cached, or read by `read` (in a worker thread) once for every
+        concurrent caller."""
+        cached = self.get(key)
+        if cached is not None:
+            return cached
+        digest = _digest(key)
+        pending = self._reading.get(digest)
+        if pending is None:
+            pending = asyncio.ensure_future(asyncio.to_thread(read, key))
+            self._reading[digest] = pending
+            pending.add_done_callback(lambda _: self._reading.pop(digest, None))
+        # Shielded: one caller giving up must not cancel the read the others wait on.
+        user = await asyncio.shield(pending)
+        if user is not None:
+            self.put(key, user)
+        return user
 
     def get(self, key: str) -> UserInfo | None:
         """The user of `key` if it was authenticated less than `ttl` seconds ago."""
@@ -100,11 +122,7 @@ async def current_user(request: Request, state: State) -> UserInfo:
             headers={"WWW-Authenticate": "Bearer"},
         )
     key = key.strip()
-    user = state.keys.get(key)
-    if user is None:
-        user = await asyncio.to_thread(state.ledger.authenticate, key)
-        if user is not None:
-            state.keys.put(key, user)
+    user = await state.keys.lookup(key, state.ledger.authenticate)
     if user is None:
         raise Unauthenticated("the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
     if user.disabled:
