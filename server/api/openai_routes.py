@@ -13,8 +13,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from inference_auctions.billing import UserInfo
 from inference_auctions.server.api.body import json_body_schema, parse_body
-from inference_auctions.server.api.deps import CurrentUser, State
+from inference_auctions.server.api.deps import AppState, State, authenticated
 from inference_auctions.server.api.generation import (
     admit,
     check_max_new_tokens,
@@ -45,8 +46,9 @@ async def models(state: State) -> dict[str, Any]:
 
 
 @router.post("/completions", openapi_extra=_schema(CompletionBody), summary="Completions")
-async def completions(request: Request, user: CurrentUser, state: State) -> Response:
+async def completions(request: Request) -> Response:
     """OpenAI text completion with a bid."""
+    state, user = await authenticated(request)
     body = await parse_body(request, CompletionBody)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
@@ -72,8 +74,9 @@ async def completions(request: Request, user: CurrentUser, state: State) -> Resp
 
 
 @router.post("/chat/completions", openapi_extra=_schema(ChatBody), summary="Chat completions")
-async def chat_completions(request: Request, user: CurrentUser, state: State) -> Response:
+async def chat_completions(request: Request) -> Response:
     """OpenAI chat completion with a bid."""
+    state, user = await authenticated(request)
     body = await parse_body(request, ChatBody)
     limit = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -127,8 +130,8 @@ def _sampling(
 
 async def _run(
     request: Request,
-    user: CurrentUser,
-    state: State,
+    user: UserInfo,
+    state: AppState,
     *,
     rid: str | None,
     bid_value: Any,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from inference_auctions.server.api.body import json_body_schema, parse_body
-from inference_auctions.server.api.deps import CurrentUser, State
+from inference_auctions.server.api.deps import authenticated
 from inference_auctions.server.api.generation import (
     admit,
     check_max_new_tokens,
@@ -29,8 +29,9 @@ _BODY_SCHEMA = json_body_schema(GenerateBody)
 
 
 @router.post("/generate", openapi_extra=_BODY_SCHEMA, summary="Generate (SGLang-native)")
-async def generate(request: Request, user: CurrentUser, state: State) -> Response:
+async def generate(request: Request) -> Response:
     """SGLang's `/generate` plus `bid` (credits); `meta_info.auction` tells the outcome."""
+    state, user = await authenticated(request)
     body = await parse_body(request, GenerateBody)
     if isinstance(body.text, list):
         raise InvalidRequest("batched requests are not supported; send one prompt per request")
