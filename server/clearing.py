@@ -61,7 +61,7 @@ def clear_and_settle(
         chosen = [by_rid[rid] for rid in claimable]
         requests = [AuctionRequest(t.ledger_rid, t.user, t.tokens, t.bid_micros) for t in chosen]
         outcome = run_auction(requests)
-        repricer = Repricer(requests)
+        repricer = Repricer.from_outcome(outcome)
         made[:] = [(outcome, repricer, time.perf_counter() - started)]
         return _records(batch_id, clock(), outcome, repricer, chosen)
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from inference_auctions.server.auction.payments import vcg_payment_numerators
+from inference_auctions.server.auction.payments import PaymentContext
 from inference_auctions.server.auction.request import AuctionRequest, validate_batch
 from inference_auctions.server.auction.schedule import average_bid_dfs
 from inference_auctions.server.auction.tree import RadixTree, TreeStats, build_radix_tree
@@ -28,6 +28,11 @@ class AuctionOutcome:
     # (the tree's request indexes): what dispatch needs to see which requests share a prefix.
     radix_tree: RadixTree | None = field(default=None, repr=False, compare=False)
     arrival_order: list[str] = field(default_factory=list, repr=False, compare=False)
+    # What pricing the batch again reads (`Repricer.from_outcome`), so it never builds the tree,
+    # the schedule or the payments a second time: the schedule's positions and prefix sums, and
+    # (n-1) * p of every user, unrounded.
+    pricing: PaymentContext | None = field(default=None, repr=False, compare=False)
+    numerators: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -66,10 +71,13 @@ def run_auction(requests: Sequence[AuctionRequest]) -> AuctionOutcome:
     if not batch.rids:
         return AuctionOutcome(order=[], payments={})
     tree = build_radix_tree(batch.prompts)
-    schedule = average_bid_dfs(tree, batch.bids)
-    numerators = vcg_payment_numerators(tree, schedule, batch.bids, batch.users)
+    pricing = PaymentContext(tree, average_bid_dfs(tree, batch.bids))
+    if len(batch.rids) < 2:
+        numerators = dict.fromkeys(batch.users, 0)
+    else:
+        numerators = pricing.numerators(batch.bids, batch.users)
     denominator = max(len(batch.rids) - 1, 1)
-    order = [batch.rids[index] for index in schedule.order]
+    order = [batch.rids[index] for index in pricing.order]
     return AuctionOutcome(
         order=order,
         payments={user: value // denominator for user, value in numerators.items()},
@@ -79,4 +87,6 @@ def run_auction(requests: Sequence[AuctionRequest]) -> AuctionOutcome:
         tree=tree.stats,
         radix_tree=tree,
         arrival_order=batch.rids,
+        pricing=pricing,
+        numerators=numerators,
     )

@@ -26,13 +26,9 @@ def vcg_payment_numerators(
     tree: RadixTree, schedule: Schedule, bids: Sequence[int], users: Sequence[str]
 ) -> dict[str, int]:
     """Return (n-1) * p_i, an exact integer, for every user of the batch."""
-    by_user: dict[str, list[int]] = {}
-    for index, user in enumerate(users):
-        by_user.setdefault(user, []).append(index)
     if len(bids) < 2:
-        return dict.fromkeys(by_user, 0)
-    context = _PaymentContext(tree, schedule)
-    return {user: context.user_numerator(requests, bids) for user, requests in by_user.items()}
+        return dict.fromkeys(users, 0)
+    return PaymentContext(tree, schedule).numerators(bids, users)
 
 
 def user_payment_numerator(
@@ -41,17 +37,22 @@ def user_payment_numerator(
     """(n-1) * p of the one user who sent `requests` (indexes into `bids`)."""
     if len(bids) < 2:
         return 0
-    return _PaymentContext(tree, schedule).user_numerator(requests, bids)
+    return PaymentContext(tree, schedule).user_numerator(requests, bids)
 
 
-class _PaymentContext:
-    """What every user's payment reads: positions, preorder ranks, per-node prefix sums."""
+class PaymentContext:
+    """What every user's payment reads: positions, preorder ranks, per-node prefix sums.
+
+    Built once per batch; repricing (`marginals.ZeroedCharges`) reads the same fields.
+    """
 
     def __init__(self, tree: RadixTree, schedule: Schedule) -> None:
         self.tree = tree
         self.ordered_children = schedule.ordered_children
         self.count = schedule.sums.count
         self.bid_sum = schedule.sums.bid_sum
+        self.first = schedule.sums.first
+        self.order = schedule.order
         self.position = [0] * len(tree.parent)
         for kids in schedule.ordered_children:
             for place, child in enumerate(kids):
@@ -60,6 +61,13 @@ class _PaymentContext:
         for place, node in enumerate(tree.preorder):
             self.rank[node] = place
         self._prefixes: dict[int, tuple[list[int], list[int]]] = {}
+
+    def numerators(self, bids: Sequence[int], users: Sequence[str]) -> dict[str, int]:
+        """(n-1) * p_i for every user of a batch of two or more requests."""
+        by_user: dict[str, list[int]] = {}
+        for index, user in enumerate(users):
+            by_user.setdefault(user, []).append(index)
+        return {user: self.user_numerator(requests, bids) for user, requests in by_user.items()}
 
     def user_numerator(self, requests: list[int], bids: Sequence[int]) -> int:
         """(n-1) times the payment of the user who sent `requests`."""
@@ -89,7 +97,7 @@ class _PaymentContext:
         if len(order) < 2:
             return 0
         count, bid_sum, position = self.count, self.bid_sum, self.position
-        prefix_f, prefix_n = self._prefix_sums(node)
+        prefix_f, prefix_n = self.prefix_sums(node)
         if len(affected) == 1:  # the common case: one path of the user runs through here
             child = affected[0]
             n_a, g_a, start = count[child], bid_sum[child] - drop[child], position[child] + 1
@@ -143,7 +151,8 @@ class _PaymentContext:
             before += reduced[s]
         return total
 
-    def _prefix_sums(self, node: int) -> tuple[list[int], list[int]]:
+    def prefix_sums(self, node: int) -> tuple[list[int], list[int]]:
+        """Prefix sums of F and of N over the node's children in their served order."""
         cached = self._prefixes.get(node)
         if cached is None:
             order = self.ordered_children[node]

@@ -4,17 +4,26 @@ They share no code with the fast path. The trie here has one node per token (no 
 averages are `Fraction`s, payments re-solve the whole auction once per user with that user's
 bids zeroed (the definition of VCG in SPEC section 1), and `all_dfs_orders` enumerates every
 DFS schedule for brute-force checks on small batches.
+
+One oracle sits between the two: `ResolvingRepricer` prices a charge with some bids zeroed the
+straightforward way, by re-solving the fast core's schedule and payment with those bids set to
+0 (what `Repricer` did before it priced them from the chosen schedule). It is exact and fast
+enough for batches of hundreds, so it checks the repricing fast path where the trie cannot.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from inference_auctions.server.auction.request import AuctionRequest
+from inference_auctions.server.auction.payments import user_payment_numerator
+from inference_auctions.server.auction.repricing import largest_remainder
+from inference_auctions.server.auction.request import AuctionRequest, validate_batch
+from inference_auctions.server.auction.schedule import average_bid_dfs
+from inference_auctions.server.auction.tree import build_radix_tree
 
 
 @dataclass
@@ -144,3 +153,39 @@ def reference_shares(requests: Sequence[AuctionRequest], user: str) -> dict[str,
         )
         shares[best] += 1
     return shares
+
+
+class ResolvingRepricer:
+    """A user's charge with some bids zeroed, by re-solving the batch for every question."""
+
+    def __init__(self, requests: Sequence[AuctionRequest]) -> None:
+        batch = validate_batch(requests)
+        self._tree = build_radix_tree(batch.prompts)
+        self._bids = batch.bids
+        self._users = batch.users
+        self._rids = batch.rids
+        self._index = {rid: index for index, rid in enumerate(batch.rids)}
+
+    def charge(self, user: str, zeroed: Collection[str] = ()) -> int:
+        """The user's VCG charge in micros (floored) with the bids of `zeroed` set to 0."""
+        bids = list(self._bids)
+        for rid in zeroed:
+            bids[self._index[rid]] = 0
+        if len(bids) < 2:
+            return 0
+        schedule = average_bid_dfs(self._tree, bids)
+        mine = [index for index, owner in enumerate(self._users) if owner == user]
+        numerator = user_payment_numerator(self._tree, schedule, bids, mine)
+        return numerator // (len(bids) - 1)
+
+    def shares(self, user: str, charge: int, positions: Mapping[str, int]) -> dict[str, int]:
+        """The user's charge split by marginals (else bids, else equally), largest remainder."""
+        rids = [rid for rid, owner in zip(self._rids, self._users, strict=True) if owner == user]
+        if len(rids) == 1:
+            return {rids[0]: charge}
+        marginals = [min(max(charge - self.charge(user, [rid]), 0), charge) for rid in rids]
+        if not any(marginals):
+            marginals = [self._bids[self._index[rid]] for rid in rids]
+        if not any(marginals):
+            marginals = [1] * len(rids)
+        return largest_remainder(charge, dict(zip(rids, marginals, strict=True)), positions)

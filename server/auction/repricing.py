@@ -1,9 +1,12 @@
 """Charges recomputed with some bids set to zero: failure refunds and per-request shares.
 
 Both rules (SPEC section 1, "When requests fail" and "One request's share") price a user's
-requests by what they add to the user's VCG charge. A `Repricer` builds the batch's radix tree
-once and re-solves only the schedule and the one user's payment for each question, so pricing
-every request of a batch stays linear in its size per question.
+requests by what they add to the user's VCG charge. A `Repricer` works on the batch's radix
+tree, schedule and payments as `run_auction` left them (`Repricer.from_outcome`), or builds
+them once from the requests; each question is then priced from the chosen schedule by
+`marginals.ZeroedCharges`, touching only the nodes above the zeroed requests, so splitting
+every user's charge over a batch costs O(n * depth * log(branching)), not a re-solve per
+request.
 
 A batch's tree can be rebuilt without its prompts: `tree_paths` gives each request the node ids
 on its way from the root, and those paths, used as prompts, build a tree of the same shape. The
@@ -14,38 +17,51 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from inference_auctions.server.auction.payments import user_payment_numerator
-from inference_auctions.server.auction.request import AuctionRequest, validate_batch
-from inference_auctions.server.auction.schedule import average_bid_dfs
-from inference_auctions.server.auction.tree import NO_PARENT, ROOT, build_radix_tree
+from inference_auctions.server.auction.marginals import ZeroedCharges
+from inference_auctions.server.auction.mechanism import AuctionOutcome, run_auction
+from inference_auctions.server.auction.payments import PaymentContext
+from inference_auctions.server.auction.request import AuctionRequest
+from inference_auctions.server.auction.tree import NO_PARENT, ROOT
 
 
 class Repricer:
     """One batch, ready to be priced again with any of its requests' bids set to zero."""
 
     def __init__(self, requests: Sequence[AuctionRequest]) -> None:
-        batch = validate_batch(requests)
-        self._tree = build_radix_tree(batch.prompts)
-        self._rids = batch.rids
-        self._bids = batch.bids
-        self._users = batch.users
-        self._index = {rid: index for index, rid in enumerate(batch.rids)}
+        """Clear `requests` to price them; a batch already cleared goes to `from_outcome`."""
+        self._take(run_auction(requests))
+
+    @classmethod
+    def from_outcome(cls, outcome: AuctionOutcome) -> Repricer:
+        """The repricer of a batch `run_auction` cleared: its tree and schedule, not rebuilt."""
+        repricer = cls.__new__(cls)
+        repricer._take(outcome)
+        return repricer
+
+    def _take(self, outcome: AuctionOutcome) -> None:
+        self._rids = outcome.arrival_order
+        self._bids = [outcome.bids[rid] for rid in self._rids]
+        self._index = {rid: index for index, rid in enumerate(self._rids)}
+        self._by_user: dict[str, list[int]] = {}
+        for index, rid in enumerate(self._rids):
+            self._by_user.setdefault(outcome.users[rid], []).append(index)
+        self._pricing: PaymentContext | None = outcome.pricing
+        self._numerators = outcome.numerators
+        self._users: dict[str, ZeroedCharges] = {}
 
     def requests_of(self, user: str) -> list[str]:
         """The user's request ids, in arrival order."""
-        return [rid for rid, owner in zip(self._rids, self._users, strict=True) if owner == user]
+        return [self._rids[index] for index in self._by_user.get(user, [])]
 
     def charge(self, user: str, zeroed: Collection[str] = ()) -> int:
         """The user's VCG charge in micros (floored) with the bids of `zeroed` set to 0."""
-        bids = list(self._bids)
-        for rid in zeroed:
-            bids[self._index[rid]] = 0
-        if len(bids) < 2:
+        if len(self._rids) < 2 or user not in self._by_user:
             return 0
-        schedule = average_bid_dfs(self._tree, bids)
-        mine = [index for index, owner in enumerate(self._users) if owner == user]
-        numerator = user_payment_numerator(self._tree, schedule, bids, mine)
-        return numerator // (len(bids) - 1)
+        charges = self._charges(user)
+        numerator = charges.numerator
+        if zeroed:
+            numerator = charges.numerator_without({self._index[rid] for rid in zeroed})
+        return numerator // (len(self._rids) - 1)
 
     def failure_refund(self, user: str, failed: Collection[str], charge: int) -> int:
         """What the user gets back when `failed` (the user's requests) were not served."""
@@ -54,9 +70,16 @@ class Repricer:
     def shares(self, user: str, charge: int, positions: Mapping[str, int]) -> dict[str, int]:
         """Split the user's charge over the user's requests; the shares sum to `charge`."""
         rids = self.requests_of(user)
+        if charge == 0:  # nothing to split, whatever the marginals
+            return dict.fromkeys(rids, 0)
         if len(rids) == 1:
             return {rids[0]: charge}
-        marginals = [min(max(charge - self.charge(user, [rid]), 0), charge) for rid in rids]
+        # m_r = clip(c - c({r}), 0, c), each c({r}) priced from the chosen schedule.
+        charges, denominator = self._charges(user), len(self._rids) - 1
+        marginals = [
+            min(max(charge - charges.numerator_without_one(index) // denominator, 0), charge)
+            for index in self._by_user[user]
+        ]
         if not any(marginals):
             marginals = [self._bids[self._index[rid]] for rid in rids]
         if not any(marginals):
@@ -65,16 +88,28 @@ class Repricer:
 
     def tree_paths(self) -> dict[str, list[int]]:
         """Each request's path of node ids from the root: prompts that rebuild the tree's shape."""
-        tree = self._tree
-        paths: dict[str, list[int]] = {}
+        paths: dict[str, list[int]] = {rid: [] for rid in self._rids}
+        if self._pricing is None:
+            return paths
+        tree = self._pricing.tree
         for index, rid in enumerate(self._rids):
-            path: list[int] = []
+            path = paths[rid]
             node = tree.parent[tree.leaf_of[index]]
             while node not in (ROOT, NO_PARENT):
                 path.append(node)
                 node = tree.parent[node]
-            paths[rid] = path[::-1]
+            path.reverse()
         return paths
+
+    def _charges(self, user: str) -> ZeroedCharges:
+        charges = self._users.get(user)
+        if charges is None:
+            assert self._pricing is not None  # a batch of two or more requests has one
+            charges = ZeroedCharges(
+                self._pricing, self._bids, self._by_user[user], self._numerators[user]
+            )
+            self._users[user] = charges
+        return charges
 
 
 def largest_remainder(

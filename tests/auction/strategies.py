@@ -45,6 +45,22 @@ def batches(draw: st.DrawFn, max_size: int = 12) -> list[AuctionRequest]:
     ]
 
 
+@st.composite
+def tied_batches(draw: st.DrawFn, max_size: int = 12) -> list[AuctionRequest]:
+    """A batch whose averages tie all the time: bids of 0 to 3, a few users, tiny prompts, so
+    the schedule's tie rule (earliest arrival first) decides many of its orders."""
+    size = draw(st.integers(min_value=0, max_value=max_size))
+    return [
+        AuctionRequest(
+            rid=f"r{index}",
+            user=draw(st.sampled_from(["alice", "bob", "carol"])),
+            tokens=draw(st.lists(st.integers(min_value=0, max_value=1), max_size=3)),
+            bid=draw(st.integers(min_value=0, max_value=3)),
+        )
+        for index in range(size)
+    ]
+
+
 # Blocks of 12 tokens: prompts made of them share prefixes that end before, at and beyond
 # the first 16 tokens, where the tree build switches from short sort keys to whole prompts.
 _BLOCKS = [list(range(b * 100, b * 100 + 12)) for b in range(3)]
