@@ -102,7 +102,9 @@ class Serving:
         while True:
             wait = stall if deadline is None else min(stall, max(deadline - loop.time(), 0))
             try:
-                engine_chunk = await asyncio.wait_for(anext(chunks), wait)
+                # A timeout scope, not `wait_for`: no task per chunk on the hot path.
+                async with asyncio.timeout(wait):
+                    engine_chunk = await anext(chunks)
             except StopAsyncIteration:
                 return _Streamed(None, ttft, streamed=last is not None)
             except TimeoutError:
