@@ -180,8 +180,34 @@ def entry_row(
     elif kind in HELD_KINDS:
         account.balance.held_micros += amount_micros
     account.balance.updated_at = now
+    return entry_values(
+        account.user.id,
+        kind,
+        amount_micros,
+        key=key,
+        now=now,
+        reason=reason,
+        batch_id=batch_id,
+        request_id=request_id,
+        period_start=period_start,
+    )
+
+
+def entry_values(
+    user_id: int,
+    kind: EntryKind,
+    amount_micros: int,
+    *,
+    key: str,
+    now: datetime,
+    reason: str | None = None,
+    batch_id: str | None = None,
+    request_id: str | None = None,
+    period_start: datetime | None = None,
+) -> dict[str, Any]:
+    """An entry as a row to insert, moving nothing (the caller moves the balance)."""
     return {
-        "user_id": account.user.id,
+        "user_id": user_id,
         "kind": kind,
         "amount_micros": amount_micros,
         "batch_id": batch_id,
