@@ -32,6 +32,7 @@ from inference_auctions.billing.models import (
 )
 from inference_auctions.billing.records import EntryView
 
+_INSERT_ENTRIES = insert(LEDGER_ENTRIES)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]*", re.ASCII)
 
 
@@ -222,7 +223,7 @@ def entry_values(
 def insert_entries(session: Session, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert entry rows made by `entry_row` in one multi-row statement."""
     if rows:
-        session.connection().execute(insert(LEDGER_ENTRIES), list(rows))
+        session.connection().execute(_INSERT_ENTRIES, list(rows))
 
 
 def time_key(moment: datetime) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing.account_rows import (
@@ -72,6 +72,22 @@ class _HoldRow(NamedTuple):
     attempt: int
 
 
+# Built once: each runs once per batch (see `billing.account_rows`).
+_HOLD_ROWS = select(*(HOLDS.c[name] for name in _HoldRow._fields)).where(
+    HOLDS.c.rid.in_(bindparam("rids", expanding=True))
+)
+_SETTLE_HOLDS = (
+    update(HOLDS)
+    .where(HOLDS.c.rid.in_(bindparam("rids", expanding=True)))
+    .values(
+        state=HoldState.SETTLED,
+        closed_at=bindparam("at", type_=HOLDS.c.closed_at.type),
+        batch_id=bindparam("batch", type_=HOLDS.c.batch_id.type),
+    )
+)
+_INSERT_BATCH = insert(BATCHES)
+_INSERT_REQUESTS = insert(AUCTION_REQUESTS)
+
 _COUNTS = ("n", "tree_nodes", "tree_depth", "shared_tokens", "total_tokens")
 
 
@@ -116,16 +132,7 @@ def _batch_exists(session: Session, batch_id: str) -> bool:
 def _hold_rows(session: Session, rids: Sequence[str]) -> dict[str, _HoldRow]:
     """The holds of `rids` as plain rows (read under the users' locks: every hold's state
     changes under its user's lock)."""
-    rows = session.execute(
-        select(
-            HOLDS.c.rid,
-            HOLDS.c.user_id,
-            HOLDS.c.amount_micros,
-            HOLDS.c.state,
-            HOLDS.c.period_start,
-            HOLDS.c.attempt,
-        ).where(HOLDS.c.rid.in_(rids))
-    ).all()
+    rows = session.connection().execute(_HOLD_ROWS, {"rids": list(rids)}).all()
     return {row.rid: _HoldRow._make(row) for row in rows}
 
 
@@ -282,7 +289,7 @@ def _settle(
     # and the balances; the holds are closed last. The crash tests rely on that order: a
     # settlement blocked on a hold's row lock has written everything else.
     connection.execute(
-        insert(BATCHES),
+        _INSERT_BATCH,
         {
             "id": batch_id,
             "closed_at": closed_at,
@@ -300,7 +307,7 @@ def _settle(
     reason = f"settled in batch {batch_id}"
     ordered = sorted(requests, key=lambda r: r.position)
     connection.execute(
-        insert(AUCTION_REQUESTS),
+        _INSERT_REQUESTS,
         [
             _request_row(batch_id, request, accounts[request.user].user_id, now)
             for request in ordered
@@ -324,9 +331,7 @@ def _settle(
     write_balances(session, [accounts[name] for name in sorted(accounts)], now)
     # Every hold of the batch moves to the same state: one statement.
     connection.execute(
-        update(HOLDS)
-        .where(HOLDS.c.rid.in_([request.rid for request in ordered]))
-        .values(state=HoldState.SETTLED, closed_at=now, batch_id=batch_id)
+        _SETTLE_HOLDS, {"rids": [request.rid for request in ordered], "at": now, "batch": batch_id}
     )
     return SettleResult(
         batch_id=batch_id,
