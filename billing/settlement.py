@@ -5,6 +5,11 @@ id is settled once: replaying the same contents returns the first result and wri
 (a different `closed_at` counts as the same contents; the first is kept), while other
 contents under the same id raise `IdempotencyConflict`. Each charge counts in the budget
 periods its holds were placed in (`billing.period_charges`).
+
+A settlement runs once per auction batch on the server's ledger writer, so it costs a fixed
+number of Core statements whatever the batch's size: the locked accounts are plain rows
+(`billing.account_rows`), each table is written by one statement, and no row goes through
+the ORM's identity map unless a budget period has to be opened.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from inference_auctions.billing.errors import (
     InvalidBatch,
     UnknownRequest,
 )
+from inference_auctions.billing.holds import entry_key
 from inference_auctions.billing.models import (
     AUCTION_REQUESTS,
     HOLDS,
@@ -367,12 +373,10 @@ def _check_holds(
 def _release_entry(
     account: AccountRow, hold: _HoldRow, reason: str, batch_id: str, now: datetime
 ) -> dict[str, Any]:
-    # The keys of `holds.closing_entry`: the first opening keeps the historical key.
-    key = f"release:{hold.rid}" if hold.attempt == 1 else f"release:{hold.rid}#{hold.attempt}"
     return account.entry(
         EntryKind.RELEASE,
         -hold.amount_micros,
-        key=key,
+        key=entry_key("release", hold.rid, hold.attempt),
         now=now,
         reason=reason,
         batch_id=batch_id,
