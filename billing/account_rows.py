@@ -7,10 +7,11 @@ Core select (the budget row comes with it: read once per transaction), move the 
 Python and write every changed balance with one executemany UPDATE. The locking rules are
 `billing.postings`': balance rows `FOR UPDATE` on PostgreSQL, in the order of the users' names.
 
-The rare cases that need the full machinery (a budget period to open, a hold placed again)
-go through the ORM functions on the same, already locked rows: `open_period` flushes its
-writes and reads the row back, so the plain row stays the truth for the rest of the
-transaction.
+The rare cases that need the full machinery go through the ORM functions on the same,
+already locked rows, and the plain row is brought up to date afterwards, so it stays the
+truth for the rest of the transaction: a budget period to open (`open_periods`, which runs
+`grants.open_period` before any balance moves) and a hold placed again (`hold_groups`
+writes its rows first and reads the user's row back after `holds.place_hold`).
 """
 
 from __future__ import annotations
