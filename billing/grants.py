@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -58,6 +59,9 @@ from inference_auctions.billing.postings import (
 )
 from inference_auctions.billing.records import EntryView
 
+if TYPE_CHECKING:
+    from inference_auctions.billing.account_rows import BudgetRow
+
 
 def grant_key(user_id: int, start: datetime) -> str:
     """Idempotency key of the grant of the period starting at `start`."""
@@ -71,11 +75,11 @@ def budget_row(session: Session, user_id: int) -> Budget:
     return budget
 
 
-def _pending_applies(budget: Budget, now: datetime) -> bool:
+def _pending_applies(budget: Budget | BudgetRow, now: datetime) -> bool:
     return budget.pending_from is not None and now >= budget.pending_from
 
 
-def schedule_at(budget: Budget, now: datetime) -> tuple[int, Period, str]:
+def schedule_at(budget: Budget | BudgetRow, now: datetime) -> tuple[int, Period, str]:
     """The (amount, period, time zone) in force at `now`, a pending change included."""
     if _pending_applies(budget, now):
         assert budget.pending_amount_micros is not None and budget.pending_period is not None
@@ -84,7 +88,7 @@ def schedule_at(budget: Budget, now: datetime) -> tuple[int, Period, str]:
     return budget.amount_micros, budget.period, budget.timezone
 
 
-def period_at(budget: Budget, now: datetime) -> datetime:
+def period_at(budget: Budget | BudgetRow, now: datetime) -> datetime:
     """Start of the budget period containing `now` (the current one if `now` is before it)."""
     if _pending_applies(budget, now):
         assert budget.pending_from is not None

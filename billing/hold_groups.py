@@ -5,12 +5,13 @@ after the other in the group's order, so a later request of a user sees the earl
 holds, and a refused request changes nothing for the others. The common case, a new hold for
 an enabled user, is decided in Python against the locked balance row and written with one
 multi-row insert for all holds and one for all their entries; each balance row is updated
-once. Every other case goes through `holds.place_hold` itself, inside a savepoint so that its
+once (`billing.account_rows`: Core statements on plain rows, the budget row read with the
+lock). Every other case goes through `holds.place_hold` itself, inside a savepoint so that its
 refusal undoes only its own writes: a hold already placed for the rid (a replay, a re-opening
 or a conflict), and a user's first hold after a budget period boundary (opening the period
 writes entries, which a refused hold must not leave behind).
 
-Every involved user is locked once, in name order (`lock_existing_accounts`), so groups never
+Every involved user is locked once, in name order (`account_rows.lock_rows`), so groups never
 wait on each other in a cycle.
 """
 
@@ -20,10 +21,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import holds
+from inference_auctions.billing.account_rows import AccountRow, lock_rows, write_balances
 from inference_auctions.billing.errors import (
     BatchCapExceeded,
     InsufficientFunds,
@@ -32,23 +34,19 @@ from inference_auctions.billing.errors import (
     UnknownUser,
     UserDisabled,
 )
-from inference_auctions.billing.grants import budget_row, period_at
-from inference_auctions.billing.models import HOLDS, Budget, EntryKind, Hold, HoldState
+from inference_auctions.billing.grants import period_at
+from inference_auctions.billing.models import HOLDS, EntryKind, Hold, HoldState
 from inference_auctions.billing.money import check_micros
-from inference_auctions.billing.postings import (
-    Account,
-    check_id,
-    check_name,
-    entry_row,
-    insert_entries,
-    lock_existing_accounts,
-)
+from inference_auctions.billing.postings import check_id, check_name, insert_entries
 from inference_auctions.billing.records import HoldRequest, HoldView
 
 # The column holds a SHA-256 in hex.
 FINGERPRINT_LENGTH = 64
 
 HoldResult = HoldView | LedgerError
+
+_INSERT_HOLDS = insert(HOLDS)
+_EXISTING_RIDS = select(HOLDS.c.rid).where(HOLDS.c.rid.in_(bindparam("rids", expanding=True)))
 
 
 def check_request(request: HoldRequest) -> None:
@@ -99,27 +97,28 @@ class _Group:
     def __init__(self, session: Session, names: set[str], now: datetime) -> None:
         self.session = session
         self.now = now
-        self.accounts = lock_existing_accounts(session, names)
+        self.accounts = lock_rows(session, names)
         self.placed: set[str] = set()
         self._holds: list[dict[str, Any]] = []
         self._entries: list[dict[str, Any]] = []
-        # Per user, valid until a hold of the user goes through `place_slowly`: the budget
-        # row with its period opened, and what the user's open holds sum to (for the cap).
-        self._budgets: dict[str, Budget] = {}
+        # Per user, valid until a hold of the user goes through `place_slowly`: whether the
+        # budget period is known to be open, and what the user's open holds sum to (the cap).
+        self._period_open: set[str] = set()
         self._open_totals: dict[str, int] = {}
 
     def existing_rids(self, rids: list[str]) -> set[str]:
         """Those of `rids` that already have a hold (read under the users' locks)."""
         if not rids:
             return set()
-        return set(self.session.scalars(select(Hold.rid).where(Hold.rid.in_(set(rids)))))
+        rows = self.session.connection().execute(_EXISTING_RIDS, {"rids": sorted(set(rids))})
+        return set(rows.scalars())
 
-    def place_new(self, request: HoldRequest, account: Account) -> HoldResult:
+    def place_new(self, request: HoldRequest, account: AccountRow) -> HoldResult:
         """Decide a hold for a rid that has none, as `holds.place_hold` does."""
         name = request.user
-        if account.user.disabled:
+        if account.disabled:
             return UserDisabled(name)
-        budget = self._budgets[name]
+        budget = account.budget
         amount = request.amount_micros
         cap = budget.batch_cap_micros
         if cap is not None:
@@ -132,7 +131,7 @@ class _Group:
         self._holds.append(
             {
                 "rid": request.rid,
-                "user_id": account.user.id,
+                "user_id": account.user_id,
                 "amount_micros": amount,
                 "state": HoldState.OPEN,
                 "batch_id": None,
@@ -144,8 +143,7 @@ class _Group:
             }
         )
         self._entries.append(
-            entry_row(
-                account,
+            account.entry(
                 EntryKind.HOLD,
                 amount,
                 key=f"hold:{request.rid}",
@@ -169,13 +167,17 @@ class _Group:
     def place_slowly(self, request: HoldRequest) -> HoldResult:
         """Place a hold through `holds.place_hold`, undoing only its own writes if refused."""
         self.write()  # it must see every hold decided before it
+        # The ORM reads the rows afresh: instances loaded by an earlier slow request are
+        # stale once `write` has moved their balances.
+        self.session.expire_all()
         # Whatever it decides, a later request for this rid must find what it wrote.
         self.placed.add(request.rid)
-        self._budgets.pop(request.user, None)
+        self._period_open.discard(request.user)
         self._open_totals.pop(request.user, None)
+        result: HoldResult
         try:
             with self.session.begin_nested():
-                return holds.place_hold(
+                result = holds.place_hold(
                     self.session,
                     request.user,
                     request.rid,
@@ -184,37 +186,41 @@ class _Group:
                     request.fingerprint,
                 )
         except LedgerError as error:
-            return error
+            result = error
+        # Read back what it left: the balance, and the budget if it opened a period.
+        self.accounts.update(lock_rows(self.session, [request.user]))
+        return result
 
     def write(self) -> None:
-        """Insert the holds decided so far and their entries, one statement each."""
+        """Write the holds decided so far, their entries and the balances, one statement each."""
         if self._holds:
-            self.session.connection().execute(insert(HOLDS), self._holds)
+            self.session.connection().execute(_INSERT_HOLDS, self._holds)
             insert_entries(self.session, self._entries)
             self._holds = []
             self._entries = []
+        write_balances(self.session, list(self.accounts.values()), self.now)
 
-    def period_due(self, account: Account) -> bool:
+    def period_due(self, account: AccountRow) -> bool:
         """Whether the user's budget period must be opened first (then cached as open)."""
-        name = account.user.name
-        if name in self._budgets:
+        name = account.name
+        if name in self._period_open:
             return False
         # The boundary may have passed since the last operation: yesterday's leftovers must
         # not be spendable after midnight, whether or not the rollover job ran.
-        budget = budget_row(self.session, account.user.id)
+        budget = account.budget
         if period_at(budget, self.now) > budget.current_period_start:
             return True
-        self._budgets[name] = budget
+        self._period_open.add(name)
         return False
 
-    def _open_total(self, account: Account) -> int:
-        name = account.user.name
+    def _open_total(self, account: AccountRow) -> int:
+        name = account.name
         total = self._open_totals.get(name)
         if total is None:
             total = self._open_totals[name] = int(
                 self.session.scalar(
                     select(func.coalesce(func.sum(Hold.amount_micros), 0)).where(
-                        Hold.user_id == account.user.id, Hold.state == HoldState.OPEN
+                        Hold.user_id == account.user_id, Hold.state == HoldState.OPEN
                     )
                 )
                 or 0

@@ -119,9 +119,14 @@ def place_hold(
     return hold_view(hold, name)
 
 
-def _entry_key(kind: str, hold: Hold) -> str:
+def entry_key(kind: str, rid: str, attempt: int) -> str:
+    """Idempotency key of a hold's `kind` entry in its `attempt`-th opening."""
     # The first opening keeps the historical keys; later ones count up.
-    return f"{kind}:{hold.rid}" if hold.attempt == 1 else f"{kind}:{hold.rid}#{hold.attempt}"
+    return f"{kind}:{rid}" if attempt == 1 else f"{kind}:{rid}#{attempt}"
+
+
+def _entry_key(kind: str, hold: Hold) -> str:
+    return entry_key(kind, hold.rid, hold.attempt)
 
 
 def _reopen(session: Session, account: Account, hold: Hold, now: datetime) -> None:
@@ -193,7 +198,7 @@ def closing_entry(
     batch_id: str | None = None,
 ) -> dict[str, Any]:
     """Close an open hold and move the locked balance row; returns the release entry as a row
-    to insert (`postings.insert_entries`), for callers that close many holds at once."""
+    to insert. (Settling a batch closes its holds with Core statements instead.)"""
     hold.state = state
     hold.closed_at = now
     hold.batch_id = batch_id

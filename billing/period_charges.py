@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from inference_auctions.billing.account_rows import AccountRow
 from inference_auctions.billing.grants import expire_ended
 from inference_auctions.billing.models import Budget, EntryKind, LedgerEntry
 from inference_auctions.billing.postings import Account, post, time_key
@@ -31,50 +33,60 @@ def _part_key(key: str, first: bool, start: datetime) -> str:
     return key if first else f"{key}@{time_key(start)}"
 
 
-def post_charge(
-    session: Session,
-    account: Account,
-    budget: Budget,
+def charge_entries(
+    account: AccountRow,
     *,
     held: Iterable[tuple[datetime | None, int]],
     charge_micros: int,
     key: str,
     batch_id: str,
     now: datetime,
-) -> None:
-    """Charge `charge_micros` against the user's holds `held` (period, amount) in a batch."""
+) -> list[dict[str, Any]]:
+    """Charge `charge_micros` against the user's holds `held` (period, amount) in a batch.
+
+    Moves the locked row and returns the entries to insert: the charge, one per period it
+    spans, and the expiry of what an ended period's holds held beyond their charge.
+    """
+    current = account.budget.current_period_start
     by_period: dict[datetime, int] = defaultdict(int)
     for start, amount in held:
-        by_period[_period(budget, start)] += amount
+        by_period[current if start is None else start] += amount
+    entries: list[dict[str, Any]] = []
     left = charge_micros
     first = True
     for start in sorted(by_period):
         part = min(left, by_period[start])
         left -= part
         if part:
-            post(
-                session,
-                account,
-                EntryKind.CHARGE,
-                -part,
-                key=_part_key(key, first, start),
-                now=now,
-                reason=f"VCG payment in batch {batch_id}",
-                batch_id=batch_id,
-                period_start=start,
+            entries.append(
+                account.entry(
+                    EntryKind.CHARGE,
+                    -part,
+                    key=_part_key(key, first, start),
+                    now=now,
+                    reason=f"VCG payment in batch {batch_id}",
+                    batch_id=batch_id,
+                    period_start=start,
+                )
             )
             first = False
-        expire_ended(
-            session,
-            account,
-            budget,
-            start,
-            by_period[start] - part,
-            key=f"expire-unused:{account.user.id}:{batch_id}@{time_key(start)}",
-            reason=f"unused part of holds settled in batch {batch_id} after their period ended",
-            now=now,
-        )
+        unused = by_period[start] - part
+        # As `grants.expire_ended`: money returned to an ended period expires with it.
+        if unused > 0 and start < current:
+            entries.append(
+                account.entry(
+                    EntryKind.ADJUSTMENT,
+                    -unused,
+                    key=f"expire-unused:{account.user_id}:{batch_id}@{time_key(start)}",
+                    now=now,
+                    reason=(
+                        f"unused part of holds settled in batch {batch_id} after their period ended"
+                    ),
+                    period_start=start,
+                )
+            )
     assert left == 0, "the caller checks that the charge does not exceed the holds"
+    return entries
 
 
 def _by_period(

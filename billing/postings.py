@@ -32,6 +32,7 @@ from inference_auctions.billing.models import (
 )
 from inference_auctions.billing.records import EntryView
 
+_INSERT_ENTRIES = insert(LEDGER_ENTRIES)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]*", re.ASCII)
 
 
@@ -180,8 +181,34 @@ def entry_row(
     elif kind in HELD_KINDS:
         account.balance.held_micros += amount_micros
     account.balance.updated_at = now
+    return entry_values(
+        account.user.id,
+        kind,
+        amount_micros,
+        key=key,
+        now=now,
+        reason=reason,
+        batch_id=batch_id,
+        request_id=request_id,
+        period_start=period_start,
+    )
+
+
+def entry_values(
+    user_id: int,
+    kind: EntryKind,
+    amount_micros: int,
+    *,
+    key: str,
+    now: datetime,
+    reason: str | None = None,
+    batch_id: str | None = None,
+    request_id: str | None = None,
+    period_start: datetime | None = None,
+) -> dict[str, Any]:
+    """An entry as a row to insert, moving nothing (the caller moves the balance)."""
     return {
-        "user_id": account.user.id,
+        "user_id": user_id,
         "kind": kind,
         "amount_micros": amount_micros,
         "batch_id": batch_id,
@@ -196,7 +223,7 @@ def entry_row(
 def insert_entries(session: Session, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert entry rows made by `entry_row` in one multi-row statement."""
     if rows:
-        session.connection().execute(insert(LEDGER_ENTRIES), list(rows))
+        session.connection().execute(_INSERT_ENTRIES, list(rows))
 
 
 def time_key(moment: datetime) -> str:

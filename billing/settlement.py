@@ -5,6 +5,11 @@ id is settled once: replaying the same contents returns the first result and wri
 (a different `closed_at` counts as the same contents; the first is kept), while other
 contents under the same id raise `IdempotencyConflict`. Each charge counts in the budget
 periods its holds were placed in (`billing.period_charges`).
+
+A settlement runs once per auction batch on the server's ledger writer, so it costs a fixed
+number of Core statements whatever the batch's size: the locked accounts are plain rows
+(`billing.account_rows`), each table is written by one statement, and no row goes through
+the ORM's identity map unless a budget period has to be opened.
 """
 
 from __future__ import annotations
@@ -15,11 +20,17 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import insert, select
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
+from inference_auctions.billing.account_rows import (
+    AccountRow,
+    lock_known_rows,
+    open_periods,
+    write_balances,
+)
 from inference_auctions.billing.errors import (
     ChargeExceedsHold,
     HoldNotOpen,
@@ -27,29 +38,22 @@ from inference_auctions.billing.errors import (
     InvalidBatch,
     UnknownRequest,
 )
-from inference_auctions.billing.grants import open_period
-from inference_auctions.billing.holds import closing_entry
+from inference_auctions.billing.holds import entry_key
 from inference_auctions.billing.models import (
     AUCTION_REQUESTS,
+    HOLDS,
     AuctionBatch,
     BatchRequest,
     EntryKind,
-    Hold,
     HoldState,
     LedgerEntry,
     RequestStatus,
     User,
 )
 from inference_auctions.billing.money import check_micros, check_total_micros
-from inference_auctions.billing.period_charges import post_charge
+from inference_auctions.billing.period_charges import charge_entries
 from inference_auctions.billing.periods import require_aware
-from inference_auctions.billing.postings import (
-    Account,
-    check_id,
-    check_name,
-    insert_entries,
-    lock_accounts,
-)
+from inference_auctions.billing.postings import check_id, check_name, insert_entries
 from inference_auctions.billing.records import (
     BatchRecord,
     ClaimedBatch,
@@ -59,6 +63,36 @@ from inference_auctions.billing.records import (
 
 # The claimable rids -> the cleared batch, its requests and every user's charge.
 Clearing = Callable[[list[str]], tuple[BatchRecord, Sequence[RequestRecord], Mapping[str, int]]]
+
+BATCHES = cast(Table, AuctionBatch.__table__)
+
+
+class _HoldRow(NamedTuple):
+    """What settling reads of a hold."""
+
+    rid: str
+    user_id: int
+    amount_micros: int
+    state: HoldState
+    period_start: datetime | None
+    attempt: int
+
+
+# Built once: each runs once per batch (see `billing.account_rows`).
+_HOLD_ROWS = select(*(HOLDS.c[name] for name in _HoldRow._fields)).where(
+    HOLDS.c.rid.in_(bindparam("rids", expanding=True))
+)
+_SETTLE_HOLDS = (
+    update(HOLDS)
+    .where(HOLDS.c.rid.in_(bindparam("rids", expanding=True)))
+    .values(
+        state=HoldState.SETTLED,
+        closed_at=bindparam("at", type_=HOLDS.c.closed_at.type),
+        batch_id=bindparam("batch", type_=HOLDS.c.batch_id.type),
+    )
+)
+_INSERT_BATCH = insert(BATCHES)
+_INSERT_REQUESTS = insert(AUCTION_REQUESTS)
 
 _COUNTS = ("n", "tree_nodes", "tree_depth", "shared_tokens", "total_tokens")
 
@@ -78,11 +112,11 @@ def settle_batch(
     """Record the batch, its requests and charges, and release its holds, all at once."""
     closed_at = _validate(batch, requests, charges)
     fingerprint = _fingerprint(batch, requests, charges)
-    if session.get(AuctionBatch, batch.batch_id) is None:
-        accounts = lock_accounts(session, {r.user for r in requests})
+    if not _batch_exists(session, batch.batch_id):
+        accounts = lock_known_rows(session, {r.user for r in requests})
         # Checked again under the locks: a concurrent settlement of this batch locks the same
         # users, so by now it has either committed or not started.
-        if session.get(AuctionBatch, batch.batch_id, populate_existing=True) is None:
+        if not _batch_exists(session, batch.batch_id):
             return _settle(
                 session,
                 batch,
@@ -90,10 +124,22 @@ def settle_batch(
                 requests=requests,
                 charges=charges,
                 accounts=accounts,
+                holds=_hold_rows(session, [r.rid for r in requests]),
                 fingerprint=fingerprint,
                 now=now,
             )
     return _replay(session, batch.batch_id, fingerprint, charges)
+
+
+def _batch_exists(session: Session, batch_id: str) -> bool:
+    return session.scalar(select(BATCHES.c.id).where(BATCHES.c.id == batch_id)) is not None
+
+
+def _hold_rows(session: Session, rids: Sequence[str]) -> dict[str, _HoldRow]:
+    """The holds of `rids` as plain rows (read under the users' locks: every hold's state
+    changes under its user's lock)."""
+    rows = session.connection().execute(_HOLD_ROWS, {"rids": list(rids)}).all()
+    return {row.rid: _HoldRow._make(row) for row in rows}
 
 
 def settle_claimable(
@@ -108,22 +154,16 @@ def settle_claimable(
     before `clear` runs, so nobody else's request fails for it. `clear` gets the claimable
     rids in the candidates' order and returns the batch to settle; it runs under the locks.
     """
-    accounts = lock_accounts(session, {user for _, user in candidates})
-    rids = [rid for rid, _ in candidates]
-    holds = {
-        hold.rid: hold
-        for hold in session.scalars(
-            select(Hold).where(Hold.rid.in_(rids)).execution_options(populate_existing=True)
-        )
-    }
+    accounts = lock_known_rows(session, {user for _, user in candidates})
+    holds = _hold_rows(session, [rid for rid, _ in candidates])
     claimable: list[str] = []
     refused: dict[str, str] = {}
     for rid, user in candidates:
         hold = holds.get(rid)
-        if hold is None or hold.user_id != accounts[user].user.id:
+        if hold is None or hold.user_id != accounts[user].user_id:
             refused[rid] = "unknown"
-        elif hold.state is not HoldState.OPEN:
-            refused[rid] = hold.state.value
+        elif hold.state != HoldState.OPEN:
+            refused[rid] = HoldState(hold.state).value
         else:
             claimable.append(rid)
     if not claimable:
@@ -139,6 +179,7 @@ def settle_claimable(
         requests=requests,
         charges=charges,
         accounts={r.user: accounts[r.user] for r in requests},
+        holds=holds,
         fingerprint=_fingerprint(batch, requests, charges),
         now=now,
     )
@@ -231,13 +272,15 @@ def _settle(
     closed_at: datetime,
     requests: Sequence[RequestRecord],
     charges: Mapping[str, int],
-    accounts: dict[str, Account],
+    accounts: dict[str, AccountRow],
+    holds: Mapping[str, _HoldRow],
     fingerprint: str,
     now: datetime,
 ) -> SettleResult:
-    holds = _open_holds(session, batch.batch_id, requests, accounts)
+    batch_id = batch.batch_id
+    _check_holds(batch_id, requests, accounts, holds)
     # Before any hold is released: opening a period expires what is available at that moment.
-    budgets = {name: open_period(session, account, now) for name, account in accounts.items()}
+    open_periods(session, accounts, now)
     held: dict[str, int] = defaultdict(int)
     by_period: dict[str, list[tuple[datetime | None, int]]] = defaultdict(list)
     for request in requests:
@@ -246,98 +289,100 @@ def _settle(
         by_period[request.user].append((hold.period_start, hold.amount_micros))
     for name, amount in charges.items():
         if amount > held[name]:
-            raise ChargeExceedsHold(batch.batch_id, name, amount, held[name])
-    session.add(
-        AuctionBatch(
-            id=batch.batch_id,
-            closed_at=closed_at,
-            n=batch.n,
-            revenue_micros=batch.revenue_micros,
-            welfare_micros=batch.welfare_micros,
-            tree_nodes=batch.tree_nodes,
-            tree_depth=batch.tree_depth,
-            shared_tokens=batch.shared_tokens,
-            total_tokens=batch.total_tokens,
-            fingerprint=fingerprint,
-            settled_at=now,
-        )
+            raise ChargeExceedsHold(batch_id, name, amount, held[name])
+    connection = session.connection()
+    # The batch row first (the rows below reference it), then its request rows, the entries
+    # and the balances; the holds are closed last. The crash tests rely on that order: a
+    # settlement blocked on a hold's row lock has written everything else.
+    connection.execute(
+        _INSERT_BATCH,
+        {
+            "id": batch_id,
+            "closed_at": closed_at,
+            "n": batch.n,
+            "revenue_micros": batch.revenue_micros,
+            "welfare_micros": batch.welfare_micros,
+            "tree_nodes": batch.tree_nodes,
+            "tree_depth": batch.tree_depth,
+            "shared_tokens": batch.shared_tokens,
+            "total_tokens": batch.total_tokens,
+            "fingerprint": fingerprint,
+            "settled_at": now,
+        },
     )
-    session.flush()  # the batch row must exist before rows that reference it
-    reason = f"settled in batch {batch.batch_id}"
+    reason = f"settled in batch {batch_id}"
     ordered = sorted(requests, key=lambda r: r.position)
-    # One multi-row insert for the request rows and one for the releases. The request rows
-    # are written now, before the holds' updates flush: the crash tests rely on that order.
-    session.connection().execute(
-        insert(AUCTION_REQUESTS),
+    connection.execute(
+        _INSERT_REQUESTS,
         [
-            _request_row(batch.batch_id, request, accounts[request.user].user.id, now)
+            _request_row(batch_id, request, accounts[request.user].user_id, now)
             for request in ordered
         ],
     )
-    insert_entries(
-        session,
-        [
-            closing_entry(
-                accounts[request.user],
-                holds[request.rid],
-                HoldState.SETTLED,
-                reason=reason,
-                now=now,
-                batch_id=batch.batch_id,
-            )
-            for request in ordered
-        ],
-    )
+    entries = [
+        _release_entry(accounts[request.user], holds[request.rid], reason, batch_id, now)
+        for request in ordered
+    ]
     for name in sorted(accounts):
         account = accounts[name]
-        post_charge(
-            session,
+        entries += charge_entries(
             account,
-            budgets[name],
             held=by_period[name],
             charge_micros=charges.get(name, 0),
-            key=charge_key(account.user.id, batch.batch_id),
-            batch_id=batch.batch_id,
+            key=charge_key(account.user_id, batch_id),
+            batch_id=batch_id,
             now=now,
         )
-    session.flush()
+    insert_entries(session, entries)
+    write_balances(session, [accounts[name] for name in sorted(accounts)], now)
+    # Every hold of the batch moves to the same state: one statement.
+    connection.execute(
+        _SETTLE_HOLDS, {"rids": [request.rid for request in ordered], "at": now, "batch": batch_id}
+    )
     return SettleResult(
-        batch_id=batch.batch_id,
+        batch_id=batch_id,
         charges_micros={name: charges.get(name, 0) for name in sorted(accounts)},
         released_micros={name: held[name] for name in sorted(accounts)},
     )
 
 
-def _open_holds(
-    session: Session,
+def _check_holds(
     batch_id: str,
     requests: Sequence[RequestRecord],
-    accounts: dict[str, Account],
-) -> dict[str, Hold]:
-    rids = [r.rid for r in requests]
-    holds = {
-        hold.rid: hold
-        for hold in session.scalars(
-            select(Hold).where(Hold.rid.in_(rids)).execution_options(populate_existing=True)
-        )
-    }
+    accounts: Mapping[str, AccountRow],
+    holds: Mapping[str, _HoldRow],
+) -> None:
     for request in requests:
         hold = holds.get(request.rid)
         if hold is None:
             raise UnknownRequest(request.rid)
-        if hold.user_id != accounts[request.user].user.id:
+        if hold.user_id != accounts[request.user].user_id:
             raise InvalidBatch(
                 batch_id, f"request {request.rid!r} was held for another user than {request.user!r}"
             )
-        if hold.state is not HoldState.OPEN:
-            raise HoldNotOpen(request.rid, hold.state.value)
+        if hold.state != HoldState.OPEN:
+            raise HoldNotOpen(request.rid, HoldState(hold.state).value)
         if request.bid_micros > hold.amount_micros:
             raise InvalidBatch(
                 batch_id,
                 f"request {request.rid!r} bids {request.bid_micros} micro-credits but holds only"
                 f" {hold.amount_micros}",
             )
-    return holds
+
+
+def _release_entry(
+    account: AccountRow, hold: _HoldRow, reason: str, batch_id: str, now: datetime
+) -> dict[str, Any]:
+    return account.entry(
+        EntryKind.RELEASE,
+        -hold.amount_micros,
+        key=entry_key("release", hold.rid, hold.attempt),
+        now=now,
+        reason=reason,
+        batch_id=batch_id,
+        request_id=hold.rid,
+        period_start=hold.period_start,
+    )
 
 
 def _request_row(
