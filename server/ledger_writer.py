@@ -51,8 +51,15 @@ class GroupStats:
 class LedgerWriter:
     """Groups the serving path's ledger writes onto one thread (see the module docstring)."""
 
-    def __init__(self, ledger: Ledger, *, max_group: int = _MAX_GROUP) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        max_group: int = _MAX_GROUP,
+        observe_group: Callable[[int], None] = lambda _: None,
+    ) -> None:
         self._ledger = ledger
+        self._observe_group = observe_group  # writes per committed group, for the metrics
         self._max_group = max_group
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
         self._holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]] = []
@@ -123,6 +130,8 @@ class LedgerWriter:
             placed, recorded = self._ledger.commit_group(holds, served)
         except Exception as error:
             return [error] * len(holds), [error] * len(served)
+        else:
+            self._observe_group(len(holds) + len(served))
         finally:
             if holds:
                 self.stats.hold_commits += 1

@@ -25,6 +25,12 @@ class Metrics:
         )
         self.inflight.set_function(inflight)
         self.batches = Counter("inference_auction_batches", "Batches cleared", registry=r)
+        self.ledger_group_writes = Histogram(
+            "inference_auction_ledger_group_writes",
+            "Holds and served records written per group commit (one transaction)",
+            buckets=_SIZES,
+            registry=r,
+        )
         self.batch_size = Histogram(
             "inference_auction_batch_size", "Requests per batch", buckets=_SIZES, registry=r
         )

@@ -105,7 +105,7 @@ class AuctionService:
         # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
         self.dispatcher = DeferredDispatch(engine, _deferral_settings(settings), self.metrics)
         # Every ledger write of the serving path, grouped onto one thread (group commit).
-        self.writer = LedgerWriter(ledger)
+        self.writer = LedgerWriter(ledger, observe_group=self.metrics.ledger_group_writes.observe)
         self._serving = Serving(
             settings, ledger, self.writer, self.metrics, self._freed, started=self._started
         )

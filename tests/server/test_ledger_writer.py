@@ -138,8 +138,10 @@ def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger)
 def test_a_bounded_group_still_takes_every_hold(ledger: Ledger, group: int) -> None:
     ledger.create_user("bounded", budget_micros=BUDGET)
 
+    sizes: list[int] = []
+
     async def run() -> list[HoldView]:
-        writer = LedgerWriter(ledger, max_group=group)
+        writer = LedgerWriter(ledger, max_group=group, observe_group=sizes.append)
         try:
             return await asyncio.gather(
                 *(
@@ -152,4 +154,5 @@ def test_a_bounded_group_still_takes_every_hold(ledger: Ledger, group: int) -> N
 
     views = asyncio.run(run())
     assert len({v.rid for v in views}) == 40
+    assert sum(sizes) == 40 and max(sizes) <= group  # every hold counted, in bounded groups
     assert ledger.balance("bounded").held_micros == 40_000
