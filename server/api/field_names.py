@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["SGLANG_TOP_LEVEL_KEYS", "check_top_level_keys", "near_miss"]
+__all__ = ["SGLANG_TOP_LEVEL_KEYS", "UnknownField", "check_top_level_keys", "near_miss"]
 
 # Top-level keys of SGLang's `GenerateReqInput` and of its OpenAI-compatible requests, plus
 # those routers add: known to mean something else, so never taken for a typo of ours.
@@ -74,12 +74,22 @@ def near_miss(key: str, fields: Iterable[str]) -> str | None:
 _KEYS_EXAMINED = 200
 
 
+class UnknownField(ValueError):
+    """A key that is not a field of the body but almost surely meant one; `key` is the key as
+    sent (the error's `param`), `meant` the field."""
+
+    def __init__(self, key: str, meant: str) -> None:
+        super().__init__(f"unknown field {key!r}; did you mean {meant!r}?")
+        self.key = key
+        self.meant = meant
+
+
 def check_top_level_keys(data: Mapping[str, Any], fields: Iterable[str]) -> None:
-    """Raise `ValueError` naming the first unknown key that is a near-miss of a field."""
+    """Raise `UnknownField` for the first unknown key that is a near-miss of a field."""
     ordered = list(fields)  # ties go to the first field, the same every time
     known = set(ordered)
     unknown = (key for key in data if key not in known and key not in SGLANG_TOP_LEVEL_KEYS)
     for _, key in zip(range(_KEYS_EXAMINED), unknown, strict=False):
         meant = near_miss(key, ordered)
         if meant is not None:
-            raise ValueError(f"unknown field {key!r}; did you mean {meant!r}?")
+            raise UnknownField(key, meant)

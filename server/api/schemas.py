@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from inference_auctions.server.api.field_names import check_top_level_keys
+from inference_auctions.server.api.field_names import UnknownField, check_top_level_keys
 from inference_auctions.server.api.json_reader import BodyRefused
 
 # A rid is the client's idempotency key; it also reaches the ledger and the engine. The ledger
@@ -109,8 +109,8 @@ class RequestBody(BaseModel):
         """Checks on the decoded JSON, before validation; `BodyRefused` names the field."""
         try:
             check_top_level_keys(data, cls.model_fields)
-        except ValueError as error:
-            raise BodyRefused(str(error)) from None
+        except UnknownField as error:
+            raise BodyRefused(str(error), param=error.key) from None
 
 
 class SamplingParams(BaseModel):

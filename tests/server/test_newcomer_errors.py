@@ -66,8 +66,12 @@ def test_near_misses_of_fields_are_refused_with_a_suggestion(
     before = ledger_snapshot(newcomer_server.ledger.engine)
     with newcomer_server.client(key) as client:
         for path, body, says in cases:
-            message = _error(client.post(path, json=body))["message"]
+            error = _error(client.post(path, json=body))
+            message = error["message"]
             assert message == says if says.startswith("unknown") else says in message, message
+            # `param` names the key as sent, the one to fix.
+            sent = next(k for k in body if k not in ("text", "prompt", "messages"))
+            assert error["param"] == sent, error
     assert ledger_snapshot(newcomer_server.ledger.engine) == before
 
 
