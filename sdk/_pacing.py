@@ -50,8 +50,9 @@ STATE_VERSION = 1
 # Charges of older batches are forgotten: a batch is reported within one request's lifetime.
 _MAX_BATCHES = 4096
 _STATE_BATCHES = 256
-# Over the last part of a period the multiplier fades out: budget left at the end is worth
-# nothing, so bidding closer to full value then only adds utility (the guard still caps bids).
+# Over the last part of a period the multiplier alpha rises linearly to 1: budget left at the
+# end is worth nothing, so bidding closer to full value then only adds utility (the guard
+# still caps bids).
 _FINAL_STRETCH = 0.1
 
 
@@ -245,7 +246,13 @@ class PacingBidder:
                     # The slow start's first bid: the target itself, whose charge (never above
                     # the bid) cannot overshoot it.
                     self._probe = min(1.0, self._gamma(now) / sum(values))
-                mu = self._current_mu() * self._fade(now)
+                fade = self._fade(now)
+                # The multiplier alpha, not mu, goes linearly to 1 over the final stretch:
+                # `alpha' = 1 - (1 - alpha) * fade`, i.e. the `mu` below. Scaling mu instead
+                # leaves a large mu (a small target late in a plan) shading bids almost to
+                # the end, when the last of the budget is still to be spent.
+                mu = self._current_mu()
+                mu = mu * fade / (1.0 + mu * (1.0 - fade))
                 bids = [_scale(v, mu) for v in values]
             for cap in (self._budget.max_bid_micros, max_bid):
                 if cap is not None:
@@ -467,7 +474,8 @@ class PacingBidder:
             self._version += 1
 
     def _fade(self, now: float) -> float:
-        """1 until the final stretch of a period, then down to 0 at its end."""
+        """1 until the final stretch of a period, then down to 0 at its end: the weight left
+        on the learned shading `1 - alpha`."""
         if self._window is None:
             return 1.0
         start, end = self._window
