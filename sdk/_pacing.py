@@ -12,6 +12,19 @@ Several processes of one user share one budget through the server's ledger: a cl
 user's ledger-wide spend and auction count to `sync_shared` at a bounded interval, and adds the
 charges it sees itself in between, so that every process derives the same target.
 
+A bidder that joins a plan already in progress (a restart, or one more process of the user) has
+learned nothing, but the plan has: `mu = 0` would open with full-value bids while the others
+pace, and one such burst can spend a large part of the plan in seconds. It starts instead with
+an exponential search for the multiplier ("slow start"): `alpha = gamma / value` (a bid of the
+target itself, whose charge cannot exceed it), doubled after every auction that leaves the
+search's spend below the sum of its auctions' targets plus one more, and handed to the dual
+descent as `mu = 1 / alpha - 1` at the first auction that brings it there, or when alpha
+reaches 1. The search is held to its cumulative target rather than to one auction's because
+charges are heavy-tailed and mostly zero at low multipliers: one high value early in the search
+would otherwise stop it far too low, and the descent climbs out of a low multiplier slowly (a
+charge of 0 moves mu by at most `eta * gamma`), while it comes down from a high one fast. A
+bidder that starts a fresh plan (nothing spent, no auction counted) starts at `mu = 0` as before.
+
 This module does no I/O and never blocks for long, so the same object serves threads and
 asyncio tasks alike: every method takes one short lock and returns.
 """
@@ -37,8 +50,9 @@ STATE_VERSION = 1
 # Charges of older batches are forgotten: a batch is reported within one request's lifetime.
 _MAX_BATCHES = 4096
 _STATE_BATCHES = 256
-# Over the last part of a period the multiplier fades out: budget left at the end is worth
-# nothing, so bidding closer to full value then only adds utility (the guard still caps bids).
+# Over the last part of a period the multiplier alpha rises linearly to 1: budget left at the
+# end is worth nothing, so bidding closer to full value then only adds utility (the guard
+# still caps bids).
 _FINAL_STRETCH = 0.1
 
 
@@ -89,6 +103,19 @@ class PacingBidder:
         # Charges seen while the last sync was under way: maybe in its figure, maybe not.
         self._unconfirmed = 0
         self._needs_sync = False
+        # Nothing learned yet (no auction observed, no state restored): a first shared sync
+        # showing a plan in progress then starts the slow start.
+        self._fresh = True
+        # The slow start's multiplier while it runs, else None; 0.0 until the first bid sets it.
+        self._probe: float | None = None
+        # The multiplier each slow-start bid went out at, by amount: with requests in flight
+        # concurrently, a charge must move the search from the multiplier that earned it, or
+        # every settlement of one round would double it again.
+        # Equal amounts queue up, oldest first.
+        self._probe_bids: OrderedDict[int, list[float]] = OrderedDict()
+        # What the search has spent, and what its auctions were due (the sum of their targets).
+        self._probe_spent = 0
+        self._probe_due = 0.0
         self._start = budget.start or _utc(now)
         self._window: tuple[datetime, datetime] | None = None
         if budget.period is not None:
@@ -104,13 +131,18 @@ class PacingBidder:
 
     @property
     def mu(self) -> float:
-        """The dual variable; 0 means bidding full value."""
-        return self._mu
+        """The dual variable; 0 means bidding full value (`1 / alpha - 1` in the slow start)."""
+        return self._current_mu()
 
     @property
     def alpha(self) -> float:
         """The pacing multiplier `1 / (1 + mu)` applied to values."""
-        return 1.0 / (1.0 + self._mu)
+        return 1.0 / (1.0 + self._current_mu())
+
+    @property
+    def slow_start(self) -> bool:
+        """Whether the bidder is still searching for its multiplier after joining a plan."""
+        return self._probe is not None
 
     @property
     def spent_micros(self) -> int:
@@ -149,7 +181,7 @@ class PacingBidder:
     @property
     def budget_limited(self) -> bool:
         """Whether the budget currently holds bids below the values (or is spent)."""
-        return self._mu > 0.0 or self._guarded or self.exhausted
+        return self._current_mu() > 0.0 or self._guarded or self.exhausted
 
     @property
     def exhausted(self) -> bool:
@@ -206,15 +238,31 @@ class PacingBidder:
             raise ValueError("values must not be negative")
         with self._locked() as now:
             self._v_max = max(self._v_max, sum(values))
+            mu = 0.0
             if self._budget.pacing == "asap":
                 bids = list(values)
             else:
-                mu = self._mu * self._fade(now)
+                if self._probe == 0.0 and sum(values) > 0:
+                    # The slow start's first bid: the target itself, whose charge (never above
+                    # the bid) cannot overshoot it.
+                    self._probe = min(1.0, self._gamma(now) / sum(values))
+                fade = self._fade(now)
+                # The multiplier alpha, not mu, goes linearly to 1 over the final stretch:
+                # `alpha' = 1 - (1 - alpha) * fade`, i.e. the `mu` below. Scaling mu instead
+                # leaves a large mu (a small target late in a plan) shading bids almost to
+                # the end, when the last of the budget is still to be spent.
+                mu = self._current_mu()
+                mu = mu * fade / (1.0 + mu * (1.0 - fade))
                 bids = [_scale(v, mu) for v in values]
             for cap in (self._budget.max_bid_micros, max_bid):
                 if cap is not None:
                     bids = [min(b, cap) for b in bids]
             bids = self._guard(bids)
+            if self._probe:
+                # Settled by the reserved amount, which is how the charge finds its multiplier.
+                self._probe_bids.setdefault(sum(bids), []).append(1.0 / (1.0 + mu))
+                while len(self._probe_bids) > _STATE_BATCHES:
+                    self._probe_bids.popitem(last=False)
             self._reserved += sum(bids)
             return bids
 
@@ -249,7 +297,8 @@ class PacingBidder:
             # Releasing and recording together: a gap between them would let a concurrent
             # bid see the money as available before the charge is counted.
             self._reserved = max(0, self._reserved - reserved)
-            return self._observe(batch_id, charge_micros, rid, now, per_request)
+            level = self._probe_level(reserved)
+            return self._observe(batch_id, charge_micros, rid, now, per_request, level)
 
     def observe(
         self, batch_id: str, charge_micros: int, *, rid: str = "", per_request: bool = False
@@ -332,6 +381,9 @@ class PacingBidder:
                 self._start = start
             if total_micros is not None:
                 self._total = total_micros
+            joining = not self._shared and self._fresh and (spent_micros > 0 or auctions > 0)
+            if joining and self._budget.pacing != "asap":
+                self._probe = 0.0
             self._shared = True
             self._needs_sync = False
             self._unconfirmed = max(0, self._local_spent - spent_before)
@@ -355,7 +407,7 @@ class PacingBidder:
                 "version": STATE_VERSION,
                 "budget_micros": self._budget.total_micros,
                 "auctions_horizon": self._budget.auctions,
-                "mu": self._mu,
+                "mu": self._current_mu(),
                 "spent_micros": self._spent,
                 "auctions": self._auctions,
                 "v_max_micros": self._v_max,
@@ -387,6 +439,7 @@ class PacingBidder:
 
     def _restore(self, state: Mapping[str, Any]) -> None:
         now = _utc(self._clock())
+        self._fresh = False  # the multiplier comes from the state: nothing to search for
         self._mu = max(0.0, float(state["mu"]))
         self._v_max = int(state["v_max_micros"])
         self._rate_auctions = int(state["rate_auctions"])
@@ -421,7 +474,8 @@ class PacingBidder:
             self._version += 1
 
     def _fade(self, now: float) -> float:
-        """1 until the final stretch of a period, then down to 0 at its end."""
+        """1 until the final stretch of a period, then down to 0 at its end: the weight left
+        on the learned shading `1 - alpha`."""
         if self._window is None:
             return 1.0
         start, end = self._window
@@ -441,7 +495,13 @@ class PacingBidder:
         return [b * available // total for b in bids]
 
     def _observe(
-        self, batch_id: str, charge: int, rid: str, now: float, per_request: bool = False
+        self,
+        batch_id: str,
+        charge: int,
+        rid: str,
+        now: float,
+        per_request: bool = False,
+        level: float | None = None,
     ) -> bool:
         if charge < 0:
             raise ValueError("a charge cannot be negative")
@@ -468,20 +528,68 @@ class PacingBidder:
         self._spent += charge
         self._local_spent += charge
         self._local_auctions += 1
+        self._fresh = False
         self._auctions += 1
         self._rate_auctions += 1
-        self._update(charge, now)
+        self._update(charge, now, level)
         return True
 
-    def _update(self, charge: int, now: float) -> None:
+    def _update(self, charge: int, now: float, level: float | None = None) -> None:
         if self._budget.pacing == "asap" or self._spent >= self._total:
             # Nothing left to pace: the guard holds bids at zero until the budget renews, and
             # the zero charges that follow say nothing about the right multiplier.
             return
         gamma = self._gamma(now)
+        if self._probe is not None:
+            self._search(charge, gamma, level)
+            return
         eta = self._budget.eta0 / (gamma * math.sqrt(self._horizon(now)))
         mu_max = self._v_max / gamma
         self._mu = min(max(self._mu + eta * (charge - gamma), 0.0), mu_max)
+
+    def _search(self, charge: int, gamma: float, level: float | None) -> None:
+        """One step of the slow start: double alpha below target, else hand over to descent.
+
+        `level` is the multiplier the charged bid went out at (the current one when unknown).
+        """
+        assert self._probe is not None
+        if self._probe == 0.0:
+            return  # no bid of ours set the first multiplier yet
+        alpha = self._probe if level is None else level
+        self._probe_spent += charge
+        self._probe_due += gamma
+        if self._probe_spent >= self._probe_due + gamma:
+            # The first multiplier at which the search has spent what its auctions were due,
+            # and the next one's too (so that one heavy charge early on, against a due of one
+            # or two targets, does not stop it): the dual descent goes on from it.
+            self._mu = min(max(1.0 / alpha - 1.0, 0.0), self._v_max / gamma)
+            self._end_search()
+        elif alpha * 2.0 >= 1.0:
+            self._mu = 0.0  # full value still spends below target: nothing to shade
+            self._end_search()
+        else:
+            self._probe = max(self._probe, alpha * 2.0)
+
+    def _probe_level(self, reserved: int) -> float | None:
+        """The multiplier a slow-start bid of `reserved` went out at, forgetting it."""
+        levels = self._probe_bids.get(reserved)
+        if not levels:
+            return None
+        level = levels.pop(0)
+        if not levels:
+            del self._probe_bids[reserved]
+        return level
+
+    def _end_search(self) -> None:
+        self._probe = None
+        self._probe_bids.clear()
+        self._probe_spent = 0
+        self._probe_due = 0.0
+
+    def _current_mu(self) -> float:
+        if self._probe:  # searching, with a multiplier set
+            return 1.0 / self._probe - 1.0
+        return self._mu
 
     def _gamma(self, now: float) -> float:
         if self._window is None:

@@ -7,6 +7,7 @@ worker started with the same TOTAL, START and HORIZON_S paces the same plan.
 from __future__ import annotations
 
 import random
+import string
 import sys
 import threading
 import time
@@ -25,13 +26,22 @@ def main() -> None:
     deadline = float(until)
     with sdk.AuctionClient(url, key, budget=budget, sync_interval=0.25, max_retries=5) as client:
         counts = {"sent": 0, "exhausted": 0, "failed": 0}
+        # When each thread's current call began: a call that takes long holds its bid.
+        began = [time.time()] * THREADS
 
         def loop(index: int) -> None:
             rng = random.Random(f"{seed}-{index}")
             while time.time() < deadline:
                 value = f"{rng.uniform(0.001, 0.012):.6f}"
+                began[index] = time.time()
                 try:
-                    client.generate("pace me", value=value, max_new_tokens=2, timeout=10)
+                    # Prompts that part at their first token: requests that share a prefix
+                    # are ranked as a group, and near the end of the plan, where the guard
+                    # gives what is left to one request and the others go at bid 0, such a
+                    # group wins nothing (0 of 40 auctions, against 21 of 40 apart).
+                    word = "".join(rng.choices(string.ascii_lowercase, k=8))
+                    prompt = f"{word} pace me"
+                    client.generate(prompt, value=value, max_new_tokens=2, timeout=10)
                     counts["sent"] += 1
                 except sdk.BudgetExhaustedError:
                     counts["exhausted"] += 1
@@ -49,7 +59,9 @@ def main() -> None:
                 print(
                     f"worker {seed} t={time.time() - begin.timestamp():.1f} {counts}"
                     f" alpha={bidder.alpha:.3f} spent={bidder.spent_micros}"
-                    f" target={bidder.target_micros:.0f} auctions={bidder.auctions}",
+                    f" target={bidder.target_micros:.0f} auctions={bidder.auctions}"
+                    f" in_flight={bidder.in_flight_micros} slow_start={bidder.slow_start}"
+                    f" longest_call={time.time() - min(began):.1f}s",
                     file=sys.stderr,
                     flush=True,
                 )

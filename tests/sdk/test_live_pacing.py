@@ -3,7 +3,7 @@
 A rival user keeps the batches contested (a request only pays for the priority it takes from
 others), while worker processes of our user pace one plan; each worker is killed and started
 again twice in the middle of the period. At the end of the period the user's ledger-wide
-spend must be no more than 1% above the plan and at least 97% of it.
+spend must be within 1% of the plan, above or below.
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def test_processes_of_one_user_restarted_twice_spend_the_plan(
 ) -> None:
     spent, total = _run(live, processes)
     print(f"{processes} process(es): spent {spent} of {total} ({spent / total:.4f})")
-    # Never overspent by more than 1%. The target is also to reach 99% of the plan; four
-    # processes do, one restarted twice reaches 98.5-99% on an idle 2-core machine and less on
-    # a loaded one (docs/SDK.md), so the lower bound here is the one a busy CI machine holds.
+    # Within 1% of the plan either way. A restarted process searches for its multiplier
+    # instead of opening at full value, and the multiplier fades to 1 over the last tenth of
+    # the period; what is left is under one charge (rival bids make charges of about 1%).
     assert spent <= total + total // 100
-    assert spent >= total * 97 // 100
+    assert spent >= total * 99 // 100

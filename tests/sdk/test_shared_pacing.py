@@ -114,10 +114,19 @@ def test_the_multiplier_fades_out_over_the_last_tenth_of_a_period() -> None:
     bidder = PacingBidder(budget, clock=lambda: now[0])
     bidder._mu = 1.0  # as if learned: half of every value
     assert bidder.bid([1000]) == [500]
-    now[0] += 95  # half-way through the final tenth
-    assert bidder.bid([1000]) == [666]  # 1000 / (1 + 0.5)
+    now[0] += 95  # half-way through the final tenth: alpha half-way from 0.5 to 1
+    assert bidder.bid([1000]) == [750]
     now[0] += 4.999
     assert bidder.bid([1000]) == [999]
+
+
+def test_a_large_multiplier_fades_out_as_fast_as_a_small_one() -> None:
+    now = [START.timestamp() + 95]  # half-way through the final tenth
+    budget = Budget(total="1", period=timedelta(seconds=100), start=START)
+    bidder = PacingBidder(budget, clock=lambda: now[0])
+    bidder._mu = 19.0  # a small target late in the plan: a twentieth of every value
+    # Half-way from 0.05 to 1; scaling mu by the fade would still bid 1000 / 10.5 = 95 here.
+    assert bidder.bid([1000]) == [524]  # 525, rounded down through the float ratio
 
 
 def test_a_charge_counted_twice_for_safety_does_not_exhaust_the_budget() -> None:
