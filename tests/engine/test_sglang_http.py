@@ -48,8 +48,9 @@ def test_priority_mode_serves_a_batch_in_priority_order() -> None:
     async def run(url: str) -> list[EngineResult]:
         async with _engine(url) as engine:
             # One request at a time: the rest queue behind the long first one and are then
-            # admitted strictly by priority, whatever order they arrived in.
-            blocker = _request("blocker", 0, max_new=400, priority=0)  # 10 s model, 0.5 s wall
+            # admitted strictly by priority, whatever order they arrived in. The blocker runs
+            # long enough (2 s of wall time) for all of them to arrive on a busy machine.
+            blocker = _request("blocker", 0, max_new=1600, priority=0)  # 40 s model, 2 s wall
             batch = [_request(f"r{p}", p, priority=p) for p in priorities]
             generations = engine.dispatch([blocker, *batch])
             return [await generation.result() for generation in generations]
