@@ -27,15 +27,13 @@ from sqlalchemy.orm import Session
 from inference_auctions.billing.errors import UnknownUser
 from inference_auctions.billing.grants import open_period, period_at
 from inference_auctions.billing.models import (
-    BALANCE_KINDS,
-    HELD_KINDS,
     Balance,
     Budget,
     EntryKind,
     User,
 )
 from inference_auctions.billing.periods import Period
-from inference_auctions.billing.postings import Account, check_name, entry_values
+from inference_auctions.billing.postings import Account, balance_moves, check_name, entry_values
 
 BALANCES = cast(Table, Balance.__table__)
 BUDGETS = cast(Table, Budget.__table__)
@@ -88,10 +86,9 @@ class AccountRow:
         period_start: datetime | None = None,
     ) -> dict[str, Any]:
         """Move the balance by one entry and return the entry as a row to insert."""
-        if kind in BALANCE_KINDS:
-            self.balance_micros += amount_micros
-        elif kind in HELD_KINDS:
-            self.held_micros += amount_micros
+        balance_delta, held_delta = balance_moves(kind, amount_micros)
+        self.balance_micros += balance_delta
+        self.held_micros += held_delta
         self.changed = True
         return entry_values(
             self.user_id,

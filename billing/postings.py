@@ -176,10 +176,9 @@ def entry_row(
     For callers that write many entries at once with `insert_entries`, one statement for all
     of them; `post` is the same for a single entry written through the ORM.
     """
-    if kind in BALANCE_KINDS:
-        account.balance.balance_micros += amount_micros
-    elif kind in HELD_KINDS:
-        account.balance.held_micros += amount_micros
+    balance_delta, held_delta = balance_moves(kind, amount_micros)
+    account.balance.balance_micros += balance_delta
+    account.balance.held_micros += held_delta
     account.balance.updated_at = now
     return entry_values(
         account.user.id,
@@ -192,6 +191,16 @@ def entry_row(
         request_id=request_id,
         period_start=period_start,
     )
+
+
+def balance_moves(kind: EntryKind, amount_micros: int) -> tuple[int, int]:
+    """How an entry moves its user's balance row: (change of the balance, change of what is
+    held): `BALANCE_KINDS` move the balance, `HELD_KINDS` (holds, releases) what is held."""
+    if kind in BALANCE_KINDS:
+        return amount_micros, 0
+    if kind in HELD_KINDS:
+        return 0, amount_micros
+    return 0, 0
 
 
 def entry_values(
