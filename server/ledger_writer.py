@@ -7,7 +7,7 @@ write lock and spent more time waiting for it, and in the ORM around it, than wr
 Now every write of the serving path goes through one thread, in order:
 
 * holds that arrive while a commit is running are placed together in the next one
-  (`Ledger.place_holds`: one transaction, each hold still decided against what its user has
+  (`Ledger.commit_group`: one transaction, each hold still decided against what its user has
   available when its turn in the group comes, so nothing overspends);
 * `served` records likewise, in the same transaction (`Ledger.commit_group`; each record still
   conditional on the request being `scheduled`, so recovery and serving still race safely);
@@ -23,29 +23,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from inference_auctions.billing import HoldRequest, HoldView, Ledger, ServedRecord
 
-__all__ = ["GroupStats", "LedgerWriter"]
+__all__ = ["LedgerWriter"]
 
 T = TypeVar("T")
 
 # A bound on one transaction, so a flood of holds cannot build one commit that blocks the
 # settlements behind it for long; what is left goes into the next commit at once.
 _MAX_GROUP = 512
-
-
-@dataclass
-class GroupStats:
-    """How the writer has grouped so far (for benchmarks and operators)."""
-
-    hold_commits: int = 0
-    holds: int = 0
-    served_commits: int = 0
-    served: int = 0
 
 
 class LedgerWriter:
@@ -65,7 +54,6 @@ class LedgerWriter:
         self._holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]] = []
         self._served: list[tuple[ServedRecord, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
-        self.stats = GroupStats()
 
     async def hold(self, request: HoldRequest) -> HoldView:
         """Place one hold in the next group commit; raises what `Ledger.place_hold` raises."""
@@ -130,15 +118,7 @@ class LedgerWriter:
             placed, recorded = self._ledger.commit_group(holds, served)
         except Exception as error:
             return [error] * len(holds), [error] * len(served)
-        else:
-            self._observe_group(len(holds) + len(served))
-        finally:
-            if holds:
-                self.stats.hold_commits += 1
-                self.stats.holds += len(holds)
-            if served:
-                self.stats.served_commits += 1
-                self.stats.served += len(served)
+        self._observe_group(len(holds) + len(served))
         return list(placed), list(recorded)
 
 

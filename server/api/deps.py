@@ -138,7 +138,7 @@ async def authenticated(request: Request) -> tuple[AppState, UserInfo]:
     """The app's services and the caller, as `State` and `CurrentUser` give them, without
     FastAPI's dependency resolution: the generation routes are the hot path, and resolving
     their dependencies cost about a tenth of the server's CPU per request."""
-    state: AppState = request.app.state.services
+    state = await get_state(request)
     return state, await current_user(request, state)
 
 
