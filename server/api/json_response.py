@@ -3,7 +3,6 @@ and these bodies are written once per request (and once per streamed chunk) on t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -16,14 +15,6 @@ class JSONBytes(Response):
     """`application/json`, rendered by orjson (UTF-8, compact, like Starlette's JSONResponse)."""
 
     media_type = "application/json"
-
-    def __init__(
-        self,
-        content: Any,
-        status_code: int = 200,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(content, status_code, headers)
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
