@@ -24,7 +24,7 @@ from inference_auctions.server.api.body_decoder import BodyDecoder
 from inference_auctions.server.api.deps import AppState, AuthenticationCache, RateLimiter
 from inference_auctions.server.api.error_handlers import install_error_handlers
 from inference_auctions.server.api.request_id import RequestIdMiddleware
-from inference_auctions.server.cluster.replica import ReplicaHeader, rate_limit_share, replica_name
+from inference_auctions.server.cluster.replica import rate_limit_share, replica_header
 from inference_auctions.server.engine.base import Engine
 from inference_auctions.server.engine.factory import make_engine
 from inference_auctions.server.service import AuctionService
@@ -76,8 +76,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     )
     decoder = app.state.body_decoder = BodyDecoder()
     install_error_handlers(app)
-    app.add_middleware(RequestIdMiddleware)
-    app.add_middleware(ReplicaHeader, replica=replica_name(settings))
+    app.add_middleware(RequestIdMiddleware, extra_headers=[replica_header(settings)])
     routes = (
         sglang_routes,
         engine_routes,

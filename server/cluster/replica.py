@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inference_auctions.server.settings import ServerSettings
 
@@ -24,6 +23,12 @@ REPLICA_HEADER = "x-inference-auction-replica"
 def replica_name(settings: ServerSettings) -> str:
     """This replica's name: the configured one, else the address it listens on."""
     return settings.replica_name or f"{settings.host}:{settings.port}"
+
+
+def replica_header(settings: ServerSettings) -> tuple[bytes, bytes]:
+    """The header naming this replica on every response, raw as ASGI sends it (the request-id
+    middleware adds it, in the same pass as its own)."""
+    return REPLICA_HEADER.encode(), replica_name(settings).encode("latin-1", errors="replace")
 
 
 def rate_limit_share(settings: ServerSettings) -> tuple[float, int]:
@@ -52,25 +57,3 @@ class ReplicaLabelled(Collector):
                 for sample in metric.samples
             ]
             yield labelled
-
-
-class ReplicaHeader:
-    """ASGI middleware: every response names the replica that gave it."""
-
-    def __init__(self, app: ASGIApp, replica: str) -> None:
-        self._app = app
-        self._value = replica.encode("latin-1", errors="replace")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the request on; add the header to the response's start."""
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-
-        async def named(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [*message.get("headers", []), (REPLICA_HEADER.encode(), self._value)]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self._app(scope, receive, named)

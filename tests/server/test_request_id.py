@@ -12,10 +12,13 @@ from inference_auctions.server.api.error_handlers import install_error_handlers
 from inference_auctions.server.api.request_id import RequestIdMiddleware
 
 
-def _app() -> FastAPI:
+def _app(extra_headers: list[tuple[bytes, bytes]] | None = None) -> FastAPI:
     app = FastAPI()
     install_error_handlers(app)
-    app.add_middleware(RequestIdMiddleware)
+    if extra_headers is None:
+        app.add_middleware(RequestIdMiddleware)
+    else:
+        app.add_middleware(RequestIdMiddleware, extra_headers=extra_headers)
 
     @app.get("/ok")
     async def ok() -> dict[str, str]:
@@ -33,8 +36,12 @@ def _app() -> FastAPI:
 
 
 def _get(path: str, **headers: str) -> httpx.Response:
+    return _get_from(_app(), path, headers)
+
+
+def _get_from(app: FastAPI, path: str, headers: dict[str, str]) -> httpx.Response:
     async def main() -> httpx.Response:
-        transport = httpx.ASGITransport(app=_app(), raise_app_exceptions=False)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             return await client.get(path, headers=headers)
 
@@ -59,3 +66,11 @@ def test_a_well_formed_id_is_kept_and_anything_else_replaced() -> None:
     assert _get("/ok", **{"x-request-id": "trace-7"}).headers["x-request-id"] == "trace-7"
     long = "x" * 200
     assert _get("/ok", **{"x-request-id": long}).headers["x-request-id"].startswith("req_")
+
+
+def test_the_extra_headers_follow_the_id_on_every_response() -> None:
+    app = _app(extra_headers=[(b"x-replica", b"gpu-3")])
+    for path in ("/ok", "/stream", "/missing", "/boom"):
+        names = [name for name, _ in _get_from(app, path, {}).headers.multi_items()]
+        assert names[-2:] == ["x-request-id", "x-replica"], path
+        assert names.count("x-replica") == 1
