@@ -22,6 +22,7 @@ from inference_auctions.server.api import (
 )
 from inference_auctions.server.api.body_decoder import BodyDecoder
 from inference_auctions.server.api.deps import AppState, AuthenticationCache, RateLimiter
+from inference_auctions.server.api.direct_routes import DirectRoutes, find_routes
 from inference_auctions.server.api.error_handlers import install_error_handlers
 from inference_auctions.server.api.request_id import RequestIdMiddleware
 from inference_auctions.server.cluster.replica import rate_limit_share, replica_header
@@ -31,6 +32,13 @@ from inference_auctions.server.service import AuctionService
 from inference_auctions.server.settings import ServerSettings, without_password
 
 log = logging.getLogger(__name__)
+
+# The routes that skip FastAPI's routing and dependency resolution (see `api.direct_routes`).
+GENERATION_ENDPOINTS = (
+    sglang_routes.generate,
+    openai_routes.completions,
+    openai_routes.chat_completions,
+)
 
 
 def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAPI:
@@ -76,20 +84,26 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     )
     decoder = app.state.body_decoder = BodyDecoder()
     install_error_handlers(app)
+    routers = [
+        module.router
+        for module in (
+            sglang_routes,
+            engine_routes,
+            openai_routes,
+            ledger_routes,
+            pacing_routes,
+            admin_routes,
+            ops_routes,
+            dashboard_routes,
+            dashboard_page,
+        )
+    ]
+    for router in routers:
+        app.include_router(router)
+    # Added first, so innermost: the generation routes are most of the traffic.
+    generation = find_routes(routers, GENERATION_ENDPOINTS)
+    app.add_middleware(DirectRoutes, routes=generation, exception_handlers=app.exception_handlers)
     app.add_middleware(RequestIdMiddleware, extra_headers=[replica_header(settings)])
-    routes = (
-        sglang_routes,
-        engine_routes,
-        openai_routes,
-        ledger_routes,
-        pacing_routes,
-        admin_routes,
-        ops_routes,
-    )
-    for module in routes:
-        app.include_router(module.router)
-    app.include_router(dashboard_routes.router)
-    app.include_router(dashboard_page.router)
     return app
 
 

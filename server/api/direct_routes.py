@@ -1,0 +1,180 @@
+"""The generation routes answered without FastAPI's per-request layers.
+
+Under load, the layers between uvicorn and a generation route cost about a fifth of the
+server's CPU: Starlette's exception middleware, FastAPI's exit-stack middleware, the router
+trying every route in turn, the request handler solving dependencies, and a `send` wrapper
+for each. The generation routes need none of it: each is a coroutine that takes the
+`Request` alone, reads and checks its own body, and returns a `Response`.
+
+`DirectRoutes` is the innermost middleware. For an exact method and path of such a route it
+calls the endpoint itself, renders what the endpoint raises with the app's own exception
+handlers, as Starlette's `ExceptionMiddleware` does around a route, and sends the response.
+Everything else goes on to FastAPI unchanged. The routes stay registered in FastAPI: they
+make the OpenAPI document, and FastAPI keeps answering what is not an exact match (another
+method: 405; a trailing slash: the redirect). The outer middlewares and the catch-all handler
+for unexpected errors see both ways in alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["DirectRoutes", "find_routes"]
+
+Handler = Callable[[Request, Exception], Awaitable[Response | None]]
+
+
+class DirectRoutes:
+    """ASGI middleware: calls the endpoints of `routes` directly, passes on everything else."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        routes: Sequence[APIRoute],
+        exception_handlers: Mapping[Any, Callable[..., Any]],
+    ) -> None:
+        self.app = app
+        self._routes = {
+            (method, route.path): route
+            for route in map(_checked, routes)
+            for method in route.methods or ()
+        }
+        self._by_class, self._by_status = route_handlers(exception_handlers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer an exact match of a direct route here; pass anything else on."""
+        # A root path is FastAPI's to strip before matching; such a request simply goes there.
+        if scope["type"] != "http" or scope.get("root_path"):
+            await self.app(scope, receive, send)
+            return
+        route = self._routes.get((scope["method"], scope["path"]))
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        # What FastAPI's router puts in the scope of a matched route.
+        scope["endpoint"], scope["path_params"], scope["route"] = route.endpoint, {}, route
+        request = Request(scope, receive, send)
+        started = False
+
+        async def sender(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            response = await route.endpoint(request)
+            await response(scope, receive, sender)
+        except Exception as error:
+            handler = self._handler_for(error)
+            if handler is None:
+                raise  # to the outer middlewares: unexpected errors are answered there
+            if started:
+                message = "Caught handled exception, but response already started."  # Starlette's
+                raise RuntimeError(message) from error
+            answer = await handler(request, error)
+            if answer is not None:
+                await answer(scope, receive, sender)
+            # As Starlette does: a reused exception instance must not pile up tracebacks.
+            error.__traceback__ = None
+
+    def _handler_for(self, error: Exception) -> Handler | None:
+        if isinstance(error, HTTPException):
+            handler = self._by_status.get(error.status_code)
+            if handler is not None:
+                return handler
+        for cls in type(error).__mro__:
+            handler = self._by_class.get(cls)
+            if handler is not None:
+                return handler
+        return None
+
+
+def route_handlers(
+    handlers: Mapping[Any, Callable[..., Any]],
+) -> tuple[dict[type, Handler], dict[int, Handler]]:
+    """The app's exception handlers that answer inside the middlewares, as FastAPI splits
+    them: by exception class and by HTTP status, without the catch-all (`Exception` or 500),
+    which answers outside every middleware."""
+    by_class: dict[type, Handler] = {}
+    by_status: dict[int, Handler] = {}
+    for key, handler in handlers.items():
+        if key in (500, Exception):
+            continue
+        if isinstance(key, int):
+            by_status[key] = _as_coroutine(handler)
+        else:
+            by_class[key] = _as_coroutine(handler)
+    return by_class, by_status
+
+
+def _as_coroutine(handler: Callable[..., Any]) -> Handler:
+    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 -- an async callable object counts too
+    ):
+        return typing.cast(Handler, handler)
+
+    async def in_thread(request: Request, error: Exception) -> Response | None:
+        result: Response | None = await run_in_threadpool(handler, request, error)
+        return result
+
+    return in_thread
+
+
+def find_routes(
+    routers: Iterable[APIRouter], endpoints: Iterable[Callable[..., Any]]
+) -> list[APIRoute]:
+    """The routes of `routers` whose endpoint is one of `endpoints`, each of them found once."""
+    wanted = list(endpoints)
+    found = [
+        route
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute) and route.endpoint in wanted
+    ]
+    missing = [e.__name__ for e in wanted if [r.endpoint for r in found].count(e) != 1]
+    if missing:
+        raise ValueError(f"not routed exactly once: {', '.join(missing)}")
+    return found
+
+
+def _checked(route: APIRoute) -> APIRoute:
+    """`route`, if calling its endpoint with the request alone is all FastAPI would do."""
+    dependant = route.dependant
+    fastapi_work = (
+        dependant.path_params,
+        dependant.query_params,
+        dependant.header_params,
+        dependant.cookie_params,
+        dependant.body_params,
+        dependant.dependencies,
+    )
+    returns = typing.get_type_hints(route.endpoint).get("return")
+    plain = (
+        not any(fastapi_work)
+        and dependant.request_param_name is not None
+        and len(inspect.signature(route.endpoint).parameters) == 1
+        and inspect.iscoroutinefunction(route.endpoint)
+        and isinstance(returns, type)
+        and issubclass(returns, Response)
+        and route.max_body_size is None
+        and "{" not in route.path
+    )
+    if not plain:
+        raise ValueError(
+            f"{route.path} cannot be routed directly: its endpoint must be a coroutine that "
+            "takes the request alone and returns a Response, on a fixed path"
+        )
+    return route
