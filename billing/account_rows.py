@@ -3,8 +3,9 @@
 Settling a batch and placing a group of holds touch a handful of users hundreds of times a
 second. Loading each user, balance and budget as ORM instances and letting the unit of work
 find what changed costs more CPU than the SQL itself, so these paths lock the rows with one
-Core select (the budget row comes with it: read once per transaction), move the balances in
-Python and write every changed balance with one executemany UPDATE. The locking rules are
+select (the budget row comes with it: read once per transaction), move the balances in
+Python and write every changed balance with one executemany UPDATE, both sent to the driver
+directly (`billing.driver_sql`). The locking rules are
 `billing.postings`': balance rows `FOR UPDATE` on PostgreSQL, in the order of the users' names.
 
 The rare cases that need the full machinery go through the ORM functions on the same,
@@ -19,11 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
+from functools import cache
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Dialect, Table
 from sqlalchemy.orm import Session
 
+from inference_auctions.billing.driver_sql import Columns, Processor, convert, driver_cursor
 from inference_auctions.billing.errors import UnknownUser
 from inference_auctions.billing.grants import open_period, period_at
 from inference_auctions.billing.models import (
@@ -105,31 +108,48 @@ class AccountRow:
 
 _BUDGET_FIELDS = [field.name for field in fields(BudgetRow)]
 
-# Built once: these run several times per batch, and building a statement costs more CPU
-# than executing its cached compiled form.
-_LOCK_ROWS = (
-    select(
-        USERS.c.name,
-        USERS.c.disabled,
-        BALANCES.c.balance_micros,
-        BALANCES.c.held_micros,
-        *(BUDGETS.c[name] for name in _BUDGET_FIELDS),
+# What `lock_rows` reads, in order: the user, its balance, its budget row.
+_LOCKED_USER = Columns(USERS, ("name", "disabled"))
+_LOCKED_BALANCE = Columns(BALANCES, ("balance_micros", "held_micros"))
+_LOCKED_BUDGET = Columns(BUDGETS, tuple(_BUDGET_FIELDS))
+_WRITTEN_BALANCE = Columns(BALANCES, ("balance_micros", "held_micros", "updated_at", "user_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    """`lock_rows` and `write_balances` for one dialect (`billing.driver_sql`)."""
+
+    lock: str
+    lock_results: tuple[Processor, ...]
+    write: str
+    write_binds: tuple[Processor, ...]
+
+
+@cache
+def _statements(dialect: Dialect) -> _Statements:
+    def qualified(columns: Columns) -> list[str]:
+        return [f"{columns.table.name}.{name}" for name in columns.quoted(dialect)]
+
+    read = [_LOCKED_USER, _LOCKED_BALANCE, _LOCKED_BUDGET]
+    lock = (
+        f"SELECT {', '.join(name for columns in read for name in qualified(columns))} "
+        "FROM users JOIN balances ON balances.user_id = users.id "
+        "JOIN budgets ON budgets.user_id = users.id "
+        "WHERE users.name IN ({in}) ORDER BY users.name"
     )
-    .join(BALANCES, BALANCES.c.user_id == USERS.c.id)
-    .join(BUDGETS, BUDGETS.c.user_id == USERS.c.id)
-    .where(USERS.c.name.in_(bindparam("names", expanding=True)))
-    .order_by(USERS.c.name)
-    .with_for_update(of=BALANCES)
-)
-_WRITE_BALANCES = (
-    update(BALANCES)
-    .where(BALANCES.c.user_id == bindparam("uid"))
-    .values(
-        balance_micros=bindparam("b"),
-        held_micros=bindparam("h"),
-        updated_at=bindparam("now", type_=BALANCES.c.updated_at.type),
+    if dialect.name == "postgresql":
+        lock += " FOR UPDATE OF balances"
+    written = _WRITTEN_BALANCE.quoted(dialect)
+    write = (
+        f"UPDATE balances SET {', '.join(f'{name} = ?' for name in written[:-1])} "
+        f"WHERE {written[-1]} = ?"
     )
-)
+    return _Statements(
+        lock=lock,
+        lock_results=tuple(p for columns in read for p in columns.result(dialect)),
+        write=write,
+        write_binds=_WRITTEN_BALANCE.bind(dialect),
+    )
 
 
 def lock_rows(session: Session, names: Iterable[str]) -> dict[str, AccountRow]:
@@ -137,18 +157,21 @@ def lock_rows(session: Session, names: Iterable[str]) -> dict[str, AccountRow]:
     wanted = sorted(set(names))
     if not wanted:
         return {}
-    rows = session.connection().execute(_LOCK_ROWS, {"names": wanted}).all()
-    return {
-        row[0]: AccountRow(
+    cursor = driver_cursor(session)
+    statements = _statements(cursor.dialect)
+    rows = cursor.execute(statements.lock, wanted, count=len(wanted))
+    accounts = {}
+    for raw in rows:
+        row = convert(raw, statements.lock_results)
+        accounts[row[0]] = AccountRow(
             user_id=row[4],
             name=row[0],
-            disabled=row[1],
+            disabled=bool(row[1]),
             balance_micros=row[2],
             held_micros=row[3],
             budget=BudgetRow(*row[4:]),
         )
-        for row in rows
-    }
+    return accounts
 
 
 def lock_known_rows(session: Session, names: Iterable[str]) -> dict[str, AccountRow]:
@@ -199,14 +222,18 @@ def reload_row(session: Session, row: AccountRow, account: Account) -> None:
 
 
 def write_balances(session: Session, accounts: Sequence[AccountRow], now: datetime) -> None:
-    """Write the changed balances, one UPDATE statement for all of them."""
-    params = [
-        {"uid": row.user_id, "b": row.balance_micros, "h": row.held_micros, "now": now}
-        for row in accounts
-        if row.changed
-    ]
-    if not params:
+    """Write the changed balances, one driver call for all of them."""
+    changed = [row for row in accounts if row.changed]
+    if not changed:
         return
-    session.connection().execute(_WRITE_BALANCES, params)
-    for row in accounts:
+    cursor = driver_cursor(session)
+    statements = _statements(cursor.dialect)
+    cursor.execute_many(
+        statements.write,
+        [
+            convert((row.balance_micros, row.held_micros, now, row.user_id), statements.write_binds)
+            for row in changed
+        ],
+    )
+    for row in changed:
         row.changed = False

@@ -5,11 +5,12 @@ after the other in the group's order, so a later request of a user sees the earl
 holds, and a refused request changes nothing for the others. The common case, a new hold for
 an enabled user, is decided in Python against the locked balance row and written with one
 multi-row insert for all holds and one for all their entries; each balance row is updated
-once (`billing.account_rows`: Core statements on plain rows, the budget row read with the
-lock). Every other case goes through `holds.place_hold` itself, inside a savepoint so that its
-refusal undoes only its own writes: a hold already placed for the rid (a replay, a re-opening
-or a conflict), and a user's first hold after a budget period boundary (opening the period
-writes entries, which a refused hold must not leave behind).
+once (`billing.account_rows`: plain rows, the budget row read with the lock), all sent to
+the driver directly (`billing.driver_sql`). Every other case goes through
+`holds.place_hold` itself, inside a savepoint so that its refusal undoes only its own
+writes: a hold already placed for the rid (a replay, a re-opening or a conflict), and a
+user's first hold after a budget period boundary (opening the period writes entries, which a
+refused hold must not leave behind).
 
 Every involved user is locked once, in name order (`account_rows.lock_rows`), so groups never
 wait on each other in a cycle.
@@ -21,11 +22,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import holds
 from inference_auctions.billing.account_rows import AccountRow, lock_rows, write_balances
+from inference_auctions.billing.driver_sql import Columns, driver_cursor
 from inference_auctions.billing.errors import (
     BatchCapExceeded,
     InsufficientFunds,
@@ -45,8 +47,24 @@ FINGERPRINT_LENGTH = 64
 
 HoldResult = HoldView | LedgerError
 
-_INSERT_HOLDS = insert(HOLDS)
-_EXISTING_RIDS = select(HOLDS.c.rid).where(HOLDS.c.rid.in_(bindparam("rids", expanding=True)))
+# The columns a hold row of `_Group.place_new` fills; both statements go to the driver
+# directly (`billing.driver_sql`).
+_HOLD_COLUMNS = Columns(
+    HOLDS,
+    (
+        "rid",
+        "user_id",
+        "amount_micros",
+        "state",
+        "batch_id",
+        "created_at",
+        "closed_at",
+        "period_start",
+        "fingerprint",
+        "attempt",
+    ),
+)
+_EXISTING_RIDS = "SELECT rid FROM holds WHERE rid IN ({in})"
 
 
 def check_request(request: HoldRequest) -> None:
@@ -108,10 +126,11 @@ class _Group:
 
     def existing_rids(self, rids: list[str]) -> set[str]:
         """Those of `rids` that already have a hold (read under the users' locks)."""
-        if not rids:
+        wanted = sorted(set(rids))
+        if not wanted:
             return set()
-        rows = self.session.connection().execute(_EXISTING_RIDS, {"rids": sorted(set(rids))})
-        return set(rows.scalars())
+        rows = driver_cursor(self.session).execute(_EXISTING_RIDS, wanted, count=len(wanted))
+        return {row[0] for row in rows}
 
     def place_new(self, request: HoldRequest, account: AccountRow) -> HoldResult:
         """Decide a hold for a rid that has none, as `holds.place_hold` does."""
@@ -194,7 +213,7 @@ class _Group:
     def write(self) -> None:
         """Write the holds decided so far, their entries and the balances, one statement each."""
         if self._holds:
-            self.session.connection().execute(_INSERT_HOLDS, self._holds)
+            driver_cursor(self.session).insert(_HOLD_COLUMNS, self._holds)
             insert_entries(self.session, self._entries)
             self._holds = []
             self._entries = []

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from inference_auctions.billing.driver_sql import Columns, driver_cursor
 from inference_auctions.billing.errors import IdempotencyConflict, InvalidInput, UnknownUser
 from inference_auctions.billing.models import (
     BALANCE_KINDS,
@@ -32,7 +33,21 @@ from inference_auctions.billing.models import (
 )
 from inference_auctions.billing.records import EntryView
 
-_INSERT_ENTRIES = insert(LEDGER_ENTRIES)
+# The columns an entry row of `entry_values` fills (the id is the database's).
+_ENTRY_COLUMNS = Columns(
+    LEDGER_ENTRIES,
+    (
+        "user_id",
+        "kind",
+        "amount_micros",
+        "batch_id",
+        "request_id",
+        "reason",
+        "idempotency_key",
+        "created_at",
+        "period_start",
+    ),
+)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]*", re.ASCII)
 
 
@@ -230,9 +245,8 @@ def entry_values(
 
 
 def insert_entries(session: Session, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Insert entry rows made by `entry_row` in one multi-row statement."""
-    if rows:
-        session.connection().execute(_INSERT_ENTRIES, list(rows))
+    """Insert entry rows made by `entry_row` or `entry_values`, one driver call for all."""
+    driver_cursor(session).insert(_ENTRY_COLUMNS, rows)
 
 
 def time_key(moment: datetime) -> str:

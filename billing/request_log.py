@@ -10,9 +10,10 @@ import math
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import CursorResult, bindparam, select, update
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
+from inference_auctions.billing.driver_sql import Columns, convert, driver_cursor
 from inference_auctions.billing.errors import InvalidInput, RequestNotScheduled, UnknownRequest
 from inference_auctions.billing.models import AUCTION_REQUESTS, BatchRequest, RequestStatus, User
 from inference_auctions.billing.postings import check_id
@@ -137,6 +138,19 @@ def finish_scheduled(
     raise RequestNotScheduled(rid, current.status.value)
 
 
+# `serve_scheduled` runs for every served request (grouped), straight on the driver
+# (`billing.driver_sql`).
+_SCHEDULED_ROWS = "SELECT rid, status FROM auction_requests WHERE rid IN ({in}) ORDER BY rid"
+_STATUS = Columns(AUCTION_REQUESTS, ("status",))
+_SERVE = (
+    "UPDATE auction_requests SET status = ?, cached_tokens = ?, ttft_ms = ?, updated_at = ? "
+    "WHERE rid = ? AND status = ?"
+)
+_SERVED_BINDS = Columns(
+    AUCTION_REQUESTS, ("status", "cached_tokens", "ttft_ms", "updated_at", "rid", "status")
+)
+
+
 def serve_scheduled(session: Session, records: Sequence[ServedRecord], now: datetime) -> list[bool]:
     """Move each record's request from `scheduled` to `served`, only if it is still scheduled;
     result i tells whether record i moved it (a repeated rid moves it at most once).
@@ -149,42 +163,38 @@ def serve_scheduled(session: Session, records: Sequence[ServedRecord], now: date
         check_id(record.rid, "rid")
         _check_ttft(record.ttft_ms)
         _check_cached(record.cached_tokens)
+    cursor = driver_cursor(session)
+    dialect = cursor.dialect
+    wanted = sorted({r.rid for r in records})
     # Locked in rid order, so two of these never wait on each other in a cycle.
-    rows = session.execute(
-        select(BatchRequest.rid, BatchRequest.status)
-        .where(BatchRequest.rid.in_({r.rid for r in records}))
-        .order_by(BatchRequest.rid)
-        .with_for_update()
-    )
-    current: dict[str, RequestStatus] = dict(rows.all())
+    select_sql = _SCHEDULED_ROWS + (" FOR UPDATE" if dialect.name == "postgresql" else "")
+    (status_of,) = _STATUS.result(dialect)
+    rows = cursor.execute(select_sql, wanted, count=len(wanted))
+    current = {rid: status if status_of is None else status_of(status) for rid, status in rows}
     moved: list[bool] = []
-    served: list[dict[str, object]] = []
+    served: list[tuple[object, ...]] = []
+    binds = _SERVED_BINDS.bind(dialect)
     for record in records:
         if current.get(record.rid) is RequestStatus.SCHEDULED:
             current[record.rid] = RequestStatus.SERVED
+            ttft = None if record.ttft_ms is None else float(record.ttft_ms)
             served.append(
-                {
-                    "b_rid": record.rid,
-                    "b_cached": record.cached_tokens,
-                    "b_ttft": None if record.ttft_ms is None else float(record.ttft_ms),
-                }
+                convert(
+                    (
+                        RequestStatus.SERVED,
+                        record.cached_tokens,
+                        ttft,
+                        now,
+                        record.rid,
+                        RequestStatus.SCHEDULED,
+                    ),
+                    binds,
+                )
             )
             moved.append(True)
         else:
             moved.append(False)
-    if served:
-        table = AUCTION_REQUESTS
-        session.connection().execute(
-            update(table)
-            .where(table.c.rid == bindparam("b_rid"), table.c.status == RequestStatus.SCHEDULED)
-            .values(
-                status=RequestStatus.SERVED,
-                cached_tokens=bindparam("b_cached"),
-                ttft_ms=bindparam("b_ttft"),
-                updated_at=now,
-            ),
-            served,
-        )
+    cursor.execute_many(_SERVE, served)
     return moved
 
 

@@ -7,9 +7,10 @@ contents under the same id raise `IdempotencyConflict`. Each charge counts in th
 periods its holds were placed in (`billing.period_charges`).
 
 A settlement runs once per auction batch on the server's ledger writer, so it costs a fixed
-number of Core statements whatever the batch's size: the locked accounts are plain rows
-(`billing.account_rows`), each table is written by one statement, and no row goes through
-the ORM's identity map unless a budget period has to be opened.
+number of statements whatever the batch's size, sent to the driver directly
+(`billing.driver_sql`): the locked accounts are plain rows (`billing.account_rows`), each
+table is written by one statement, and no row goes through the ORM's identity map unless a
+budget period has to be opened.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing.account_rows import (
@@ -31,6 +32,7 @@ from inference_auctions.billing.account_rows import (
     open_periods,
     write_balances,
 )
+from inference_auctions.billing.driver_sql import Columns, convert, driver_cursor
 from inference_auctions.billing.errors import (
     ChargeExceedsHold,
     HoldNotOpen,
@@ -78,21 +80,45 @@ class _HoldRow(NamedTuple):
     attempt: int
 
 
-# Built once: each runs once per batch (see `billing.account_rows`).
-_HOLD_ROWS = select(*(HOLDS.c[name] for name in _HoldRow._fields)).where(
-    HOLDS.c.rid.in_(bindparam("rids", expanding=True))
+# Each runs once per batch, straight on the driver (see `billing.account_rows`).
+_HOLD_READ = Columns(HOLDS, _HoldRow._fields)
+_HOLD_ROWS = f"SELECT {', '.join(_HoldRow._fields)} FROM holds WHERE rid IN ({{in}})"
+_SETTLE_HOLDS = "UPDATE holds SET state = ?, closed_at = ?, batch_id = ? WHERE rid IN ({in})"
+_SETTLE_BINDS = Columns(HOLDS, ("state", "closed_at", "batch_id"))
+_BATCH_COLUMNS = Columns(
+    BATCHES,
+    (
+        "id",
+        "closed_at",
+        "n",
+        "revenue_micros",
+        "welfare_micros",
+        "tree_nodes",
+        "tree_depth",
+        "shared_tokens",
+        "total_tokens",
+        "fingerprint",
+        "settled_at",
+    ),
 )
-_SETTLE_HOLDS = (
-    update(HOLDS)
-    .where(HOLDS.c.rid.in_(bindparam("rids", expanding=True)))
-    .values(
-        state=HoldState.SETTLED,
-        closed_at=bindparam("at", type_=HOLDS.c.closed_at.type),
-        batch_id=bindparam("batch", type_=HOLDS.c.batch_id.type),
-    )
+_REQUEST_COLUMNS = Columns(
+    AUCTION_REQUESTS,
+    (
+        "rid",
+        "batch_id",
+        "user_id",
+        "position",
+        "priority",
+        "bid_micros",
+        "prompt_tokens",
+        "cached_tokens",
+        "ttft_ms",
+        "status",
+        "updated_at",
+        "arrival",
+        "tree_path",
+    ),
 )
-_INSERT_BATCH = insert(BATCHES)
-_INSERT_REQUESTS = insert(AUCTION_REQUESTS)
 
 _COUNTS = ("n", "tree_nodes", "tree_depth", "shared_tokens", "total_tokens")
 
@@ -138,8 +164,13 @@ def _batch_exists(session: Session, batch_id: str) -> bool:
 def _hold_rows(session: Session, rids: Sequence[str]) -> dict[str, _HoldRow]:
     """The holds of `rids` as plain rows (read under the users' locks: every hold's state
     changes under its user's lock)."""
-    rows = session.connection().execute(_HOLD_ROWS, {"rids": list(rids)}).all()
-    return {row.rid: _HoldRow._make(row) for row in rows}
+    wanted = list(rids)
+    if not wanted:
+        return {}
+    cursor = driver_cursor(session)
+    results = _HOLD_READ.result(cursor.dialect)
+    rows = cursor.execute(_HOLD_ROWS, wanted, count=len(wanted))
+    return {row[0]: _HoldRow._make(convert(row, results)) for row in rows}
 
 
 def settle_claimable(
@@ -290,30 +321,32 @@ def _settle(
     for name, amount in charges.items():
         if amount > held[name]:
             raise ChargeExceedsHold(batch_id, name, amount, held[name])
-    connection = session.connection()
+    cursor = driver_cursor(session)
     # The batch row first (the rows below reference it), then its request rows, the entries
     # and the balances; the holds are closed last. The crash tests rely on that order: a
     # settlement blocked on a hold's row lock has written everything else.
-    connection.execute(
-        _INSERT_BATCH,
-        {
-            "id": batch_id,
-            "closed_at": closed_at,
-            "n": batch.n,
-            "revenue_micros": batch.revenue_micros,
-            "welfare_micros": batch.welfare_micros,
-            "tree_nodes": batch.tree_nodes,
-            "tree_depth": batch.tree_depth,
-            "shared_tokens": batch.shared_tokens,
-            "total_tokens": batch.total_tokens,
-            "fingerprint": fingerprint,
-            "settled_at": now,
-        },
+    cursor.insert(
+        _BATCH_COLUMNS,
+        [
+            {
+                "id": batch_id,
+                "closed_at": closed_at,
+                "n": batch.n,
+                "revenue_micros": batch.revenue_micros,
+                "welfare_micros": batch.welfare_micros,
+                "tree_nodes": batch.tree_nodes,
+                "tree_depth": batch.tree_depth,
+                "shared_tokens": batch.shared_tokens,
+                "total_tokens": batch.total_tokens,
+                "fingerprint": fingerprint,
+                "settled_at": now,
+            }
+        ],
     )
     reason = f"settled in batch {batch_id}"
     ordered = sorted(requests, key=lambda r: r.position)
-    connection.execute(
-        _INSERT_REQUESTS,
+    cursor.insert(
+        _REQUEST_COLUMNS,
         [
             _request_row(batch_id, request, accounts[request.user].user_id, now)
             for request in ordered
@@ -336,9 +369,9 @@ def _settle(
     insert_entries(session, entries)
     write_balances(session, [accounts[name] for name in sorted(accounts)], now)
     # Every hold of the batch moves to the same state: one statement.
-    connection.execute(
-        _SETTLE_HOLDS, {"rids": [request.rid for request in ordered], "at": now, "batch": batch_id}
-    )
+    rids = [request.rid for request in ordered]
+    settled = convert((HoldState.SETTLED, now, batch_id), _SETTLE_BINDS.bind(cursor.dialect))
+    cursor.execute(_SETTLE_HOLDS, [*settled, *rids], count=len(rids))
     return SettleResult(
         batch_id=batch_id,
         charges_micros={name: charges.get(name, 0) for name in sorted(accounts)},

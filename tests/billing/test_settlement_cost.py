@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, event
 
 from inference_auctions.billing import HoldRequest, HoldState, Ledger
+from inference_auctions.billing.driver_sql import DriverCursor
 from inference_auctions.billing.records import BatchRecord, RequestRecord
 from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of, get_hold
@@ -23,16 +24,25 @@ from tests.db_fixtures import MigratedDatabase
 
 @contextmanager
 def _statements(engine: Engine) -> Iterator[list[str]]:
-    """The statements sent to the database meanwhile, one per execute or executemany call."""
+    """The statements sent to the database meanwhile, one per execute or executemany call:
+    through SQLAlchemy, and straight to the driver (`billing.driver_sql`)."""
     sent: list[str] = []
 
     def record(*args: Any) -> None:
         sent.append(str(args[2]))
 
+    driver_run = DriverCursor._run
+
+    def run_and_record(cursor: DriverCursor, statement: str, params: Any, *, many: bool) -> None:
+        sent.append(statement)
+        driver_run(cursor, statement, params, many=many)
+
     event.listen(engine, "before_cursor_execute", record)
+    DriverCursor._run = run_and_record  # type: ignore[method-assign]
     try:
         yield sent
     finally:
+        DriverCursor._run = driver_run  # type: ignore[method-assign]
         event.remove(engine, "before_cursor_execute", record)
 
 

@@ -1,0 +1,102 @@
+"""The statements sent to the driver directly read and write what SQLAlchemy would, and fail
+as SQLAlchemy would fail: its exception classes, a lost connection invalidated."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+from inference_auctions.billing import HoldRequest, HoldState, Ledger
+from inference_auctions.billing.account_rows import BudgetRow, lock_rows
+from inference_auctions.billing.driver_sql import driver_cursor
+from inference_auctions.billing.models import Budget, EntryKind, Hold, LedgerEntry, User
+from inference_auctions.billing.postings import entry_values, insert_entries
+from tests.billing.conftest import Clock
+from tests.db_fixtures import MigratedDatabase, migrated_database
+
+_NOW = datetime(2025, 1, 15, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def test_rows_written_by_the_driver_read_back_through_the_orm_as_written(
+    ledger_db: MigratedDatabase,
+) -> None:
+    ledger = Ledger(ledger_db.engine, clock=Clock(_NOW))
+    ledger.create_user("ada", budget_micros=1_000)
+    [view] = ledger.place_holds([HoldRequest("ada", "r1", 250, fingerprint="f" * 64)])
+    assert view.amount_micros == 250
+    with Session(ledger_db.engine) as session:
+        hold = session.get(Hold, "r1")
+        assert hold is not None
+        assert (hold.state, hold.amount_micros, hold.fingerprint) == (HoldState.OPEN, 250, "f" * 64)
+        assert hold.created_at == _NOW and hold.created_at.tzinfo is not None
+        assert hold.closed_at is None and hold.batch_id is None
+        entry = session.scalars(
+            select(LedgerEntry).where(LedgerEntry.idempotency_key == "hold:r1")
+        ).one()
+        assert (entry.kind, entry.amount_micros, entry.request_id) == (EntryKind.HOLD, 250, "r1")
+        assert entry.created_at == _NOW
+    assert ledger.balance("ada").held_micros == 250
+
+
+def test_locked_rows_carry_the_budget_as_the_orm_reads_it(ledger_db: MigratedDatabase) -> None:
+    ledger = Ledger(ledger_db.engine, clock=Clock(_NOW))
+    ledger.create_user("ada", budget_micros=5_000, period="day", timezone="Europe/Paris")
+    ledger.set_budget("ada", budget_micros=7_000, batch_cap_micros=900)  # pending from tomorrow
+    with Session(ledger_db.engine) as session, session.begin():
+        [(name, account)] = lock_rows(session, ["ada", "nobody"]).items()
+        budget = session.scalars(select(Budget).join(User).where(User.name == "ada")).one()
+        expected = BudgetRow(*(getattr(budget, field) for field in BudgetRow.__slots__))
+    assert name == "ada" and account.budget == expected
+    assert account.disabled is False
+    assert expected.pending_from is not None and expected.pending_from.tzinfo is not None
+    assert (account.balance_micros, account.held_micros) == (5_000, 0)
+
+
+def test_a_constraint_broken_on_the_driver_raises_sqlalchemys_integrity_error(
+    ledger_db: MigratedDatabase,
+) -> None:
+    ledger = Ledger(ledger_db.engine, clock=Clock(_NOW))
+    ledger.create_user("ada", budget_micros=1_000)
+    ledger.place_holds([HoldRequest("ada", "r1", 10)])
+    with Session(ledger_db.engine) as session, session.begin():
+        user_id = session.scalars(select(User.id).where(User.name == "ada")).one()
+        again = entry_values(user_id, EntryKind.HOLD, 10, key="hold:r1", now=_NOW)
+        with pytest.raises(IntegrityError):
+            insert_entries(session, [again])
+        session.rollback()
+    assert ledger.reconcile().ok
+
+
+def test_each_transaction_of_a_session_gets_its_own_cursor(ledger_db: MigratedDatabase) -> None:
+    with Session(ledger_db.engine) as session:
+        with session.begin():
+            first = driver_cursor(session)
+            assert driver_cursor(session) is first
+        with session.begin():
+            second = driver_cursor(session)
+            assert second is not first
+            assert second.execute("SELECT 1 + ?", [1]) == [(2,)]
+
+
+def test_a_connection_lost_under_the_driver_is_invalidated(tmp_path: object) -> None:
+    with migrated_database("postgresql", tmp_path) as db:  # type: ignore[arg-type]
+        ledger = Ledger(db.engine, clock=Clock(_NOW))
+        ledger.create_user("ada", budget_micros=1_000)
+        with (
+            pytest.raises(OperationalError) as raised,
+            Session(db.engine) as session,
+            session.begin(),
+        ):
+            cursor = driver_cursor(session)
+            [(pid,)] = cursor.execute("SELECT pg_backend_pid()")
+            with db.new_engine().begin() as admin:
+                admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            cursor.execute("SELECT 1")
+        assert raised.value.connection_invalidated
+        # The dead connection went back to the pool as invalid: the next write reconnects.
+        [view] = ledger.place_holds([HoldRequest("ada", "r1", 10)])
+        assert view.amount_micros == 10
