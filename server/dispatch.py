@@ -187,20 +187,20 @@ class Serving:
             )
         except Exception as failure:
             self.metrics.ledger_errors.labels(operation="record").inc()
-            self.metrics.requests.labels(status="failed").inc()
+            self.metrics.count_request("failed")
             log.error("recording request %r served failed: %s", ticket.rid, failure)
             return unavailable(
                 f"the answer to request {ticket.rid!r} could not be recorded; it counts as "
                 "unserved and will be refunded; send it again with a new rid"
             )
         if not recorded:
-            self.metrics.requests.labels(status="failed").inc()
+            self.metrics.count_request("failed")
             log.warning("request %r was recorded unserved (recovery) before its answer", ticket.rid)
             return unavailable(
                 f"request {ticket.rid!r} was counted unserved and refunded before its answer "
                 "could be recorded; send it again with a new rid"
             )
-        self.metrics.requests.labels(status="served").inc()
+        self.metrics.count_request("served")
         self.metrics.record_cache(
             int(meta.get("prompt_tokens", len(ticket.tokens))), cached_tokens or 0
         )
@@ -208,7 +208,7 @@ class Serving:
 
     async def _fail(self, ticket: Ticket, batch: ClearedBatch, error: ServiceError) -> None:
         """Record the request failed and refund what its failure is worth, at once."""
-        self.metrics.requests.labels(status="failed").inc()
+        self.metrics.count_request("failed")
         target = batch.refund_after_failure(ticket.user, ticket.ledger_rid)
         try:
             await self.writer.call(
