@@ -29,10 +29,15 @@ from inference_auctions.server.tickets import Ticket
 log = logging.getLogger(__name__)
 
 
+# The canonical form of a payload: what `json.dumps(payload, sort_keys=True,
+# separators=(",", ":"), default=str)` writes (holds store its digest, so it must never
+# change), with one encoder for every request instead of one built per call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
+
 def payload_fingerprint(payload: dict[str, Any]) -> str:
     """A stable digest of a request's payload (what a retry must repeat exactly)."""
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(_CANONICAL.encode(payload).encode()).hexdigest()
 
 
 def ledger_rid(user: str, rid: str) -> str:

@@ -47,6 +47,45 @@ class _Streamed:
     streamed: bool = False  # whether the engine sent anything at all
 
 
+class _Deadlines:
+    """The stall and total deadlines of one stream, on one timer handle.
+
+    A chunk only notes the time its successor is awaited from (`waiting`); the timer, when it
+    fires, re-arms itself if that moved the stall deadline, and otherwise expires `scope` (the
+    stream's timeout scope). So a stream costs a timer per stall period, not one per chunk;
+    the deadlines are the same as a fresh `asyncio.timeout(min(stall, cap left))` per chunk.
+    """
+
+    def __init__(self, scope: asyncio.Timeout, stall: float, cap_at: float | None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._scope = scope
+        self._stall = stall
+        self._cap_at = cap_at
+        self.waiting()
+        self._armed_at = self._due()
+        self._timer = self._loop.call_at(self._armed_at, self._fire)
+
+    def waiting(self) -> None:
+        """The next chunk is awaited from now: its stall deadline starts now."""
+        self._since = self._loop.time()
+
+    def _due(self) -> float:
+        due = self._since + self._stall
+        return due if self._cap_at is None else min(due, self._cap_at)
+
+    def _fire(self) -> None:
+        due = self._due()
+        if due > self._armed_at:
+            self._armed_at = due
+            self._timer = self._loop.call_at(due, self._fire)
+        else:
+            self._scope.reschedule(self._loop.time())  # a deadline passed: time out now
+
+    def cancel(self) -> None:
+        """Stop the timer (the stream ended, or it timed out)."""
+        self._timer.cancel()
+
+
 @dataclass
 class Serving:
     """Follows dispatched requests to their end (one `serve` task per request)."""
@@ -99,30 +138,37 @@ class Serving:
         chunks: AsyncIterator[EngineChunk] = generation.chunks().__aiter__()
         last: Chunk | None = None
         ttft: float | None = None
-        while True:
-            wait = stall if deadline is None else min(stall, max(deadline - loop.time(), 0))
-            try:
-                # A timeout scope, not `wait_for`: no task per chunk on the hot path.
-                async with asyncio.timeout(wait):
-                    engine_chunk = await anext(chunks)
-            except StopAsyncIteration:
-                return _Streamed(None, ttft, streamed=last is not None)
-            except TimeoutError:
-                if deadline is None or loop.time() < deadline or last is None:
-                    raise _Stalled from None
-                generation.cancel("the operator's total-time cap passed")
-                return _Streamed(_capped(last, cap), ttft, streamed=True)
-            if ttft is None:
-                ttft = time.monotonic() - ticket.dispatched
-                self.metrics.engine_ttft.observe(ttft)
-                self.started(ticket.ledger_rid)
-            chunk = Chunk(
-                engine_chunk.text, list(engine_chunk.output_ids), dict(engine_chunk.meta_info)
-            )
-            if engine_chunk.finished:
-                return _Streamed(chunk, ttft, streamed=True)  # withheld until recorded
-            await ticket.push(chunk)
-            last = chunk
+        try:
+            # One scope for the whole stream, expired by `_Deadlines`: no scope per chunk.
+            async with asyncio.timeout(None) as scope:
+                deadlines = _Deadlines(scope, stall, deadline)
+                try:
+                    while True:
+                        deadlines.waiting()
+                        try:
+                            engine_chunk = await anext(chunks)
+                        except StopAsyncIteration:
+                            return _Streamed(None, ttft, streamed=last is not None)
+                        if ttft is None:
+                            ttft = time.monotonic() - ticket.dispatched
+                            self.metrics.engine_ttft.observe(ttft)
+                            self.started(ticket.ledger_rid)
+                        chunk = Chunk(
+                            engine_chunk.text,
+                            list(engine_chunk.output_ids),
+                            dict(engine_chunk.meta_info),
+                        )
+                        if engine_chunk.finished:
+                            return _Streamed(chunk, ttft, streamed=True)  # withheld until recorded
+                        await ticket.push(chunk)
+                        last = chunk
+                finally:
+                    deadlines.cancel()
+        except TimeoutError:
+            if deadline is None or loop.time() < deadline or last is None:
+                raise _Stalled from None
+            generation.cancel("the operator's total-time cap passed")
+            return _Streamed(_capped(last, cap), ttft, streamed=True)
 
     async def _record_served(self, ticket: Ticket, streamed: _Streamed) -> ServiceError | None:
         """Commit `served`; the error to answer instead if that fails (None: committed)."""
@@ -141,20 +187,20 @@ class Serving:
             )
         except Exception as failure:
             self.metrics.ledger_errors.labels(operation="record").inc()
-            self.metrics.requests.labels(status="failed").inc()
+            self.metrics.count_request("failed")
             log.error("recording request %r served failed: %s", ticket.rid, failure)
             return unavailable(
                 f"the answer to request {ticket.rid!r} could not be recorded; it counts as "
                 "unserved and will be refunded; send it again with a new rid"
             )
         if not recorded:
-            self.metrics.requests.labels(status="failed").inc()
+            self.metrics.count_request("failed")
             log.warning("request %r was recorded unserved (recovery) before its answer", ticket.rid)
             return unavailable(
                 f"request {ticket.rid!r} was counted unserved and refunded before its answer "
                 "could be recorded; send it again with a new rid"
             )
-        self.metrics.requests.labels(status="served").inc()
+        self.metrics.count_request("served")
         self.metrics.record_cache(
             int(meta.get("prompt_tokens", len(ticket.tokens))), cached_tokens or 0
         )
@@ -162,7 +208,7 @@ class Serving:
 
     async def _fail(self, ticket: Ticket, batch: ClearedBatch, error: ServiceError) -> None:
         """Record the request failed and refund what its failure is worth, at once."""
-        self.metrics.requests.labels(status="failed").inc()
+        self.metrics.count_request("failed")
         target = batch.refund_after_failure(ticket.user, ticket.ledger_rid)
         try:
             await self.writer.call(

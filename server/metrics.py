@@ -118,11 +118,23 @@ class Metrics:
 
         self._prompt_total = 0
         self._cached_total = 0
+        # The `requests` child of each outcome, made at its first use (as `labels` makes it,
+        # so /metrics shows an outcome once it has happened): `labels` takes a lock and
+        # builds its key on every call, several times the cost of the increment itself.
+        self._outcomes: dict[str, Counter] = {}
+
+    def count_request(self, status: str) -> None:
+        """Count one request that ended with `status` (served, failed)."""
+        counter = self._outcomes.get(status)
+        if counter is None:
+            counter = self._outcomes[status] = self.requests.labels(status=status)
+        counter.inc()
 
     def record_cache(self, prompt_tokens: int, cached_tokens: int) -> None:
         """Count one served request's prompt and cached tokens."""
         self.prompt_tokens.inc(prompt_tokens)
-        self.cached_tokens.inc(cached_tokens)
+        if cached_tokens:  # adding 0 would only take the counter's lock
+            self.cached_tokens.inc(cached_tokens)
         self._prompt_total += prompt_tokens
         self._cached_total += cached_tokens
 

@@ -11,7 +11,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from inference_auctions.server.engine.base import TokenIds
@@ -90,44 +89,62 @@ class Ticket:
     error: ServiceError | None = None
     done: bool = False
     waiters: int = 0  # HTTP handlers following it (a retry adds one)
-    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    # One future per waiting reader, resolved at the change it waits for: cheaper than a
+    # Condition (no lock, no re-acquiring it on wake-up), and each reader wakes once per
+    # change. A reader that is cancelled cancels only its own future.
+    _on_cleared: list[asyncio.Future[None]] = field(default_factory=list)
+    _on_chunk: list[asyncio.Future[None]] = field(default_factory=list)
+    _on_done: list[asyncio.Future[None]] = field(default_factory=list)
 
     async def clear(self, clearance: Clearance) -> None:
         """Record the auction's verdict."""
         self.clearance = clearance
-        await self._notify()
+        _wake(self._on_cleared)
 
     async def push(self, chunk: Chunk) -> None:
         """Record one engine chunk."""
         self.chunks.append(chunk)
-        await self._notify()
+        _wake(self._on_chunk)
 
     async def finish(self, error: ServiceError | None = None) -> None:
         """Record the end: the last chunk was pushed, or the request failed with `error`."""
         self.error = error
         self.done = True
-        await self._notify()
+        _wake(self._on_cleared)
+        _wake(self._on_chunk)
+        _wake(self._on_done)
 
-    async def wait_cleared(self) -> Clearance:
-        """The clearance, once the request's batch is cleared; raises its error instead."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.clearance is not None or self.done)
+    def when_cleared(self) -> asyncio.Future[None]:
+        """A future of this reader's own, resolved once the batch is cleared or the request
+        ended (at once if it already has); then `cleared()` says how. The reader may cancel
+        it, or fail it, without affecting any other reader."""
+        future = asyncio.get_running_loop().create_future()
+        if self.clearance is not None or self.done:
+            future.set_result(None)
+        else:
+            self._on_cleared.append(future)
+        return future
+
+    def cleared(self) -> Clearance:
+        """The clearance, once `when_cleared()` resolved; raises the request's error instead."""
         if self.clearance is None:
             assert self.error is not None
             raise self.error
         return self.clearance
 
+    async def wait_cleared(self) -> Clearance:
+        """The clearance, once the request's batch is cleared; raises its error instead."""
+        await self.when_cleared()
+        return self.cleared()
+
     async def follow(self) -> AsyncIterator[Chunk]:
         """Every chunk from the first, as they arrive; raises the error if the request fails."""
         seen = 0
         while True:
-            async with self._changed:
-                await self._changed.wait_for(partial(self._has_news, seen))
-                fresh = self.chunks[seen:]
+            if len(self.chunks) == seen and not self.done:
+                await _waiting(self._on_chunk)
+                continue
+            fresh = self.chunks[seen:]
             seen += len(fresh)
             for chunk in fresh:
                 yield chunk
@@ -136,14 +153,28 @@ class Ticket:
                     raise self.error
                 return
 
-    def _has_news(self, seen: int) -> bool:
-        return len(self.chunks) > seen or self.done
-
     async def result(self) -> Chunk:
         """The final chunk; raises the error if the request failed."""
-        last: Chunk | None = None
-        async for chunk in self.follow():
-            last = chunk
-        if last is None:
+        # Waits for the end only: a non-streamed reader has no use for the chunks before it.
+        if not self.done:
+            await _waiting(self._on_done)
+        if self.error is not None:
+            raise self.error
+        if not self.chunks:
             raise ServiceError("the engine returned no output")
-        return last
+        return self.chunks[-1]
+
+
+def _waiting(waiters: list[asyncio.Future[None]]) -> asyncio.Future[None]:
+    """A new future in `waiters`, for the next `_wake` of that list."""
+    future = asyncio.get_running_loop().create_future()
+    waiters.append(future)
+    return future
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    """Resolve every future still waiting in `waiters` (the cancelled are skipped), once."""
+    for future in waiters:
+        if not future.done():
+            future.set_result(None)
+    waiters.clear()

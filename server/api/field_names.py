@@ -88,6 +88,8 @@ def check_top_level_keys(data: Mapping[str, Any], fields: Iterable[str]) -> None
     """Raise `UnknownField` for the first unknown key that is a near-miss of a field."""
     ordered = list(fields)  # ties go to the first field, the same every time
     known = set(ordered)
+    if known.issuperset(data):  # the usual body, only fields of ours: nothing to compare
+        return
     unknown = (key for key in data if key not in known and key not in SGLANG_TOP_LEVEL_KEYS)
     for _, key in zip(range(_KEYS_EXAMINED), unknown, strict=False):
         meant = near_miss(key, ordered)

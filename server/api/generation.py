@@ -154,23 +154,35 @@ async def complete(
 async def _cleared_unless_gone(
     request: Request, service: AuctionService, ticket: Ticket
 ) -> Clearance:
-    cleared = asyncio.ensure_future(ticket.wait_cleared())
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({cleared, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
+    cleared = ticket.when_cleared()
     if not cleared.done():
-        cleared.cancel()
-        if ticket.waiters <= 1:
-            await service.abandon(ticket)
-        raise Unavailable("the client disconnected before its batch closed")
-    return cleared.result()
+        # One task watches the connection and fails this reader's own future if the client
+        # leaves first; the handler awaits that future directly (no second task, no `wait`).
+        watch = asyncio.ensure_future(_fail_when_gone(request, cleared))
+        try:
+            await cleared
+        except _ClientLeft:
+            if ticket.waiters <= 1:
+                await service.abandon(ticket)
+            raise Unavailable("the client disconnected before its batch closed") from None
+        finally:
+            watch.cancel()
+    return ticket.cleared()
 
 
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+class _ClientLeft(Exception):
+    """The client disconnected (or its connection could no longer be read) before clearance."""
+
+
+async def _fail_when_gone(request: Request, cleared: asyncio.Future[None]) -> None:
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    finally:
+        # Also when reading failed or this watch was cancelled from outside: as before, the
+        # request then counts as left. Once the ticket resolved `cleared`, this is a no-op.
+        if not cleared.done():
+            cleared.set_exception(_ClientLeft())
 
 
 Render = Callable[[Clearance, Chunk | None], dict[str, Any]]

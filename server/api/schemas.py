@@ -7,6 +7,7 @@ pydantic model.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -98,6 +99,19 @@ def check_sampling_limits(params: Mapping[str, Any], limits: BodyLimits, prefix:
             )
 
 
+@functools.cache
+def _field_names(model: type[BaseModel]) -> tuple[str, ...]:
+    """The model's field names, in order, read once: pydantic's `model_fields` is a class
+    property that costs more on every read than the checks that use it."""
+    return tuple(model.model_fields)
+
+
+@functools.cache
+def _field_set(model: type[BaseModel]) -> frozenset[str]:
+    """`_field_names` as a set, for membership tests on bodies of many keys."""
+    return frozenset(_field_names(model))
+
+
 class RequestBody(BaseModel):
     """A generation body: unknown top-level keys are ignored (as SGLang ignores them), except
     near-misses of a field, which are refused with the field they were probably meant as."""
@@ -108,7 +122,7 @@ class RequestBody(BaseModel):
     def check_raw(cls, data: Mapping[str, Any], limits: BodyLimits) -> None:
         """Checks on the decoded JSON, before validation; `BodyRefused` names the field."""
         try:
-            check_top_level_keys(data, cls.model_fields)
+            check_top_level_keys(data, _field_names(cls))
         except UnknownField as error:
             raise BodyRefused(str(error), param=error.key) from None
 
@@ -152,7 +166,7 @@ class SamplingParams(BaseModel):
     def _null_is_default(cls, data: Any) -> Any:
         # SGLang reads a null parameter as its default; its own frontend sends nulls.
         if isinstance(data, dict):  # an unknown key stays, to be refused even when null
-            fields = cls.model_fields
+            fields = _field_set(cls)
             return {k: v for k, v in data.items() if v is not None or k not in fields}
         return data
 

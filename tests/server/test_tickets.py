@@ -1,0 +1,205 @@
+"""A ticket's readers: each wakes at the change it waits for, and one that gives up (cancelled,
+or its client gone) neither wakes nor blocks the others."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inference_auctions.server.api.generation import complete
+from inference_auctions.server.errors import ServiceError, Unavailable
+from inference_auctions.server.tickets import Chunk, Clearance, Ticket
+
+CLEARANCE = Clearance("b1", 0, 1, 1.0, 100, 10, 10, 0)
+
+
+def _ticket() -> Ticket:
+    tokens = np.zeros(3, dtype=np.int32)
+    return Ticket("ann", "r1", "ann/r1", tokens, 100, {}, "fingerprint")
+
+
+def _chunk(text: str) -> Chunk:
+    return Chunk(text, [len(text)], {"finish_reason": None})
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_follow_yields_every_chunk_in_order_from_the_first() -> None:
+    async def scenario() -> list[str]:
+        ticket = _ticket()
+        await ticket.push(_chunk("a"))  # before anyone follows
+        seen: list[str] = []
+
+        async def reader() -> None:
+            async for chunk in ticket.follow():
+                seen.append(chunk.text)
+
+        task = asyncio.create_task(reader())
+        await _settle()
+        await ticket.push(_chunk("ab"))
+        await ticket.push(_chunk("abc"))  # two pushes before the reader runs again
+        await _settle()
+        await ticket.push(_chunk("abcd"))
+        await ticket.finish()
+        await asyncio.wait_for(task, 1)
+        return seen
+
+    assert asyncio.run(scenario()) == ["a", "ab", "abc", "abcd"]
+
+
+def test_result_is_the_last_chunk_or_the_error_or_no_output() -> None:
+    async def scenario() -> None:
+        served = _ticket()
+        waiting = asyncio.create_task(served.result())
+        await _settle()
+        await served.push(_chunk("a"))
+        await _settle()
+        assert not waiting.done()  # a chunk is not the end
+        await served.push(_chunk("ab"))
+        await served.finish()
+        assert (await asyncio.wait_for(waiting, 1)).text == "ab"
+
+        failed = _ticket()
+        await failed.push(_chunk("a"))
+        await failed.finish(ServiceError("engine down"))
+        with pytest.raises(ServiceError, match="engine down"):
+            await failed.result()
+
+        empty = _ticket()
+        await empty.finish()
+        with pytest.raises(ServiceError, match="no output"):
+            await empty.result()
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_reader_leaves_the_others_waiting_and_woken() -> None:
+    async def scenario() -> None:
+        ticket = _ticket()
+        quitter = asyncio.create_task(ticket.wait_cleared())
+        stayer = asyncio.create_task(ticket.wait_cleared())
+        ended = asyncio.create_task(ticket.result())
+        await _settle()
+        quitter.cancel()
+        await _settle()
+        assert not stayer.done() and not ended.done()
+        await ticket.clear(CLEARANCE)
+        assert await asyncio.wait_for(stayer, 1) == CLEARANCE
+        assert not ended.done()
+        await ticket.finish(ServiceError("gone"))
+        with pytest.raises(ServiceError):
+            await asyncio.wait_for(ended, 1)
+        assert quitter.cancelled()
+        # A reader that comes after the clearance gets it at once.
+        assert await asyncio.wait_for(ticket.wait_cleared(), 1) == CLEARANCE
+
+    asyncio.run(scenario())
+
+
+def test_wait_cleared_raises_the_error_of_a_request_that_ended_uncleared() -> None:
+    async def scenario() -> None:
+        ticket = _ticket()
+        waiting = asyncio.create_task(ticket.wait_cleared())
+        await _settle()
+        await ticket.finish(Unavailable("not queued"))
+        with pytest.raises(Unavailable, match="not queued"):
+            await asyncio.wait_for(waiting, 1)
+
+    asyncio.run(scenario())
+
+
+class _Connection:
+    """An ASGI `receive` whose client leaves when told to."""
+
+    def __init__(self) -> None:
+        self.left = asyncio.Event()
+        self.receiving = 0
+
+    async def receive(self) -> dict[str, Any]:
+        self.receiving += 1
+        await self.left.wait()
+        return {"type": "http.disconnect"}
+
+
+class _Service:
+    def __init__(self) -> None:
+        self.abandoned: list[Ticket] = []
+
+    async def abandon(self, ticket: Ticket) -> None:
+        self.abandoned.append(ticket)
+
+
+def test_a_client_that_leaves_before_clearance_abandons_its_ticket() -> None:
+    async def scenario() -> None:
+        ticket, connection, service = _ticket(), _Connection(), _Service()
+        handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
+        await _settle()
+        assert connection.receiving == 1
+        connection.left.set()
+        with pytest.raises(Unavailable, match="disconnected before its batch closed"):
+            await asyncio.wait_for(handler, 1)
+        assert service.abandoned == [ticket]
+        assert ticket.waiters == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_stays_gets_its_answer_and_its_watch_ends() -> None:
+    async def scenario() -> None:
+        ticket, connection, service = _ticket(), _Connection(), _Service()
+        handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
+        await _settle()
+        await ticket.clear(CLEARANCE)
+        await ticket.push(_chunk("done"))
+        await ticket.finish()
+        clearance, final = await asyncio.wait_for(handler, 1)
+        assert (clearance, final.text) == (CLEARANCE, "done")
+        await _settle()
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # its watch ended too
+        connection.left.set()  # leaving afterwards changes nothing
+        await _settle()
+        assert service.abandoned == []
+
+    asyncio.run(scenario())
+
+
+def test_a_retry_that_leaves_does_not_abandon_the_request_another_handler_waits_for() -> None:
+    async def scenario() -> None:
+        ticket, service = _ticket(), _Service()
+        first, retry = _Connection(), _Connection()
+        staying = asyncio.create_task(complete(first, service, ticket))  # type: ignore[arg-type]
+        leaving = asyncio.create_task(complete(retry, service, ticket))  # type: ignore[arg-type]
+        await _settle()
+        retry.left.set()
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(leaving, 1)
+        assert service.abandoned == []
+        await ticket.clear(CLEARANCE)
+        await ticket.push(_chunk("x"))
+        await ticket.finish()
+        assert (await asyncio.wait_for(staying, 1))[1].text == "x"
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_handler_abandons_nothing_and_stops_watching() -> None:
+    async def scenario() -> None:
+        ticket, connection, service = _ticket(), _Connection(), _Service()
+        handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
+        await _settle()
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        await _settle()
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # nothing left waiting
+        assert service.abandoned == [] and ticket.waiters == 0
+        await ticket.clear(CLEARANCE)  # later readers are unaffected
+        assert await asyncio.wait_for(ticket.wait_cleared(), 1) == CLEARANCE
+
+    asyncio.run(scenario())
