@@ -62,7 +62,9 @@ def create_ledger_engine(url: str | URL, **kwargs: Any) -> Engine:
     """An engine for `url` with the ledger's locking set up; kwargs go to `create_engine`."""
     parsed = normalize_url(url)
     if parsed.get_backend_name() != "sqlite":
-        kwargs.setdefault("pool_pre_ping", True)
+        # No `pool_pre_ping`: the ledger runs a transaction again when its pooled connection
+        # turns out dead before the commit (`Ledger._write`), instead of paying a round trip
+        # on every checkout to find out first.
         return create_engine(parsed, **kwargs)
     synchronous = parsed.query.get("synchronous", "normal")
     if synchronous not in SQLITE_SYNCHRONOUS:

@@ -90,6 +90,11 @@ def _retryable(exc: DBAPIError | PoolTimeout) -> bool:
     return isinstance(exc, IntegrityError) and "UNIQUE constraint failed" in str(orig)
 
 
+def _lost_before_commit(exc: DBAPIError | PoolTimeout, committing: bool) -> bool:
+    """Whether the transaction failed on a connection found dead before it tried to commit."""
+    return not committing and isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
 class Ledger:
     """Budgets, holds, charges and refunds of the auction's users, in one SQL database."""
 
@@ -140,26 +145,39 @@ class Ledger:
 
     # Down, locked past the busy timeout or out of connections: the transaction did not commit,
     # so the caller may retry. Callers see the ledger's `LedgerUnavailable`, never SQLAlchemy's.
+    # A pooled connection found dead before the commit (the database restarted, a proxy
+    # dropped it while idle) committed nothing either: the work runs once more on a fresh one.
+    # That is what makes checking each connection on checkout (`pool_pre_ping`, a round trip
+    # per transaction) unnecessary.
 
     def _write(self, work: Callable[[Session], T]) -> T:
         for attempt in range(_ATTEMPTS):
+            committing = False
             try:
-                with Session(self._engine, expire_on_commit=False) as session, session.begin():
-                    return work(session)
+                with Session(self._engine, expire_on_commit=False) as session:
+                    with session.begin():
+                        result = work(session)
+                        committing = True  # what fails from here on may have committed
+                    return result
             except (OperationalError, PoolTimeout) as exc:
-                if attempt == _ATTEMPTS - 1 or not _retryable(exc):
+                last = attempt == _ATTEMPTS - 1
+                if last or not (_retryable(exc) or _lost_before_commit(exc, committing)):
                     raise unavailable(exc) from exc
             except DBAPIError as exc:
-                if attempt == _ATTEMPTS - 1 or not _retryable(exc):
+                last = attempt == _ATTEMPTS - 1
+                if last or not (_retryable(exc) or _lost_before_commit(exc, committing)):
                     raise
         raise AssertionError("unreachable")
 
     def _read(self, work: Callable[[Session], T]) -> T:
-        try:
-            with Session(self._read_engine) as session, session.begin():
-                return work(session)
-        except (OperationalError, PoolTimeout) as exc:
-            raise unavailable(exc) from exc
+        for attempt in range(_ATTEMPTS):
+            try:
+                with Session(self._read_engine) as session, session.begin():
+                    return work(session)
+            except (OperationalError, PoolTimeout) as exc:
+                if attempt == _ATTEMPTS - 1 or not _lost_before_commit(exc, committing=False):
+                    raise unavailable(exc) from exc
+        raise AssertionError("unreachable")
 
     # Users and budgets
 

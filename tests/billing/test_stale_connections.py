@@ -1,0 +1,82 @@
+"""A pooled connection that died while idle costs no failed call: the ledger finds out on its
+first statement and runs the transaction again on a fresh connection, since nothing of it
+committed. One that dies while committing is not run again: its outcome is unknown.
+
+PostgreSQL only: SQLite has no server to lose. The backends are terminated with
+`pg_terminate_backend`, as a restart of the database server or an idle timeout would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event, text
+
+from inference_auctions.billing import HoldRequest, Ledger, LedgerUnavailable
+from tests.db_fixtures import MigratedDatabase, migrated_database
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def postgres_db(tmp_path: Path) -> Iterator[MigratedDatabase]:
+    with migrated_database("postgresql", tmp_path) as db:
+        yield db
+
+
+def _terminate_pooled(db: MigratedDatabase, engine: Engine) -> int:
+    """Terminate the server side of every connection `engine`'s pool holds; how many."""
+    pids = [
+        record.dbapi_connection.info.backend_pid
+        for record in list(engine.pool._pool.queue)  # type: ignore[attr-defined]
+    ]
+    with db.new_engine().begin() as admin:
+        for pid in pids:
+            admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    return len(pids)
+
+
+def test_the_engine_does_not_ping_every_checkout(postgres_db: MigratedDatabase) -> None:
+    assert not postgres_db.engine.pool._pre_ping  # type: ignore[attr-defined]
+
+
+def test_a_write_and_a_read_on_dead_pooled_connections_succeed_once(
+    postgres_db: MigratedDatabase,
+) -> None:
+    ledger = Ledger(postgres_db.engine)
+    ledger.create_user("ada", budget_micros=1_000)
+    assert ledger.balance("ada").balance_micros == 1_000  # a pooled connection now exists
+    assert _terminate_pooled(postgres_db, postgres_db.engine) >= 1
+    [held] = ledger.place_holds([HoldRequest("ada", "r1", 300)])
+    assert held.amount_micros == 300
+    assert _terminate_pooled(postgres_db, postgres_db.engine) >= 1
+    balance = ledger.balance("ada")
+    assert (balance.balance_micros, balance.held_micros) == (1_000, 300)  # held once
+    assert ledger.reconcile().ok
+
+
+def test_a_connection_lost_while_committing_is_not_run_again(
+    postgres_db: MigratedDatabase,
+) -> None:
+    ledger = Ledger(postgres_db.engine)
+    ledger.create_user("ada", budget_micros=1_000)
+    commits = 0
+
+    def die_before_commit(connection: Any) -> None:
+        nonlocal commits
+        commits += 1
+        pid = connection.connection.dbapi_connection.info.backend_pid
+        with postgres_db.new_engine().begin() as admin:
+            admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+
+    event.listen(postgres_db.engine, "commit", die_before_commit)
+    try:
+        with pytest.raises(LedgerUnavailable):
+            ledger.place_holds([HoldRequest("ada", "r1", 300)])
+    finally:
+        event.remove(postgres_db.engine, "commit", die_before_commit)
+    assert commits == 1
+    assert ledger.balance("ada").held_micros == 0  # the server rolled it back
