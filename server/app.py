@@ -28,6 +28,7 @@ from inference_auctions.server.api.request_id import RequestIdMiddleware
 from inference_auctions.server.cluster.replica import rate_limit_share, replica_header
 from inference_auctions.server.engine.base import Engine
 from inference_auctions.server.engine.factory import make_engine
+from inference_auctions.server.engine.local_tokenizer import ENGINE, load_tokenizer
 from inference_auctions.server.service import AuctionService
 from inference_auctions.server.settings import ServerSettings, without_password
 
@@ -114,6 +115,9 @@ def make_engine_from(settings: ServerSettings) -> Engine:
             "no --engine-url: serving with the embedded SGLang EMULATOR (cost model of an H100 "
             "serving a 32B model), not a real model"
         )
+        if settings.tokenizer != ENGINE:
+            log.warning("--tokenizer is ignored: the embedded emulator tokenizes in process")
+    tokenizer = load_tokenizer(settings.tokenizer) if settings.engine_url is not None else None
     return make_engine(
         settings.engine_url,
         mode=settings.engine_mode,
@@ -122,4 +126,5 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         # The server applies the stall deadline and the total cap itself, chunk by chunk.
         timeout=None,
         model_name=settings.model_name,
+        tokenizer=tokenizer,
     )

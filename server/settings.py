@@ -30,6 +30,12 @@ class ServerSettings(LedgerSettings):
     # (finish_reason `abort`, as SGLang reports an aborted request), and charged.
     engine_stall_timeout_seconds: float = Field(default=600.0, gt=0)
     engine_max_seconds: float | None = Field(default=None, gt=0)
+    # Who tokenizes prompts for an engine URL (server.engine.local_tokenizer): `engine` (its
+    # `/tokenize`, one round trip per new prompt), `builtin` (this project's tokenizer, which
+    # the emulator serves), or the path of the served model's `tokenizer.json` (or its folder;
+    # needs the `tokenizers` extra). A local one is checked against the engine's before use.
+    # The embedded emulator always tokenizes with the builtin one.
+    tokenizer: str = Field(default="engine", min_length=1)
     emulator_cache_tokens: int = Field(default=23_000, gt=0)
     emulator_time_scale: float = Field(default=1.0, gt=0)
 

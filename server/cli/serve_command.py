@@ -26,6 +26,13 @@ from inference_auctions.server.settings import ServerSettings, without_password
     help="priority: SGLang started with --enable-priority-scheduling "
     "--schedule-low-priority-values-first; ordered: one request at a time in auction order.",
 )
+@click.option(
+    "--tokenizer",
+    help="Who tokenizes prompts for --engine-url: 'engine' (its /tokenize, a round trip per new "
+    "prompt), 'builtin' (this project's tokenizer: the emulator's), or the path of the served "
+    "model's tokenizer.json or folder (needs the 'tokenizers' extra). A local tokenizer is "
+    "compared with the engine's first, and refused if they differ.  [default: engine]",
+)
 @click.option("--database-url", help="Ledger database.  [default: sqlite:///inference-auction.db]")
 @click.option(
     "--batch-size",
@@ -88,6 +95,8 @@ def serve(log_level: str, **options: Any) -> None:
     """
     given = {key: value for key, value in options.items() if value is not None}
     settings = ServerSettings(**given)
+    if settings.engine_url is not None:
+        _check_tokenizer(settings.tokenizer)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -113,6 +122,20 @@ def _listen(host: str, port: int) -> socket.socket:
                 "choose another with --port or INFERENCE_AUCTION_PORT"
             ) from None
         raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
+def _check_tokenizer(setting: str) -> None:
+    """A usage error, before the banner, for a --tokenizer that cannot be loaded."""
+    # Imported late, like the app: --help never needs it.
+    from inference_auctions.server.engine.local_tokenizer import (  # noqa: PLC0415
+        TokenizerSetupError,
+        check_tokenizer_setting,
+    )
+
+    try:
+        check_tokenizer_setting(setting)
+    except TokenizerSetupError as error:
+        raise click.ClickException(str(error)) from None
 
 
 def _first_steps(settings: ServerSettings) -> str:

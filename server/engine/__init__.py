@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         EngineServerError,
         EngineTimeout,
         EngineUnavailable,
+        TokenizerMismatch,
     )
     from inference_auctions.server.engine.factory import make_engine
     from inference_auctions.server.engine.generation import Generation
@@ -72,6 +73,7 @@ _MODULES = {
     "SGLangHTTPEngine": "inference_auctions.server.engine.sglang_http",
     "SimRequest": "inference_auctions.server.engine.simulator",
     "Step": "inference_auctions.server.engine.simulator",
+    "TokenizerMismatch": "inference_auctions.server.engine.errors",
     "Usage": "inference_auctions.server.engine.base",
     "create_sglang_app": "inference_auctions.server.engine.sglang_app",
     "make_engine": "inference_auctions.server.engine.factory",
@@ -100,6 +102,7 @@ __all__ = [
     "SGLangHTTPEngine",
     "SimRequest",
     "Step",
+    "TokenizerMismatch",
     "Usage",
     "create_sglang_app",
     "make_engine",

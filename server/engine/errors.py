@@ -7,8 +7,11 @@ EngineError                  any failure to get a generation from the engine   -
 ├── EngineTimeout            the connect timeout or the request deadline passed -> HTTP 504
 ├── EngineRejected           the engine answered 4xx: bad input, duplicate rid  -> HTTP 502
 ├── EngineServerError        the engine answered 5xx or aborted the request     -> HTTP 502
-└── EngineProtocolError      the answer is unreadable: bad JSON, a stream cut
-                             before its last chunk                             -> HTTP 502
+├── EngineProtocolError      the answer is unreadable: bad JSON, a stream cut
+│                            before its last chunk                             -> HTTP 502
+└── TokenizerMismatch        the local tokenizer (`tokenizer` setting) gives other
+                             ids than the engine's `/tokenize`: a misconfigured
+                             server, refused for every prompt it would tokenize -> HTTP 502
 ```
 
 `http_status` is what the auction server should answer its own client; `engine_status` is the
@@ -27,6 +30,7 @@ __all__ = [
     "EngineServerError",
     "EngineTimeout",
     "EngineUnavailable",
+    "TokenizerMismatch",
 ]
 
 
@@ -61,3 +65,7 @@ class EngineServerError(EngineError):
 
 class EngineProtocolError(EngineError):
     """The engine's answer could not be read."""
+
+
+class TokenizerMismatch(EngineError):
+    """The local tokenizer gives other token ids than the engine's `/tokenize`."""

@@ -8,6 +8,7 @@ from inference_auctions.server.engine.base import DispatchMode, Engine
 from inference_auctions.server.engine.cost_model import CostModel
 from inference_auctions.server.engine.embedded import EmbeddedEngine
 from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME
+from inference_auctions.server.engine.local_tokenizer import LocalTokenizer
 from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
 from inference_auctions.server.engine.simulator import DEFAULT_CACHE_TOKENS
 
@@ -24,11 +25,14 @@ def make_engine(
     cost_model: CostModel | None = None,
     model_name: str = DEFAULT_MODEL_NAME,
     api_key: str | None = None,
+    tokenizer: LocalTokenizer | None = None,
 ) -> Engine:
     """The SGLang backend at `engine_url` in `mode`, or the embedded emulator without a URL.
 
-    `timeout` bounds one request at SGLang (None: no bound); the emulator options apply only
-    without a URL, and the emulator ignores `mode` (it honours priorities itself).
+    `timeout` bounds one request at SGLang (None: no bound); `tokenizer`, when given, tokenizes
+    prompts for SGLang in this process (`server.engine.local_tokenizer`). The emulator options
+    apply only without a URL, and the emulator ignores `mode` (it honours priorities itself)
+    and `tokenizer` (it tokenizes in process already).
     """
     if mode not in ("priority", "ordered"):
         raise ValueError(f"engine mode must be 'priority' or 'ordered', got {mode!r}")
@@ -40,5 +44,9 @@ def make_engine(
             model_name=model_name,
         )
     return SGLangHTTPEngine(
-        engine_url, mode=cast(DispatchMode, mode), request_timeout=timeout, api_key=api_key
+        engine_url,
+        mode=cast(DispatchMode, mode),
+        request_timeout=timeout,
+        api_key=api_key,
+        tokenizer=tokenizer,
     )

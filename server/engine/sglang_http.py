@@ -12,13 +12,20 @@ auction's order (`mode`):
   request k's stream has produced its first event (SGLang admitted it and ran its prefill). It
   always streams internally, and sends no `priority`.
 
-Prompts are tokenized with the server's `/tokenize`, cached per distinct text in a bounded LRU,
-with concurrent calls for one text sharing a single request. Failures map to the
-`server.engine.errors` hierarchy: no connection or a 503 -> `EngineUnavailable`, a deadline ->
-`EngineTimeout`, a 4xx -> `EngineRejected`, a 5xx or an abort -> `EngineServerError`, an unreadable
-body or a stream cut before its last chunk -> `EngineProtocolError`. SGLang 0.5.23 answers bad
-input in three shapes (`{"error": "text"}` from its JSON contract check, `{"error": {"message":
-...}}`, and `{"message": ...}` or `{"detail": ...}` for HTTP exceptions); all are read.
+Prompts are tokenized with the server's `/tokenize`, or, with a local tokenizer
+(`server.engine.local_tokenizer`, the `tokenizer` setting), in this process: inline for a short
+text, in a worker thread for a long one. Either way the ids are cached per distinct text in a
+bounded LRU, and concurrent calls for one text share a single request or thread. A local
+tokenizer is first compared with the server's `/tokenize` on a few probe texts: at `start` if
+the server answers then (a disagreement there fails the start), else before the first prompt is
+tokenized (single-flight; an unreachable server fails that prompt as `/tokenize` would, and the
+next prompt tries again). A disagreement is a `TokenizerMismatch` for every prompt after it.
+
+Failures map to the `server.engine.errors` hierarchy: no connection or a 503 -> `EngineUnavailable`,
+a deadline -> `EngineTimeout`, a 4xx -> `EngineRejected`, a 5xx or an abort -> `EngineServerError`,
+an unreadable body or a stream cut before its last chunk -> `EngineProtocolError`. SGLang 0.5.23
+answers bad input in three shapes (`{"error": "text"}` from its JSON contract check, `{"error":
+{"message": ...}}`, and `{"message": ...}` or `{"detail": ...}` for HTTP exceptions); all are read.
 
 HTTP goes through `server.engine.http_client`, a small keep-alive client made for the serving
 path's CPU budget; the request deadline covers connecting, queueing at SGLang and every chunk.
@@ -29,6 +36,7 @@ hands out the cached array itself, `tokenize` a fresh list.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -58,8 +66,17 @@ from inference_auctions.server.engine.http_client import (
     HTTPClientError,
     HTTPTimeout,
 )
+from inference_auctions.server.engine.local_tokenizer import (
+    INLINE_TOKENIZE_CHARS,
+    PROBE_TEXTS,
+    LocalTokenizer,
+    TokenizerMismatch,
+    tokenizer_disagreement,
+)
 
 __all__ = ["SGLangHTTPEngine"]
+
+log = logging.getLogger(__name__)
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -111,6 +128,13 @@ def _chunk(data: Any, rid: str) -> EngineChunk:
     return chunk
 
 
+def _local_array(tokens: list[int]) -> TokenArray:
+    """A local tokenizer's ids as a read-only int32 array (its vocabulary is far below 2**31)."""
+    array = np.array(tokens, dtype=np.int32)
+    array.flags.writeable = False
+    return array
+
+
 def _token_array(tokens: list[int]) -> TokenArray:
     """`tokens` as a read-only array: int32 while every id fits (vocabularies are far below
     2**31), else int64; the cache hands the same array to every caller."""
@@ -123,6 +147,11 @@ def _token_array(tokens: list[int]) -> TokenArray:
         array = wide.astype(np.int32)
     array.flags.writeable = False
     return array
+
+
+def _inline(text: str) -> bool:
+    """Whether `text` is short enough to tokenize locally on the event loop."""
+    return len(text) <= INLINE_TOKENIZE_CHARS
 
 
 def _stream_error(error: Any) -> EngineError:
@@ -152,6 +181,7 @@ class SGLangHTTPEngine(EngineBase):
         tokenize_cache_size: int = 65_536,
         add_special_tokens: bool = True,
         api_key: str | None = None,
+        tokenizer: LocalTokenizer | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("priority", "ordered"):
@@ -169,6 +199,11 @@ class SGLangHTTPEngine(EngineBase):
         self._context_asked = False  # an SGLang without `max_model_len` is asked only once
         self._tokenize_cache_size = tokenize_cache_size
         self._tokenizing: dict[str, asyncio.Task[TokenArray]] = {}
+        self.tokenizer = tokenizer
+        # The local tokenizer serves only once it agreed with the engine's on the probes.
+        self._tokenizer_agrees = tokenizer is None
+        self._tokenizer_check: asyncio.Task[None] | None = None
+        self._mismatch: TokenizerMismatch | None = None
         self.tokenize_hits = 0
         self.tokenize_misses = 0
         self._queue: asyncio.Queue[Generation] = asyncio.Queue()
@@ -184,6 +219,24 @@ class SGLangHTTPEngine(EngineBase):
             authorization=f"Bearer {self._api_key}" if self._api_key else None,
         )
         self._sender = asyncio.create_task(self._send_in_order(), name="sglang-sender")
+        if self.tokenizer is not None:
+            await self._check_tokenizer_at_start()
+
+    async def _check_tokenizer_at_start(self) -> None:
+        """Compare the tokenizers now if the engine answers; a disagreement fails the start."""
+        try:
+            # A short deadline: an engine still starting must not hold up this server's start.
+            await self._check_tokenizer(timeout=self.connect_timeout)
+        except TokenizerMismatch:
+            await self.close()
+            raise
+        except EngineError as error:
+            log.warning(
+                "the engine at %s did not answer /tokenize (%s): the local tokenizer is compared "
+                "with it before the first prompt is tokenized",
+                self.base_url,
+                error,
+            )
 
     async def close(self) -> None:
         """Cancel running generations and close the connection pool."""
@@ -192,6 +245,9 @@ class SGLangHTTPEngine(EngineBase):
             await asyncio.wait([self._sender])
             self._sender = None
         await self._cancel_all()
+        if self._tokenizer_check is not None and not self._tokenizer_check.done():
+            self._tokenizer_check.cancel()
+            await asyncio.wait([self._tokenizer_check])
         for task in self._tokenizing.values():
             task.cancel()
         if self._tokenizing:
@@ -222,10 +278,14 @@ class SGLangHTTPEngine(EngineBase):
             self._tokens.move_to_end(text)
             self.tokenize_hits += 1
             return cached
+        if self._tokenizer_agrees and self.tokenizer is not None and _inline(text):
+            # The common case with a local tokenizer: no task, no await, nothing to share.
+            self.tokenize_misses += 1
+            return self._remember(text, self._encode_locally(text))
         task = self._tokenizing.get(text)
         if task is None:
             self.tokenize_misses += 1
-            task = asyncio.create_task(self._fetch_tokens(text))
+            task = asyncio.create_task(self._tokens_of(text))
             self._tokenizing[text] = task
             task.add_done_callback(lambda _: self._tokenizing.pop(text, None))
         else:
@@ -239,6 +299,59 @@ class SGLangHTTPEngine(EngineBase):
             await self._fetch_tokens("a")
             self._context_asked = True
         return self._context_length
+
+    async def _tokens_of(self, text: str) -> TokenArray:
+        """The ids of a text not in the cache, from the local tokenizer or SGLang's."""
+        if self.tokenizer is None:
+            return await self._fetch_tokens(text)
+        await self._check_tokenizer(timeout=self.control_timeout)
+        if _inline(text):
+            return self._remember(text, self._encode_locally(text))
+        return self._remember(text, await asyncio.to_thread(self._encode_locally, text))
+
+    def _encode_locally(self, text: str) -> TokenArray:
+        """The local tokenizer's ids (runs in a worker thread for a long text)."""
+        assert self.tokenizer is not None
+        return _local_array(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens))
+
+    async def _check_tokenizer(self, *, timeout: float) -> None:
+        """Return once the local tokenizer agreed with SGLang's; one comparison at a time."""
+        if self._mismatch is not None:
+            raise self._mismatch
+        if self._tokenizer_agrees:
+            return
+        check = self._tokenizer_check
+        if check is None or check.done():  # the first, or the last one could not reach SGLang
+            check = asyncio.create_task(self._compare_tokenizers(timeout))
+            self._tokenizer_check = check
+        await asyncio.shield(check)
+
+    async def _compare_tokenizers(self, timeout: float) -> None:
+        assert self.tokenizer is not None
+        answers = await asyncio.gather(*(self._ask(text, timeout) for text in PROBE_TEXTS))
+        tokenizer, special = self.tokenizer, self.add_special_tokens
+        problem = tokenizer_disagreement(
+            lambda text: tokenizer.encode(text, add_special_tokens=special),
+            dict(zip(PROBE_TEXTS, answers, strict=True)),
+        )
+        if problem is not None:
+            self._mismatch = TokenizerMismatch(
+                f"the local tokenizer ({tokenizer.description}) disagrees with the engine at "
+                f"{self.base_url}: {problem}. Set --tokenizer (INFERENCE_AUCTION_TOKENIZER) to "
+                "the tokenizer.json of the model that engine serves, or to 'engine' to let the "
+                "engine tokenize every prompt"
+            )
+            log.error("%s", self._mismatch.message)
+            raise self._mismatch
+        self._tokenizer_agrees = True
+        log.info("the local tokenizer (%s) agrees with the engine's", tokenizer.description)
+
+    def _remember(self, text: str, tokens: TokenArray) -> TokenArray:
+        """Cache `tokens` as the ids of `text`, dropping the least recently used beyond the size."""
+        self._tokens[text] = tokens
+        if len(self._tokens) > self._tokenize_cache_size:
+            self._tokens.popitem(last=False)
+        return tokens
 
     async def flush_cache(self) -> bool:
         """Ask SGLang's `/flush_cache`: 200 when it flushed, 400 while requests run or wait."""
@@ -271,13 +384,16 @@ class SGLangHTTPEngine(EngineBase):
             await generation.admitted()
 
     async def _fetch_tokens(self, text: str) -> TokenArray:
+        """SGLang's ids for `text`, cached."""
+        return self._remember(text, _token_array(await self._ask(text, self.control_timeout)))
+
+    async def _ask(self, text: str, timeout: float) -> list[int]:
+        """SGLang's `/tokenize` answer for `text` (it also tells the context length)."""
         if self._client is None:
             raise EngineUnavailable("the SGLang engine is not started")
         body = {"prompt": text, "add_special_tokens": self.add_special_tokens}
         try:
-            response = await self._client.request(
-                "POST", "/tokenize", body, timeout=self.control_timeout
-            )
+            response = await self._client.request("POST", "/tokenize", body, timeout=timeout)
         except HTTPTimeout as error:
             raise EngineTimeout(f"SGLang /tokenize timed out: {error!r}") from error
         except HTTPClientError as error:
@@ -295,11 +411,7 @@ class SGLangHTTPEngine(EngineBase):
             self._context_length = limit
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineProtocolError("SGLang /tokenize sent no token list")
-        result = _token_array(tokens)
-        self._tokens[text] = result
-        if len(self._tokens) > self._tokenize_cache_size:
-            self._tokens.popitem(last=False)
-        return result
+        return tokens
 
     async def _generate(self, generation: Generation, client: HTTPClient) -> None:
         request = generation.request
