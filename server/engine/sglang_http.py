@@ -328,7 +328,8 @@ class SGLangHTTPEngine(EngineBase):
 
     async def _compare_tokenizers(self, timeout: float) -> None:
         assert self.tokenizer is not None
-        answers = await asyncio.gather(*(self._ask(text, timeout) for text in PROBE_TEXTS))
+        # One probe after another: an engine that fails the first is asked nothing more.
+        answers = [await self._ask(text, timeout) for text in PROBE_TEXTS]
         tokenizer, special = self.tokenizer, self.add_special_tokens
         problem = tokenizer_disagreement(
             lambda text: tokenizer.encode(text, add_special_tokens=special),

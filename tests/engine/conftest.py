@@ -1,4 +1,5 @@
-"""Real servers for the engine tests: an ASGI app under uvicorn on a free local port."""
+"""Real servers for the engine tests: an ASGI app under uvicorn on a free local port; and a real
+Hugging Face tokenizer.json, trained here, for the local tokenizer's tests."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -67,3 +69,28 @@ def emulator(time_scale: float = 0.01, **simulator: Any) -> Iterator[tuple[str, 
     app = PathCounter(create_sglang_app(live))
     with serve(app) as url:
         yield url, app
+
+
+_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world , numbers 12345 and symbols !",
+    "a prompt about the capital of a country",
+]
+
+
+def word_level_tokenizer(folder: Path, *, bos: bool) -> Path:
+    """A word-level tokenizer.json trained into `folder`, adding `<s>` in front when `bos`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=["<unk>", "<s>"])
+    tokenizer.train_from_iterator(_CORPUS, trainer)
+    if bos:
+        bos_id = tokenizer.token_to_id("<s>")
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", bos_id)]
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
