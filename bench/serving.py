@@ -4,9 +4,13 @@ Three paths, driven by the same `wrk` settings (2 threads, the same connection c
 duration, a short warm-up before each measured run), on this machine, in one run:
 
 * direct: `wrk` -> the SGLang emulator (`emulate-sglang --time-scale 0.001`, its own process);
-* auction: `wrk` -> the auction server (`inference-auction serve --engine-url <emulator>`, its
-  own process, a fresh one per connection count, over one ledger) -> the emulator; 8 users with
-  large budgets, keys rotated and bids varied per request (bench/wrk/auction_generate.lua);
+* auction: `wrk` -> the auction server (`inference-auction serve --engine-url <emulator>
+  --tokenizer builtin`, its own process, a fresh one per connection count, over one ledger) ->
+  the emulator; 8 users with large budgets, keys rotated and bids varied per request
+  (bench/wrk/auction_generate.lua). The server tokenizes prompts in process with the builtin
+  tokenizer, which is the emulator's own (checked against its `/tokenize` at start), as a
+  production deployment would with `--tokenizer` pointing at its model's tokenizer.json;
+  `--tokenizer engine` measures the round trip to the engine's `/tokenize` per prompt instead;
 * litellm: `wrk` -> LiteLLM's proxy (1 worker, no database, in `.bench-venvs/litellm`, created
   on first use) -> the emulator's OpenAI-compatible `/v1/chat/completions`.
 
@@ -97,6 +101,7 @@ class Settings:
     time_scale: str
     markdown: Path | None
     server_args: list[str]
+    tokenizer: str
 
 
 class Bench:
@@ -199,7 +204,8 @@ class Bench:
         assert self.emulator is not None
         port = free_port()
         command = [*_CLI, "serve", "--port", str(port), "--engine-url", self.emulator.url]
-        command += ["--database-url", url, "--log-level", "warning", *self.settings.server_args]
+        command += ["--database-url", url, "--log-level", "warning"]
+        command += ["--tokenizer", self.settings.tokenizer, *self.settings.server_args]
         server = self._service(
             "auction",
             command,
@@ -377,6 +383,14 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         help="an extra argument for `inference-auction serve` (repeat: --server-arg=--max-wait-ms "
         "--server-arg=5)",
     )
+    parser.add_argument(
+        "--tokenizer",
+        choices=["builtin", "engine"],
+        default="builtin",
+        help="who tokenizes prompts for the auction server: builtin (in process, the emulator's "
+        "tokenizer) or engine (the emulator's /tokenize, a round trip per prompt) "
+        "(default: builtin)",
+    )
     parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
     args = parser.parse_args(argv)
     databases = ["sqlite", "postgresql"] if args.database == "both" else [args.database]
@@ -391,6 +405,7 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         time_scale=args.time_scale,
         markdown=args.markdown,
         server_args=args.server_arg,
+        tokenizer=args.tokenizer,
     )
 
 
