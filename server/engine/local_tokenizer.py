@@ -10,7 +10,9 @@ with a tokenizer here:
   `add_special_tokens` says; so is this one.
 * a path to a Hugging Face `tokenizer.json`, or to a model folder holding one: loaded with the
   `tokenizers` library (the `tokenizers` extra), encoding with the same `add_special_tokens`
-  the backend sends to `/tokenize`, as SGLang's own tokenizer does.
+  the backend sends to `/tokenize`. SGLang's tokenizer is the same file, but a model's
+  `tokenizer_config.json` can change what transformers adds around it (a BOS, say): the
+  comparison below is what catches that.
 
 A local tokenizer that disagrees with the engine's would silently corrupt every request, so the
 backend compares the two on `PROBE_TEXTS` before it relies on the local one
