@@ -36,7 +36,7 @@ from inference_auctions.billing.errors import (
 from inference_auctions.billing.jobs import start_scheduler
 from inference_auctions.billing.leadership import LedgerJobs
 from inference_auctions.billing.leadership import start_jobs as start_ledger_jobs
-from inference_auctions.billing.ledger import Ledger
+from inference_auctions.billing.ledger import GroupOutcome, Ledger
 from inference_auctions.billing.market import ClearingSample, SpendView
 from inference_auctions.billing.migrate import current_revision as schema_revision
 from inference_auctions.billing.migrate import downgrade as downgrade_schema
@@ -81,6 +81,7 @@ from inference_auctions.billing.schemas import (
     SummaryRecord,
 )
 from inference_auctions.billing.settings import LedgerSettings
+from inference_auctions.billing.settlement import BatchClaim
 
 # The ledger's tables, for Alembic's autogenerate and drift checks.
 metadata = _Base.metadata
@@ -93,6 +94,7 @@ __all__ = [
     "BalanceRecord",
     "BalanceView",
     "BatchCapExceeded",
+    "BatchClaim",
     "BatchRecord",
     "ChargeExceedsHold",
     "ClearingPoint",
@@ -104,6 +106,7 @@ __all__ = [
     "EntryPage",
     "EntryRecord",
     "EntryView",
+    "GroupOutcome",
     "HoldNotOpen",
     "HoldRequest",
     "HoldState",

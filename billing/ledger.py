@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import TracebackType
@@ -22,6 +23,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import (
+    account_rows,
     activity,
     grants,
     hold_groups,
@@ -88,6 +90,29 @@ def _retryable(exc: DBAPIError | PoolTimeout) -> bool:
     if getattr(orig, "sqlstate", None) in _RETRY_SQLSTATES:
         return True
     return isinstance(exc, IntegrityError) and "UNIQUE constraint failed" in str(orig)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOutcome:
+    """What one group commit decided, item by item in the order given."""
+
+    placed: list[HoldView | LedgerError]  # each hold's view, or the error refusing it
+    served: list[bool]  # whether each record moved its request to `served`
+    claimed: list[ClaimedBatch | Exception]  # each claim's batch, or the error that undid it
+
+
+def _claim_in_savepoint(
+    session: Session, claim: settlement.BatchClaim, now: datetime
+) -> ClaimedBatch | Exception:
+    try:
+        with session.begin_nested():
+            return settlement.settle_claimable(
+                session, claim.candidates, claim.clear, now, claim.fingerprints
+            )
+    except (OperationalError, PoolTimeout):
+        raise  # the transaction itself is lost: the whole group fails
+    except Exception as error:
+        return error
 
 
 def _lost_before_commit(exc: DBAPIError | PoolTimeout, committing: bool) -> bool:
@@ -317,19 +342,35 @@ class Ledger:
         return self._write(lambda s: hold_groups.place_holds(s, requests, now))
 
     def commit_group(
-        self, requests: Sequence[HoldRequest], records: Sequence[ServedRecord]
-    ) -> tuple[list[HoldView | LedgerError], list[bool]]:
-        """`place_holds(requests)` and `record_served_many(records)` in ONE transaction: what a
-        group-commit writer collected since its last commit. Holds go first, so the balance
-        rows are locked before the request rows, in the order recovery takes them."""
-        if not requests and not records:
-            return [], []
+        self,
+        requests: Sequence[HoldRequest],
+        records: Sequence[ServedRecord],
+        claims: Sequence[settlement.BatchClaim] = (),
+    ) -> GroupOutcome:
+        """What a group-commit writer collected since its last commit, in ONE transaction:
+        `place_holds(requests)`, then each batch of `claims` claimed, cleared and settled
+        (`settle_claimable`), then `record_served_many(records)`.
+
+        Holds go first, so a batch closed while its requests' holds were still on their way
+        claims them in the same transaction; the balance rows are locked before the request
+        rows, in the order recovery takes them. Each claim runs in a savepoint: one that
+        fails (an invalid batch, a bug in its clearing) is undone alone and its error is its
+        result. A database failure fails the whole group (`LedgerUnavailable`, nothing
+        written)."""
+        if not requests and not records and not claims:
+            return GroupOutcome([], [], [])
         now = self._now()
 
-        def work(session: Session) -> tuple[list[HoldView | LedgerError], list[bool]]:
+        def work(session: Session) -> GroupOutcome:
+            users = {r.user for r in requests} | {u for c in claims for _, u in c.candidates}
+            if requests and claims:
+                # Both lock balance rows: take them all now, in name order, so that two
+                # replicas' groups never wait on each other in a cycle.
+                account_rows.lock_rows(session, users)
             placed = hold_groups.place_holds(session, requests, now) if requests else []
+            claimed = [_claim_in_savepoint(session, claim, now) for claim in claims]
             served = request_log.serve_scheduled(session, records, now) if records else []
-            return placed, served
+            return GroupOutcome(placed, served, claimed)
 
         return self._write(work)
 
@@ -415,12 +456,17 @@ class Ledger:
         )
 
     def settle_claimable(
-        self, candidates: Sequence[tuple[str, str]], clear: settlement.Clearing
+        self,
+        candidates: Sequence[tuple[str, str]],
+        clear: settlement.Clearing,
+        fingerprints: Mapping[str, str | None] | None = None,
     ) -> ClaimedBatch:
         """Claim the open holds of `candidates` (rid, user), clear and settle them atomically;
         the others are refused with their hold's state (see `billing.settlement`)."""
         now = self._now()
-        return self._write(lambda s: settlement.settle_claimable(s, candidates, clear, now))
+        return self._write(
+            lambda s: settlement.settle_claimable(s, candidates, clear, now, fingerprints)
+        )
 
     def record_served(
         self, rid: str, cached_tokens: int | None = None, ttft_ms: float | None = None

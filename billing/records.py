@@ -62,7 +62,8 @@ class ClaimedBatch:
     """A batch settled for the requests whose holds could be claimed, and why the rest could not.
 
     `settled` is None when no hold could be claimed; `refused` maps rid -> the hold's state
-    (`settled`, `released`) or `unknown`.
+    (`settled`, `released`), `unknown` (no hold, or another user's), or `conflict` (held for
+    another payload under the same rid).
     """
 
     settled: SettleResult | None

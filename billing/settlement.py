@@ -20,6 +20,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
@@ -78,6 +79,19 @@ class _HoldRow(NamedTuple):
     state: HoldState
     period_start: datetime | None
     attempt: int
+    fingerprint: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchClaim:
+    """A closed batch to claim, clear and settle (`settle_claimable`), as a group commit
+    carries it (`Ledger.commit_group`). With `fingerprints` (rid -> the payload's), a hold
+    placed for another payload under the same rid is not claimed: that candidate is refused
+    as `conflict`."""
+
+    candidates: Sequence[tuple[str, str]]
+    clear: Clearing
+    fingerprints: Mapping[str, str | None] | None = None
 
 
 # Each runs once per batch, straight on the driver (see `billing.account_rows`).
@@ -178,12 +192,14 @@ def settle_claimable(
     candidates: Sequence[tuple[str, str]],
     clear: Clearing,
     now: datetime,
+    fingerprints: Mapping[str, str | None] | None = None,
 ) -> ClaimedBatch:
     """Claim the open holds among `candidates` (rid, user), clear those, settle them at once.
 
-    A candidate whose hold is missing, settled, released or another user's leaves the batch
-    before `clear` runs, so nobody else's request fails for it. `clear` gets the claimable
-    rids in the candidates' order and returns the batch to settle; it runs under the locks.
+    A candidate whose hold is missing, settled, released, another user's or (with
+    `fingerprints`) another payload's leaves the batch before `clear` runs, so nobody else's
+    request fails for it. `clear` gets the claimable rids in the candidates' order and returns
+    the batch to settle; it runs under the locks.
     """
     accounts = lock_known_rows(session, {user for _, user in candidates})
     holds = _hold_rows(session, [rid for rid, _ in candidates])
@@ -195,6 +211,8 @@ def settle_claimable(
             refused[rid] = "unknown"
         elif hold.state != HoldState.OPEN:
             refused[rid] = HoldState(hold.state).value
+        elif fingerprints is not None and fingerprints.get(rid) != hold.fingerprint:
+            refused[rid] = "conflict"
         else:
             claimable.append(rid)
     if not claimable:

@@ -8,6 +8,7 @@ Errors name the client's rid, never the ledger's internal `user/rid`.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -16,6 +17,7 @@ from typing import Any
 from inference_auctions.billing import (
     HoldRequest,
     HoldState,
+    HoldView,
     Ledger,
     LedgerError,
     LedgerUnavailable,
@@ -59,11 +61,17 @@ def unavailable(message: str) -> ServiceError:
     return Unavailable(message, headers={"Retry-After": "1"})
 
 
-async def place_hold(writer: LedgerWriter, metrics: Metrics, ticket: Ticket) -> None:
-    """Hold the ticket's bid (re-opening a released hold of the same payload)."""
+def queue_hold(writer: LedgerWriter, ticket: Ticket) -> asyncio.Future[HoldView]:
+    """Queue the ticket's hold (re-opening a released hold of the same payload) for the
+    writer's next group commit; `held` tells its outcome."""
     request = HoldRequest(ticket.user, ticket.ledger_rid, ticket.bid_micros, ticket.fingerprint)
+    return writer.queue_hold(request)
+
+
+async def held(placing: asyncio.Future[HoldView], metrics: Metrics, ticket: Ticket) -> None:
+    """Wait for the ticket's hold; raise the client's error if it was not placed."""
     try:
-        hold = await writer.hold(request)
+        hold = await asyncio.shield(placing)  # a cancelled handler leaves the outcome to others
     except LedgerConflict:
         raise conflict(ticket.rid) from None
     except LedgerUnavailable as error:  # down or locked: nothing was written
@@ -84,6 +92,17 @@ async def place_hold(writer: LedgerWriter, metrics: Metrics, ticket: Ticket) -> 
             "use a new rid for a new request",
             param="rid",
         )
+
+
+async def hold_was_placed(ticket: Ticket) -> bool:
+    """Whether the ticket's hold is in the ledger (waiting for its commit if need be)."""
+    if ticket.hold is None:
+        return False
+    try:
+        hold = await asyncio.shield(ticket.hold)
+    except Exception:
+        return False
+    return hold.state is HoldState.OPEN
 
 
 async def release_hold(

@@ -1,9 +1,10 @@
 """Clearing a closed batch: claim its holds, run the auction, settle, price each request.
 
-All of it runs on the clearing thread, and the claim, the auction and the settlement happen in
-one ledger transaction: a request whose hold cannot be claimed (settled by another replica
-under the same rid, released meanwhile) leaves the batch before the auction, so it changes
-nobody else's schedule or charge and fails nobody else's request.
+All of it runs on the ledger writer's thread, and the claim, the auction and the settlement
+happen in one ledger transaction (the writer's group commit, `BatchClearing.claim`): a request
+whose hold cannot be claimed (settled by another replica under the same rid, released
+meanwhile, placed for another payload, or refused in the same commit) leaves the batch before
+the auction, so it changes nobody else's schedule or charge and fails nobody else's request.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from inference_auctions.billing import BatchRecord, Ledger, PricedRequest, RequestRecord
+from inference_auctions.billing import (
+    BatchClaim,
+    BatchRecord,
+    Ledger,
+    PricedRequest,
+    RequestRecord,
+)
+from inference_auctions.billing.records import ClaimedBatch
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
 from inference_auctions.server.auction.repricing import Repricer
 from inference_auctions.server.tickets import Ticket
@@ -49,31 +57,60 @@ class Cleared:
     refused: dict[str, str]  # ledger rid -> its hold's state
 
 
-def clear_and_settle(
-    ledger: Ledger, tickets: Sequence[Ticket], batch_id: str, clock: Callable[[], datetime]
-) -> Cleared:
-    """Claim, clear and settle `tickets` (blocking: run it on the clearing thread)."""
-    by_rid = {ticket.ledger_rid: ticket for ticket in tickets}
-    made: list[tuple[AuctionOutcome, Repricer, float]] = []
+class BatchClearing:
+    """One closed batch on its way through the ledger writer: the claim that runs the auction
+    under the ledger's locks (`claim`), and the cleared batch made of what it settled
+    (`cleared`)."""
 
-    def clear(claimable: list[str]) -> tuple[BatchRecord, list[RequestRecord], dict[str, int]]:
+    def __init__(
+        self, tickets: Sequence[Ticket], batch_id: str, clock: Callable[[], datetime]
+    ) -> None:
+        self._by_rid = {ticket.ledger_rid: ticket for ticket in tickets}
+        self._batch_id = batch_id
+        self._clock = clock
+        self._made: tuple[AuctionOutcome, Repricer, float] | None = None
+        self.claim = BatchClaim(
+            candidates=[(t.ledger_rid, t.user) for t in tickets],
+            clear=self._clear,
+            # A hold placed for another payload under the same rid is never claimed for this one.
+            fingerprints={t.ledger_rid: t.fingerprint for t in tickets},
+        )
+
+    def _clear(
+        self, claimable: list[str]
+    ) -> tuple[BatchRecord, list[RequestRecord], dict[str, int]]:
+        """Run the auction over the claimable requests (on the writer thread, under the locks)."""
         started = time.perf_counter()
-        chosen = [by_rid[rid] for rid in claimable]
+        chosen = [self._by_rid[rid] for rid in claimable]
         requests = [AuctionRequest(t.ledger_rid, t.user, t.tokens, t.bid_micros) for t in chosen]
         outcome = run_auction(requests)
         repricer = Repricer.from_outcome(outcome)
-        made[:] = [(outcome, repricer, time.perf_counter() - started)]
-        return _records(batch_id, clock(), outcome, repricer, chosen)
+        self._made = (outcome, repricer, time.perf_counter() - started)
+        return _records(self._batch_id, self._clock(), outcome, repricer, chosen)
 
-    claimed = ledger.settle_claimable([(t.ledger_rid, t.user) for t in tickets], clear)
-    if claimed.settled is None:
-        return Cleared(batch=None, refused=dict(claimed.refused))
-    outcome, repricer, seconds = made[0]
-    shares: dict[str, int] = {}
-    for user, charge in outcome.payments.items():
-        shares.update(repricer.shares(user, charge, outcome.positions))
-    batch = ClearedBatch(batch_id, outcome, repricer, shares, seconds)
-    return Cleared(batch=batch, refused=dict(claimed.refused))
+    def cleared(self, claimed: ClaimedBatch) -> Cleared:
+        """The settled batch with every request's share of its user's charge, and the refused."""
+        if claimed.settled is None:
+            return Cleared(batch=None, refused=dict(claimed.refused))
+        assert self._made is not None, "a settled batch was cleared"
+        outcome, repricer, seconds = self._made
+        shares: dict[str, int] = {}
+        for user, charge in outcome.payments.items():
+            shares.update(repricer.shares(user, charge, outcome.positions))
+        batch = ClearedBatch(self._batch_id, outcome, repricer, shares, seconds)
+        return Cleared(batch=batch, refused=dict(claimed.refused))
+
+
+def clear_and_settle(
+    ledger: Ledger, tickets: Sequence[Ticket], batch_id: str, clock: Callable[[], datetime]
+) -> Cleared:
+    """Claim, clear and settle `tickets` in a transaction of their own (blocking)."""
+    clearing = BatchClearing(tickets, batch_id, clock)
+    claim = clearing.claim
+    claimed = ledger.settle_claimable(
+        claim.candidates, claim.clear, fingerprints=claim.fingerprints
+    )
+    return clearing.cleared(claimed)
 
 
 def _records(

@@ -9,24 +9,37 @@ Now every write of the serving path goes through one thread, in order:
 * holds that arrive while a commit is running are placed together in the next one
   (`Ledger.commit_group`: one transaction, each hold still decided against what its user has
   available when its turn in the group comes, so nothing overspends);
-* `served` records likewise, in the same transaction (`Ledger.commit_group`; each record still
-  conditional on the request being `scheduled`, so recovery and serving still race safely);
-* the rarer writes (a batch's claim, auction and settlement, a failure's refund, a release) run
-  on the same thread between the groups (`call`).
+* closed batches likewise, after the holds of the same group (`claim`: the claim of their
+  holds, the auction and the settlement, each in a savepoint of its own), so a request whose
+  batch closes while its hold is still queued is held, cleared and settled in one commit;
+* `served` records likewise, last (each still conditional on the request being `scheduled`,
+  so recovery and serving still race safely);
+* the rarer writes (a failure's refund, a release) run on the same thread between the groups
+  (`call`).
 
 A request waits for at most one commit in progress before its own is written, and the event
-loop hands work to the thread once per group, not once per request.
+loop hands work to the thread once per group, not once per request. A group starts one turn
+of the event loop after its first write arrived, so that the batch a new request closes (the
+pool runs in that turn) rides in the same commit as the request's hold.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from inference_auctions.billing import HoldRequest, HoldView, Ledger, ServedRecord
+from inference_auctions.billing import (
+    BatchClaim,
+    GroupOutcome,
+    HoldRequest,
+    HoldView,
+    Ledger,
+    ServedRecord,
+)
+from inference_auctions.billing.records import ClaimedBatch
 
 __all__ = ["LedgerWriter"]
 
@@ -52,13 +65,27 @@ class LedgerWriter:
         self._max_group = max_group
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
         self._holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]] = []
+        self._claims: list[tuple[BatchClaim, asyncio.Future[ClaimedBatch]]] = []
         self._served: list[tuple[ServedRecord, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     async def hold(self, request: HoldRequest) -> HoldView:
         """Place one hold in the next group commit; raises what `Ledger.place_hold` raises."""
+        return await self.queue_hold(request)
+
+    def queue_hold(self, request: HoldRequest) -> asyncio.Future[HoldView]:
+        """Queue one hold for the next group commit, now; its future is the outcome. A batch
+        claimed after this call sees the hold (same group or a later one)."""
         future: asyncio.Future[HoldView] = asyncio.get_running_loop().create_future()
         self._holds.append((request, future))
+        self._kick()
+        return future
+
+    async def claim(self, claim: BatchClaim) -> ClaimedBatch:
+        """Claim, clear and settle a closed batch in the next group commit, after its holds;
+        raises what the claim raised (its writes undone) or what failed the group."""
+        future: asyncio.Future[ClaimedBatch] = asyncio.get_running_loop().create_future()
+        self._claims.append((claim, future))
         self._kick()
         return await future
 
@@ -88,43 +115,59 @@ class LedgerWriter:
                 self._flush(), name="ledger-group-commit"
             )
 
+    def _pending(self) -> bool:
+        return bool(self._holds or self._claims or self._served)
+
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while self._holds or self._served:
-                holds = self._holds[: self._max_group]
-                del self._holds[: len(holds)]
-                served = self._served[: self._max_group]
-                del self._served[: len(served)]
-                hold_results, served_results = await loop.run_in_executor(
+            # One turn of the loop first: whatever that turn queues (typically the batch the
+            # first hold's request closes) joins this commit instead of waiting for the next.
+            await asyncio.sleep(0)
+            while self._pending():
+                holds = _take(self._holds, self._max_group)
+                claims = _take(self._claims, self._max_group)
+                served = _take(self._served, self._max_group)
+                outcome = await loop.run_in_executor(
                     self._thread,
                     self._commit,
                     [request for request, _ in holds],
+                    [claim for claim, _ in claims],
                     [record for record, _ in served],
                 )
-                _settle(holds, hold_results)
-                _settle(served, served_results)
+                if isinstance(outcome, Exception):  # nothing of the group was written
+                    for waiting in (holds, claims, served):
+                        _settle(waiting, [outcome] * len(waiting))
+                    continue
+                # Holds first: a request's own hold error is known before its batch's outcome.
+                _settle(holds, outcome.placed)
+                _settle(claims, outcome.claimed)
+                _settle(served, outcome.served)
         finally:
             self._flusher = None
-            if self._holds or self._served:  # arrived after the last check: never stranded
+            if self._pending():  # arrived after the last check: never stranded
                 self._kick()
 
     def _commit(
-        self, holds: list[HoldRequest], served: list[ServedRecord]
-    ) -> tuple[list[HoldView | BaseException], list[bool | BaseException]]:
-        """Both groups in one transaction; if it fails, every request of the group gets the
-        error (nothing of it was written)."""
+        self, holds: list[HoldRequest], claims: list[BatchClaim], served: list[ServedRecord]
+    ) -> GroupOutcome | Exception:
+        """The group in one transaction, or the error that failed it as a whole."""
         try:
-            placed, recorded = self._ledger.commit_group(holds, served)
+            outcome = self._ledger.commit_group(holds, served, claims)
         except Exception as error:
-            return [error] * len(holds), [error] * len(served)
-        self._observe_group(len(holds) + len(served))
-        return list(placed), list(recorded)
+            return error
+        self._observe_group(len(holds) + len(claims) + len(served))
+        return outcome
 
 
-def _settle(
-    waiting: list[tuple[Any, asyncio.Future[Any]]], results: list[Any] | list[BaseException]
-) -> None:
+def _take(queue: list[T], most: int) -> list[T]:
+    """Up to `most` items from the front of `queue`, removed from it."""
+    taken = queue[:most]
+    del queue[: len(taken)]
+    return taken
+
+
+def _settle(waiting: Sequence[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any]) -> None:
     """Hand each waiter its result; one that gave up meanwhile is skipped."""
     for (_, future), result in zip(waiting, results, strict=True):
         if future.done():

@@ -1,10 +1,12 @@
 """The path of one request, as one walk: hold, wait in the pool, clear, settle, dispatch.
 
-    admit()   refuse what the engine would refuse (context length), hold the bid in the
-              ledger (402 if the budget cannot cover it), join the pool (`server.admission`)
+    admit()   refuse what the engine would refuse (context length), queue the bid's hold for
+              the ledger writer, join the pool, answer 402 if the hold is refused
+              (`server.admission`)
     _clear()  a batch closed: claim its holds, run the auction and settle it in ONE ledger
-              transaction (`server.clearing`), then hand the requests to the engine in the
-              auction's order
+              transaction, the writer's next group commit, which places any of its holds
+              still queued first (`server.clearing`); then hand the requests to the engine in
+              the auction's order
     serve     stream one request from the engine into its ticket and record its outcome
               before its last byte; on an engine failure refund what that failure is worth
               (`server.dispatch`)
@@ -28,14 +30,16 @@ from typing import Any
 from inference_auctions.billing import Ledger
 from inference_auctions.server.admission import (
     conflict,
+    held,
+    hold_was_placed,
     ledger_rid,
     payload_fingerprint,
-    place_hold,
+    queue_hold,
     release_hold,
     unavailable,
 )
 from inference_auctions.server.batching import BatchingPolicy, BatchPool, PoolClosed, QueueFull
-from inference_auctions.server.clearing import ClearedBatch, clear_and_settle
+from inference_auctions.server.clearing import BatchClearing, ClearedBatch
 from inference_auctions.server.deferral import DeferralSettings
 from inference_auctions.server.deferred_dispatch import DeferredDispatch
 from inference_auctions.server.dispatch import Serving
@@ -158,22 +162,33 @@ class AuctionService:
         # Claimed before the first await, so a concurrent retry joins instead of racing.
         self._remember(key, ticket)
         try:
-            await place_hold(self.writer, self.metrics, ticket)
+            # Queued before the ticket can join a batch, so the batch's claim finds the hold:
+            # in the same group commit when the batch closes at once (a lone request costs one
+            # ledger transaction before dispatch, not two).
+            ticket.hold = queue_hold(self.writer, ticket)
             ticket.queued = time.monotonic()
             try:
                 self.pool.submit(ticket)
             except (QueueFull, PoolClosed) as error:
-                await self._release(ticket, "not queued: " + str(error))
+                if await hold_was_placed(ticket):
+                    await self._release(ticket, "not queued: " + str(error))
                 raise unavailable(str(error)) from None
+            await held(ticket.hold, self.metrics, ticket)
         except ServiceError as error:
+            # Refused: if its batch has not closed, it leaves the pool; a batch that took it
+            # meanwhile finds no hold to claim (or one of another payload) and leaves it out.
+            self.pool.withdraw(ticket)
             self._forget(key)
             await ticket.finish(error)  # a concurrent retry that joined gets the same answer
             raise
         except asyncio.CancelledError:
             # Never leave a ticket behind that nothing will finish: a retry would wait on it
-            # forever. A hold committed meanwhile is left to the stale-hold job.
-            self._forget(key)
-            await ticket.finish(unavailable("the request was cancelled before it was queued"))
+            # forever. One still in the pool leaves it, its hold released once placed; one
+            # whose batch closed is served and settled like a client that left after that.
+            if self.pool.withdraw(ticket):
+                self._forget(key)
+                self._spawn(self._release_when_placed(ticket, "cancelled before dispatch"))
+                await ticket.finish(unavailable("the request was cancelled before it was queued"))
             raise
         return ticket
 
@@ -197,12 +212,17 @@ class AuctionService:
     async def abandon(self, ticket: Ticket) -> None:
         """The client went away: if its batch has not closed, take it back and free its hold."""
         if self.pool.withdraw(ticket):
-            await self._release(ticket, "client disconnected before dispatch")
+            await self._release_when_placed(ticket, "client disconnected before dispatch")
             await ticket.finish(unavailable("the client disconnected"))
             self._forget((ticket.user, ticket.rid))
 
     async def _release(self, ticket: Ticket, reason: str) -> None:
         await release_hold(self.writer, self.ledger, self.metrics, ticket, reason)
+
+    async def _release_when_placed(self, ticket: Ticket, reason: str) -> None:
+        """Free the ticket's hold once its commit is known, if it was placed."""
+        if await hold_was_placed(ticket):
+            await self._release(ticket, reason)
 
     def _remember(self, key: tuple[str, str], ticket: Ticket) -> None:
         self._tickets[key] = ticket
@@ -222,18 +242,19 @@ class AuctionService:
         for ticket in tickets:
             ticket.closed = closed
         started = time.perf_counter()
+        clearing = BatchClearing(tickets, new_batch_id(), self._clock)
         try:
-            # On the writer thread: large batches take tens of milliseconds, during which the
-            # event loop keeps serving.
-            cleared = await self.writer.call(
-                clear_and_settle, self.ledger, tickets, new_batch_id(), self._clock
-            )
+            # In the writer's next group commit, after the holds queued before it: large
+            # batches take tens of milliseconds there, while the event loop keeps serving.
+            cleared = clearing.cleared(await self.writer.claim(clearing.claim))
         except Exception as error:
             self.metrics.ledger_errors.labels(operation="settle").inc()
             log.error("settling a batch failed; its requests fail unserved: %s", error)
             failure = unavailable("the ledger could not settle the batch; nothing was charged")
             for ticket in tickets:
-                await self._release(ticket, "batch could not be settled")
+                if ticket.done:  # its own hold was refused: admission answered it
+                    continue
+                await self._release_when_placed(ticket, "batch could not be settled")
                 await ticket.finish(failure)
                 # A retry of the rid is admitted afresh (its hold re-opened) instead of
                 # replaying this failure.
@@ -260,6 +281,8 @@ class AuctionService:
 
     async def _refuse(self, ticket: Ticket, state: str) -> None:
         """A request whose hold could not be claimed leaves its batch with its own error."""
+        if ticket.done or not await hold_was_placed(ticket):
+            return  # its hold was refused in the same commit: admission answered it
         error: ServiceError
         if state == "settled":
             error = Conflict(
@@ -267,6 +290,8 @@ class AuctionService:
                 "two servers); use a new rid for a new request",
                 param="rid",
             )
+        elif state == "conflict":
+            error = conflict(ticket.rid)
         else:  # released (expired) meanwhile: nothing was charged, a retry is admitted afresh
             error = unavailable(
                 f"the hold of request {ticket.rid!r} was {state} before its batch closed; "

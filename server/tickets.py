@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference_auctions.billing import HoldView
 from inference_auctions.server.engine.base import TokenIds
 from inference_auctions.server.errors import ServiceError
 
@@ -69,6 +70,8 @@ class Ticket:
     queued: float | None = None  # when it joined the pool, its hold placed
     closed: float | None = None  # when its batch closed
     dispatched: float | None = None  # when it was sent to the engine
+    # Its hold on its way to the ledger, queued before the ticket joins the pool.
+    hold: asyncio.Future[HoldView] | None = None
 
     @property
     def overhead(self) -> float | None:

@@ -1,0 +1,148 @@
+"""A request's hold and the settlement of the batch it closes share one ledger commit.
+
+The service is driven in process (no HTTP) so that several requests arrive in one turn of
+the event loop: each queues its hold and joins the pool before anything is committed, the
+pool closes one batch over all of them, and the writer's next group commit places the holds,
+then claims, clears and settles the batch. What the tests pin down: a lone request costs one
+commit before dispatch (not two), and a request refused in that same commit (its budget, or
+its rid already held for another payload) leaves the batch alone: the others are served and
+charged, nothing is charged for it, nothing of anyone else's is touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+
+from inference_auctions.billing import HoldRequest, HoldState, Ledger
+from inference_auctions.server.admission import ledger_rid, payload_fingerprint
+from inference_auctions.server.engine.factory import make_engine
+from inference_auctions.server.errors import Conflict, PaymentRequired, ServiceError
+from inference_auctions.server.service import AuctionService
+from inference_auctions.server.settings import ServerSettings
+from inference_auctions.server.tickets import Ticket
+from tests.db_fixtures import MigratedDatabase
+from tests.server.harness import TEST_SETTINGS
+
+_SAMPLING = {"max_new_tokens": 2}
+
+
+@asynccontextmanager
+async def _service(db: MigratedDatabase) -> AsyncIterator[AuctionService]:
+    settings = ServerSettings(database_url=db.url, **{**TEST_SETTINGS, "max_wait_ms": 0})
+    engine = make_engine(None, time_scale=0.002, timeout=None)
+    await engine.start()
+    service = AuctionService(settings, Ledger(db.new_engine()), engine)
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop()
+        await engine.close()
+
+
+async def _admit(service: AuctionService, user: str, rid: str, bid: int) -> Ticket:
+    tokens = np.arange(1, 9, dtype=np.int32)
+    tokens.flags.writeable = False
+    payload: dict[str, Any] = {"rid": rid, "bid": bid}
+    return await service.admit(
+        user=user,
+        rid=rid,
+        tokens=tokens,
+        bid_micros=bid,
+        sampling_params=_SAMPLING,
+        fingerprint=payload_fingerprint(payload),
+    )
+
+
+def _group_sizes(service: AuctionService) -> list[float]:
+    """The writes of each group commit so far (holds, claims and served records)."""
+    [metric] = service.metrics.ledger_group_writes.collect()
+    count = next(s.value for s in metric.samples if s.name.endswith("_count"))
+    total = next(s.value for s in metric.samples if s.name.endswith("_sum"))
+    return [count, total]
+
+
+def test_a_lone_request_is_held_and_settled_in_one_commit(ledger_db: MigratedDatabase) -> None:
+    asyncio.run(_lone_request(ledger_db))
+
+
+async def _lone_request(ledger_db: MigratedDatabase) -> None:
+    async with _service(ledger_db) as service:
+        service.ledger.create_user("ada", budget_micros=1_000_000)
+        ticket = await _admit(service, "ada", "r1", 5_000)
+        clearance = await ticket.wait_cleared()
+        await ticket.result()
+        # Two commits in all: hold + claim together, then the served record.
+        assert _group_sizes(service) == [2, 3]
+        assert clearance.batch_size == 1
+        assert service.ledger.balance("ada").held_micros == 0
+        assert service.ledger.reconcile().ok
+
+
+def test_a_request_refused_in_its_batchs_commit_leaves_the_others_served(
+    ledger_db: MigratedDatabase,
+) -> None:
+    asyncio.run(_refused_in_the_same_commit(ledger_db))
+
+
+async def _refused_in_the_same_commit(ledger_db: MigratedDatabase) -> None:
+    async with _service(ledger_db) as service:
+        ledger = service.ledger
+        ledger.create_user("ada", budget_micros=6_000)  # one bid of 5,000, not two
+        ledger.create_user("bob", budget_micros=1_000_000)
+        outcomes = await asyncio.gather(
+            _admit(service, "ada", "a1", 5_000),
+            _admit(service, "ada", "a2", 5_000),
+            _admit(service, "bob", "b1", 4_000),
+            return_exceptions=True,
+        )
+        refused = [o for o in outcomes if isinstance(o, ServiceError)]
+        tickets = [o for o in outcomes if isinstance(o, Ticket)]
+        assert [type(e) for e in refused] == [PaymentRequired]
+        assert len(tickets) == 2
+        clearances = [await t.wait_cleared() for t in tickets]
+        for ticket in tickets:
+            await ticket.result()
+        # All three arrived in one turn: one batch, one commit for its holds and settlement.
+        assert {c.batch_id for c in clearances} == {clearances[0].batch_id}
+        assert [c.batch_size for c in clearances] == [2, 2]
+        assert _group_sizes(service)[0] == 2  # holds + claim, then the served records
+        assert ledger.balance("ada").held_micros == 0
+        assert ledger.balance("bob").held_micros == 0
+        assert ledger.reconcile().ok
+
+
+def test_a_rid_held_for_another_payload_is_not_claimed_for_this_one(
+    ledger_db: MigratedDatabase,
+) -> None:
+    asyncio.run(_held_for_another_payload(ledger_db))
+
+
+async def _held_for_another_payload(ledger_db: MigratedDatabase) -> None:
+    async with _service(ledger_db) as service:
+        ledger = service.ledger
+        ledger.create_user("ada", budget_micros=1_000_000)
+        ledger.create_user("bob", budget_micros=1_000_000)
+        # Another replica holds ada's rid r1 for another payload, and has not settled it.
+        other = HoldRequest("ada", ledger_rid("ada", "r1"), 9_000, "f" * 64)
+        [placed] = ledger.place_holds([other])
+        assert placed.state is HoldState.OPEN
+        outcomes = await asyncio.gather(
+            _admit(service, "ada", "r1", 5_000),
+            _admit(service, "bob", "b1", 4_000),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[0], Conflict)
+        assert isinstance(outcomes[1], Ticket)
+        clearance = await outcomes[1].wait_cleared()
+        await outcomes[1].result()
+        assert clearance.batch_size == 1
+        # The other replica's hold is untouched, still open for its own batch.
+        assert ledger.balance("ada").held_micros == 9_000
+        assert ledger.balance("ada").balance_micros == 1_000_000
+        assert ledger.reconcile().ok
