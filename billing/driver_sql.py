@@ -68,19 +68,23 @@ def _column(table: Table, name: str) -> Column[Any]:
 
 
 class DriverCursor:
-    """A cursor on the connection of one `Session`'s transaction (see the module docstring).
+    """Statements on the connection of one `Session`'s transaction (see the module docstring).
 
     Statements are written with `?` placeholders and `{in}` for a list of values; the class
     renders them for the driver (`?` for SQLite, `%s` for psycopg) and caches the rendering.
+    Each statement gets a driver cursor of its own, closed before the call returns, as
+    SQLAlchemy does: a cursor left open would be finalized by the garbage collector whenever
+    it runs, in any thread, possibly while another transaction uses the same pooled
+    connection (SQLite then reports "bad parameter or other API misuse").
     """
 
     def __init__(self, session: Session) -> None:
         connection = session.connection()
         self._connection = connection
         self.dialect = connection.dialect
-        self._dbapi_connection = connection.connection.dbapi_connection
-        assert self._dbapi_connection is not None
-        self._cursor = self._dbapi_connection.cursor()
+        dbapi_connection = connection.connection.dbapi_connection
+        assert dbapi_connection is not None
+        self._dbapi_connection = dbapi_connection
         self._placeholder = "?" if self.dialect.paramstyle == "qmark" else "%s"
         self._dbapi_error: type[DBAPIModule.Error] = self.dialect.loaded_dbapi.Error
 
@@ -90,9 +94,7 @@ class DriverCursor:
 
     def execute(self, sql: str, params: Sequence[Any] = (), count: int = 0) -> list[Any]:
         """Run one statement (rendered with `count` list placeholders); its rows, if any."""
-        statement = self.render(sql, count)
-        self._run(statement, params, many=False)
-        return list(self._cursor.fetchall()) if self._cursor.description is not None else []
+        return self._run(self.render(sql, count), params, many=False)
 
     def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         """Run one statement once per row of parameters, as one driver call."""
@@ -107,18 +109,16 @@ class DriverCursor:
         names = columns.names
         self.execute_many(sql, [convert([row[name] for name in names], binds) for row in rows])
 
-    def rowcount(self) -> int:
-        """Rows the last statement changed."""
-        return int(self._cursor.rowcount)
-
-    def _run(self, statement: str, params: Any, *, many: bool) -> None:
+    def _run(self, statement: str, params: Any, *, many: bool) -> list[Any]:
+        cursor = self._dbapi_connection.cursor()
         try:
             if many:
-                self._cursor.executemany(statement, params)
-            else:
-                self._cursor.execute(statement, params)
+                cursor.executemany(statement, params)
+                return []
+            cursor.execute(statement, params)
+            return list(cursor.fetchall()) if cursor.description is not None else []
         except self._dbapi_error as error:
-            lost = self.dialect.is_disconnect(error, self._dbapi_connection, self._cursor)
+            lost = self.dialect.is_disconnect(error, self._dbapi_connection, cursor)
             if lost:
                 self._connection.invalidate(error)
             raise DBAPIError.instance(
@@ -130,6 +130,8 @@ class DriverCursor:
                 dialect=self.dialect,
                 ismulti=many,
             ) from error
+        finally:
+            cursor.close()
 
 
 @cache

@@ -4,10 +4,11 @@ as SQLAlchemy would fail: its exception classes, a lost connection invalidated."
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlalchemy import select, text
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import HoldRequest, HoldState, Ledger
@@ -100,3 +101,47 @@ def test_a_connection_lost_under_the_driver_is_invalidated(tmp_path: object) -> 
         # The dead connection went back to the pool as invalid: the next write reconnects.
         [view] = ledger.place_holds([HoldRequest("ada", "r1", 10)])
         assert view.amount_micros == 10
+
+
+class _CountingCursor:
+    """A driver cursor that counts its closing."""
+
+    def __init__(self, cursor: Any, closed: list[int]) -> None:
+        self._cursor = cursor
+        self._closed = closed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def close(self) -> None:
+        self._closed.append(1)
+        self._cursor.close()
+
+
+def test_every_driver_cursor_is_closed_before_its_call_returns(
+    ledger_db: MigratedDatabase,
+) -> None:
+    # An open cursor would be finalized by the garbage collector, in any thread, perhaps
+    # while another transaction uses the same pooled connection.
+    opened: list[_CountingCursor] = []
+    closed: list[int] = []
+    with Session(ledger_db.engine) as session, session.begin():
+        cursor = driver_cursor(session)
+        connection = cursor._dbapi_connection
+
+        class Connection:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(connection, name)
+
+            def cursor(self) -> _CountingCursor:
+                counting = _CountingCursor(connection.cursor(), closed)
+                opened.append(counting)
+                return counting
+
+        cursor._dbapi_connection = Connection()  # type: ignore[assignment]
+        assert cursor.execute("SELECT 1 + ?", [1]) == [(2,)]
+        assert cursor.execute("SELECT 2") == [(2,)]
+        with pytest.raises(DBAPIError):
+            cursor.execute("SELECT * FROM no_such_table")
+        session.rollback()
+    assert len(opened) == len(closed) == 3

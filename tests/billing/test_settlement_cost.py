@@ -33,9 +33,11 @@ def _statements(engine: Engine) -> Iterator[list[str]]:
 
     driver_run = DriverCursor._run
 
-    def run_and_record(cursor: DriverCursor, statement: str, params: Any, *, many: bool) -> None:
+    def run_and_record(
+        cursor: DriverCursor, statement: str, params: Any, *, many: bool
+    ) -> list[Any]:
         sent.append(statement)
-        driver_run(cursor, statement, params, many=many)
+        return driver_run(cursor, statement, params, many=many)
 
     event.listen(engine, "before_cursor_execute", record)
     DriverCursor._run = run_and_record  # type: ignore[method-assign]
