@@ -17,11 +17,11 @@ from datetime import datetime
 from inference_auctions.billing import (
     BatchClaim,
     BatchRecord,
+    ClaimedBatch,
     Ledger,
     PricedRequest,
     RequestRecord,
 )
-from inference_auctions.billing.records import ClaimedBatch
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
 from inference_auctions.server.auction.repricing import Repricer
 from inference_auctions.server.tickets import Ticket

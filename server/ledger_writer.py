@@ -33,13 +33,13 @@ from typing import Any, TypeVar
 
 from inference_auctions.billing import (
     BatchClaim,
+    ClaimedBatch,
     GroupOutcome,
     HoldRequest,
     HoldView,
     Ledger,
     ServedRecord,
 )
-from inference_auctions.billing.records import ClaimedBatch
 
 __all__ = ["LedgerWriter"]
 
