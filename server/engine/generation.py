@@ -7,12 +7,17 @@ consumer that only wants the result can ignore them.
 
 `EngineBase` gives every engine the same `generate`, `stream` and `close` on top of its own
 `dispatch`, and cancels what is still running when the engine closes.
+
+Every request in flight has one, so its signals are plain futures made on demand rather than
+an `asyncio.Queue` and two `asyncio.Event`s per request: a chunk wakes the one consumer
+waiting for it, and nothing is allocated for a signal nobody awaits.
 """
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -27,9 +32,12 @@ class Generation:
 
     def __init__(self, request: EngineRequest) -> None:
         self.request = request
-        self._chunks: asyncio.Queue[EngineChunk | EngineError] = asyncio.Queue()
-        self._admitted = asyncio.Event()
-        self._done = asyncio.Event()
+        self._chunks: deque[EngineChunk | EngineError] = deque()
+        self._chunk_waiter: asyncio.Future[None] | None = None  # the consumer, if it waits
+        self._admitted = False
+        self._admitted_waiters: list[asyncio.Future[None]] = []
+        self._done = False
+        self._done_waiters: list[asyncio.Future[None]] = []
         self._result: EngineResult | None = None
         self._error: EngineError | None = None
         self._task: asyncio.Task[None] | None = None
@@ -43,15 +51,17 @@ class Generation:
 
     def done(self) -> bool:
         """True once it has a result or an error."""
-        return self._done.is_set()
+        return self._done
 
     async def admitted(self) -> None:
         """Wait until the engine has taken the request (or it already ended); never raises."""
-        await self._admitted.wait()
+        if not self._admitted:
+            await _waiting(self._admitted_waiters)
 
     async def result(self) -> EngineResult:
         """The final result; raises the `EngineError` that ended it."""
-        await self._done.wait()
+        if not self._done:
+            await _waiting(self._done_waiters)
         if self._error is not None:
             raise self._error
         assert self._result is not None
@@ -63,7 +73,10 @@ class Generation:
         A request that was not streamed yields one chunk: its result. Iterate it once.
         """
         while True:
-            item = await self._chunks.get()
+            while not self._chunks:
+                waiter = self._chunk_waiter = asyncio.get_running_loop().create_future()
+                await waiter
+            item = self._chunks.popleft()
             if isinstance(item, EngineError):
                 raise item
             yield item
@@ -92,7 +105,9 @@ class Generation:
 
     def admit(self) -> None:
         """Report that the engine has taken the request."""
-        self._admitted.set()
+        if not self._admitted:
+            self._admitted = True
+            _wake(self._admitted_waiters)
 
     def emit(self, chunk: EngineChunk) -> None:
         """Report a chunk; a finished one is not the end until `finish` is called."""
@@ -100,7 +115,7 @@ class Generation:
             return  # cancelled meanwhile: its consumer has had its error
         self.admit()
         self._finished_chunk = chunk.finished
-        self._chunks.put_nowait(chunk)
+        self._push(chunk)
 
     def finish(self, result: EngineResult) -> None:
         """Report the result; it is also the last chunk unless a finished one was emitted."""
@@ -116,7 +131,7 @@ class Generation:
         if self.done():
             return
         self._error = error
-        self._chunks.put_nowait(error)
+        self._push(error)
         self._end()
 
     async def wait_task(self) -> None:
@@ -124,9 +139,16 @@ class Generation:
         if self._task is not None:
             await asyncio.wait([self._task])
 
+    def _push(self, item: EngineChunk | EngineError) -> None:
+        self._chunks.append(item)
+        waiter, self._chunk_waiter = self._chunk_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def _end(self) -> None:
-        self._admitted.set()
-        self._done.set()
+        self.admit()
+        self._done = True
+        _wake(self._done_waiters)
         cleanups, self._cleanups = self._cleanups, []
         for cleanup in cleanups:
             cleanup()
@@ -144,6 +166,21 @@ class Generation:
             self.fail(EngineError(f"unexpected engine failure: {error!r}"))
         elif not self.done():
             self.fail(EngineError("the engine ended the request without a result"))
+
+
+def _waiting(waiters: list[asyncio.Future[None]]) -> asyncio.Future[None]:
+    """A new future in `waiters`, resolved by the next `_wake` of that list."""
+    future = asyncio.get_running_loop().create_future()
+    waiters.append(future)
+    return future
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    """Resolve every future still waiting in `waiters` (a cancelled one is skipped), once."""
+    for future in waiters:
+        if not future.done():
+            future.set_result(None)
+    waiters.clear()
 
 
 class EngineBase(ABC):
