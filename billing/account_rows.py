@@ -174,14 +174,17 @@ def lock_rows(session: Session, names: Iterable[str]) -> dict[str, AccountRow]:
     return accounts
 
 
-def lock_known_rows(session: Session, names: Iterable[str]) -> dict[str, AccountRow]:
-    """Lock the accounts of `names` in name order; raise `UnknownUser` for a missing one."""
+def lock_known_rows(
+    session: Session, names: Iterable[str], locked: Mapping[str, AccountRow] | None = None
+) -> dict[str, AccountRow]:
+    """Lock the accounts of `names` in name order; raise `UnknownUser` for a missing one.
+    With `locked` (accounts this transaction already locked), they are taken from there."""
     wanted = sorted({check_name(name) for name in names})
-    found = lock_rows(session, wanted)
+    found = lock_rows(session, wanted) if locked is None else locked
     for name in wanted:
         if name not in found:
             raise UnknownUser(name)
-    return found
+    return {name: found[name] for name in wanted}
 
 
 def open_periods(session: Session, accounts: Mapping[str, AccountRow], now: datetime) -> None:

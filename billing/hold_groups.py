@@ -82,9 +82,16 @@ def check_request(request: HoldRequest) -> None:
 
 
 def place_holds(
-    session: Session, requests: Sequence[HoldRequest], now: datetime
+    session: Session,
+    requests: Sequence[HoldRequest],
+    now: datetime,
+    locked: dict[str, AccountRow] | None = None,
 ) -> list[HoldResult]:
-    """Place `requests` in order; each result is the hold's view or the error refusing it."""
+    """Place `requests` in order; each result is the hold's view or the error refusing it.
+
+    `locked`: the accounts this transaction has already locked (`account_rows.lock_rows`),
+    at least the requests' users that exist; they are moved in place, so the caller's rows
+    stay the truth. Without it, the requests' users are locked here."""
     results: list[HoldResult | None] = [None] * len(requests)
     valid: list[int] = []
     for index, request in enumerate(requests):
@@ -94,7 +101,7 @@ def place_holds(
             results[index] = error
         else:
             valid.append(index)
-    group = _Group(session, {requests[i].user for i in valid}, now)
+    group = _Group(session, {requests[i].user for i in valid}, now, locked)
     known = group.existing_rids([requests[i].rid for i in valid])
     for index in valid:
         request = requests[index]
@@ -112,10 +119,16 @@ def place_holds(
 class _Group:
     """The locked accounts of one group and the holds decided but not yet written."""
 
-    def __init__(self, session: Session, names: set[str], now: datetime) -> None:
+    def __init__(
+        self,
+        session: Session,
+        names: set[str],
+        now: datetime,
+        locked: dict[str, AccountRow] | None = None,
+    ) -> None:
         self.session = session
         self.now = now
-        self.accounts = lock_rows(session, names)
+        self.accounts = lock_rows(session, names) if locked is None else locked
         self.placed: set[str] = set()
         self._holds: list[dict[str, Any]] = []
         self._entries: list[dict[str, Any]] = []

@@ -101,18 +101,13 @@ class GroupOutcome:
     claimed: list[ClaimedBatch | Exception]  # each claim's batch, or the error that undid it
 
 
-def _claim_in_savepoint(
-    session: Session, claim: settlement.BatchClaim, now: datetime
-) -> ClaimedBatch | Exception:
-    try:
-        with session.begin_nested():
-            return settlement.settle_claimable(
-                session, claim.candidates, claim.clear, now, claim.fingerprints
-            )
-    except (OperationalError, PoolTimeout):
-        raise  # the transaction itself is lost: the whole group fails
-    except Exception as error:
-        return error
+class _ClaimFailed(Exception):
+    """A claim of a group commit raised `error`: the group runs again without it."""
+
+    def __init__(self, index: int, error: Exception) -> None:
+        super().__init__(f"claim {index} failed: {error}")
+        self.index = index
+        self.error = error
 
 
 def _lost_before_commit(exc: DBAPIError | PoolTimeout, committing: bool) -> bool:
@@ -352,27 +347,46 @@ class Ledger:
         (`settle_claimable`), then `record_served_many(records)`.
 
         Holds go first, so a batch closed while its requests' holds were still on their way
-        claims them in the same transaction; the balance rows are locked before the request
-        rows, in the order recovery takes them. Each claim runs in a savepoint: one that
-        fails (an invalid batch, a bug in its clearing) is undone alone and its error is its
-        result. A database failure fails the whole group (`LedgerUnavailable`, nothing
-        written)."""
+        claims them in the same transaction. Every user involved is locked once, first, in
+        name order (so two replicas' groups never wait on each other in a cycle, and balance
+        rows are locked before request rows, in the order recovery takes them), and the
+        locked rows pass from one part to the next. A claim that fails (an invalid batch, a
+        bug in its clearing) gets its error as its result and the group runs again without
+        it, so nothing of it is written; no savepoint per claim, which would cost two more
+        round trips to the database on every commit. A database failure fails the whole
+        group (`LedgerUnavailable`, nothing written)."""
         if not requests and not records and not claims:
             return GroupOutcome([], [], [])
         now = self._now()
+        failed: dict[int, Exception] = {}
 
         def work(session: Session) -> GroupOutcome:
             users = {r.user for r in requests} | {u for c in claims for _, u in c.candidates}
-            if requests and claims:
-                # Both lock balance rows: take them all now, in name order, so that two
-                # replicas' groups never wait on each other in a cycle.
-                account_rows.lock_rows(session, users)
-            placed = hold_groups.place_holds(session, requests, now) if requests else []
-            claimed = [_claim_in_savepoint(session, claim, now) for claim in claims]
+            locked = account_rows.lock_rows(session, users)
+            placed = hold_groups.place_holds(session, requests, now, locked) if requests else []
+            claimed: list[ClaimedBatch | Exception] = []
+            for index, claim in enumerate(claims):
+                if index in failed:
+                    claimed.append(failed[index])
+                    continue
+                try:
+                    claimed.append(
+                        settlement.settle_claimable(
+                            session, claim.candidates, claim.clear, now, claim.fingerprints, locked
+                        )
+                    )
+                except (OperationalError, PoolTimeout):
+                    raise  # the transaction itself is lost: the whole group fails
+                except Exception as error:
+                    raise _ClaimFailed(index, error) from error
             served = request_log.serve_scheduled(session, records, now) if records else []
             return GroupOutcome(placed, served, claimed)
 
-        return self._write(work)
+        while True:
+            try:
+                return self._write(work)
+            except _ClaimFailed as failure:  # rolled back: again, without that claim
+                failed[failure.index] = failure.error
 
     def release(self, rid: str, reason: str = "dropped before dispatch") -> HoldView:
         """Release the hold of a request that will not be settled. Idempotent."""

@@ -193,15 +193,17 @@ def settle_claimable(
     clear: Clearing,
     now: datetime,
     fingerprints: Mapping[str, str | None] | None = None,
+    locked: Mapping[str, AccountRow] | None = None,
 ) -> ClaimedBatch:
     """Claim the open holds among `candidates` (rid, user), clear those, settle them at once.
 
     A candidate whose hold is missing, settled, released, another user's or (with
     `fingerprints`) another payload's leaves the batch before `clear` runs, so nobody else's
     request fails for it. `clear` gets the claimable rids in the candidates' order and returns
-    the batch to settle; it runs under the locks.
+    the batch to settle; it runs under the locks. `locked`: the accounts this transaction
+    already locked (`account_rows.lock_rows`), moved in place.
     """
-    accounts = lock_known_rows(session, {user for _, user in candidates})
+    accounts = lock_known_rows(session, {user for _, user in candidates}, locked)
     holds = _hold_rows(session, [rid for rid, _ in candidates])
     claimable: list[str] = []
     refused: dict[str, str] = {}

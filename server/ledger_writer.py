@@ -19,8 +19,9 @@ Now every write of the serving path goes through one thread, in order:
 
 A request waits for at most one commit in progress before its own is written, and the event
 loop hands work to the thread once per group, not once per request. A group starts one turn
-of the event loop after its first write arrived, so that the batch a new request closes (the
-pool runs in that turn) rides in the same commit as the request's hold.
+of the event loop after it could, so that the batch a new request closes (the pool runs in
+that turn) rides in the same commit as the request's hold, and the next batch the pool closes
+after a settlement rides in the very next commit.
 """
 
 from __future__ import annotations
@@ -121,10 +122,14 @@ class LedgerWriter:
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            # One turn of the loop first: whatever that turn queues (typically the batch the
-            # first hold's request closes) joins this commit instead of waiting for the next.
-            await asyncio.sleep(0)
-            while self._pending():
+            while True:
+                # One turn of the loop before each commit: what that turn queues joins it
+                # instead of waiting for the next one (the batch a new request closes; after
+                # a commit, the next batch, which the pool closes as soon as it has dispatched
+                # the batch this writer just settled).
+                await asyncio.sleep(0)
+                if not self._pending():
+                    break
                 holds = _take(self._holds, self._max_group)
                 claims = _take(self._claims, self._max_group)
                 served = _take(self._served, self._max_group)
