@@ -18,14 +18,15 @@ invalidated, not returned to the pool).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
 
 from sqlalchemy import Column, Dialect, Table
 from sqlalchemy.engine.interfaces import DBAPIModule
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Session
 
 __all__ = ["Columns", "DriverCursor", "Processor", "convert", "driver_cursor"]
@@ -79,6 +80,7 @@ class DriverCursor:
     """
 
     def __init__(self, session: Session) -> None:
+        self._pipelined: Any = None  # the cursor of a `together` block, while one runs
         connection = session.connection()
         self._connection = connection
         self.dialect = connection.dialect
@@ -87,6 +89,29 @@ class DriverCursor:
         self._dbapi_connection = dbapi_connection
         self._placeholder = "?" if self.dialect.paramstyle == "qmark" else "%s"
         self._dbapi_error: type[DBAPIModule.Error] = self.dialect.loaded_dbapi.Error
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Send the statements of the block without waiting for each one's answer: one round
+        trip to the server for all of them (psycopg's pipeline mode). Only for statements
+        whose rows are not read inside; an error of any of them is raised at the end of the
+        block. SQLite runs in this process, so there the statements simply run one by one."""
+        if self.dialect.name != "postgresql" or self._pipelined is not None:
+            yield
+            return
+        cursor = self._dbapi_connection.cursor()
+        try:
+            with self._dbapi_connection.pipeline():
+                self._pipelined = cursor
+                yield
+        except self._dbapi_error as error:
+            translated = self._translated(
+                error, "(statements sent together)", None, cursor, many=True
+            )
+            raise translated from error
+        finally:
+            self._pipelined = None
+            cursor.close()
 
     def render(self, sql: str, count: int = 0) -> str:
         """`sql` with the driver's placeholders; `{in}` becomes `count` of them."""
@@ -110,6 +135,12 @@ class DriverCursor:
         self.execute_many(sql, [convert([row[name] for name in names], binds) for row in rows])
 
     def _run(self, statement: str, params: Any, *, many: bool) -> list[Any]:
+        if self._pipelined is not None:  # answered at the end of the `together` block
+            if many:
+                self._pipelined.executemany(statement, params)
+            else:
+                self._pipelined.execute(statement, params)
+            return []
         cursor = self._dbapi_connection.cursor()
         try:
             if many:
@@ -118,20 +149,27 @@ class DriverCursor:
             cursor.execute(statement, params)
             return list(cursor.fetchall()) if cursor.description is not None else []
         except self._dbapi_error as error:
-            lost = self.dialect.is_disconnect(error, self._dbapi_connection, cursor)
-            if lost:
-                self._connection.invalidate(error)
-            raise DBAPIError.instance(
-                statement,
-                params,
-                error,
-                self._dbapi_error,
-                connection_invalidated=lost,
-                dialect=self.dialect,
-                ismulti=many,
-            ) from error
+            raise self._translated(error, statement, params, cursor, many=many) from error
         finally:
             cursor.close()
+
+    def _translated(
+        self, error: DBAPIModule.Error, statement: str, params: Any, cursor: Any, *, many: bool
+    ) -> StatementError:
+        """The driver's error as `Connection.execute` raises it; a lost connection is
+        invalidated, so that it never goes back to the pool."""
+        lost = self.dialect.is_disconnect(error, self._dbapi_connection, cursor)
+        if lost:
+            self._connection.invalidate(error)
+        return DBAPIError.instance(
+            statement,
+            params,
+            error,
+            self._dbapi_error,
+            connection_invalidated=lost,
+            dialect=self.dialect,
+            ismulti=many,
+        )
 
 
 @cache

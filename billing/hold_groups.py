@@ -224,13 +224,15 @@ class _Group:
         return result
 
     def write(self) -> None:
-        """Write the holds decided so far, their entries and the balances, one statement each."""
-        if self._holds:
-            driver_cursor(self.session).insert(_HOLD_COLUMNS, self._holds)
-            insert_entries(self.session, self._entries)
-            self._holds = []
-            self._entries = []
-        write_balances(self.session, list(self.accounts.values()), self.now)
+        """Write the holds decided so far, their entries and the balances, one statement each,
+        sent together (one round trip to a database server)."""
+        with driver_cursor(self.session).together():
+            if self._holds:
+                driver_cursor(self.session).insert(_HOLD_COLUMNS, self._holds)
+                insert_entries(self.session, self._entries)
+                self._holds = []
+                self._entries = []
+            write_balances(self.session, list(self.accounts.values()), self.now)
 
     def period_due(self, account: AccountRow) -> bool:
         """Whether the user's budget period must be opened first (then cached as open)."""

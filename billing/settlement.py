@@ -342,56 +342,58 @@ def _settle(
         if amount > held[name]:
             raise ChargeExceedsHold(batch_id, name, amount, held[name])
     cursor = driver_cursor(session)
-    # The batch row first (the rows below reference it), then its request rows, the entries
-    # and the balances; the holds are closed last. The crash tests rely on that order: a
-    # settlement blocked on a hold's row lock has written everything else.
-    cursor.insert(
-        _BATCH_COLUMNS,
-        [
-            {
-                "id": batch_id,
-                "closed_at": closed_at,
-                "n": batch.n,
-                "revenue_micros": batch.revenue_micros,
-                "welfare_micros": batch.welfare_micros,
-                "tree_nodes": batch.tree_nodes,
-                "tree_depth": batch.tree_depth,
-                "shared_tokens": batch.shared_tokens,
-                "total_tokens": batch.total_tokens,
-                "fingerprint": fingerprint,
-                "settled_at": now,
-            }
-        ],
-    )
-    reason = f"settled in batch {batch_id}"
-    ordered = sorted(requests, key=lambda r: r.position)
-    cursor.insert(
-        _REQUEST_COLUMNS,
-        [
-            _request_row(batch_id, request, accounts[request.user].user_id, now)
-            for request in ordered
-        ],
-    )
-    entries = [
-        _release_entry(accounts[request.user], holds[request.rid], reason, batch_id, now)
-        for request in ordered
-    ]
-    for name in sorted(accounts):
-        account = accounts[name]
-        entries += charge_entries(
-            account,
-            held=by_period[name],
-            charge_micros=charges.get(name, 0),
-            key=charge_key(account.user_id, batch_id),
-            batch_id=batch_id,
-            now=now,
+    # Sent together: one round trip to a database server for all of them.
+    with cursor.together():
+        # The batch row first (the rows below reference it), then its request rows, the entries
+        # and the balances; the holds are closed last. The crash tests rely on that order: a
+        # settlement blocked on a hold's row lock has written everything else.
+        cursor.insert(
+            _BATCH_COLUMNS,
+            [
+                {
+                    "id": batch_id,
+                    "closed_at": closed_at,
+                    "n": batch.n,
+                    "revenue_micros": batch.revenue_micros,
+                    "welfare_micros": batch.welfare_micros,
+                    "tree_nodes": batch.tree_nodes,
+                    "tree_depth": batch.tree_depth,
+                    "shared_tokens": batch.shared_tokens,
+                    "total_tokens": batch.total_tokens,
+                    "fingerprint": fingerprint,
+                    "settled_at": now,
+                }
+            ],
         )
-    insert_entries(session, entries)
-    write_balances(session, [accounts[name] for name in sorted(accounts)], now)
-    # Every hold of the batch moves to the same state: one statement.
-    rids = [request.rid for request in ordered]
-    settled = convert((HoldState.SETTLED, now, batch_id), _SETTLE_BINDS.bind(cursor.dialect))
-    cursor.execute(_SETTLE_HOLDS, [*settled, *rids], count=len(rids))
+        reason = f"settled in batch {batch_id}"
+        ordered = sorted(requests, key=lambda r: r.position)
+        cursor.insert(
+            _REQUEST_COLUMNS,
+            [
+                _request_row(batch_id, request, accounts[request.user].user_id, now)
+                for request in ordered
+            ],
+        )
+        entries = [
+            _release_entry(accounts[request.user], holds[request.rid], reason, batch_id, now)
+            for request in ordered
+        ]
+        for name in sorted(accounts):
+            account = accounts[name]
+            entries += charge_entries(
+                account,
+                held=by_period[name],
+                charge_micros=charges.get(name, 0),
+                key=charge_key(account.user_id, batch_id),
+                batch_id=batch_id,
+                now=now,
+            )
+        insert_entries(session, entries)
+        write_balances(session, [accounts[name] for name in sorted(accounts)], now)
+        # Every hold of the batch moves to the same state: one statement.
+        rids = [request.rid for request in ordered]
+        settled = convert((HoldState.SETTLED, now, batch_id), _SETTLE_BINDS.bind(cursor.dialect))
+        cursor.execute(_SETTLE_HOLDS, [*settled, *rids], count=len(rids))
     return SettleResult(
         batch_id=batch_id,
         charges_micros={name: charges.get(name, 0) for name in sorted(accounts)},

@@ -145,3 +145,22 @@ def test_every_driver_cursor_is_closed_before_its_call_returns(
             cursor.execute("SELECT * FROM no_such_table")
         session.rollback()
     assert len(opened) == len(closed) == 3
+
+
+def test_statements_sent_together_all_run_and_fail_as_sqlalchemy_fails(
+    ledger_db: MigratedDatabase,
+) -> None:
+    ledger = Ledger(ledger_db.engine, clock=Clock(_NOW))
+    ledger.create_user("ada", budget_micros=1_000)
+    with Session(ledger_db.engine) as session, session.begin():
+        user_id = session.scalars(select(User.id).where(User.name == "ada")).one()
+        cursor = driver_cursor(session)
+        with cursor.together():
+            insert_entries(session, [entry_values(user_id, EntryKind.HOLD, 0, key="k1", now=_NOW)])
+            insert_entries(session, [entry_values(user_id, EntryKind.HOLD, 0, key="k2", now=_NOW)])
+        keys = {row[0] for row in cursor.execute("SELECT idempotency_key FROM ledger_entries")}
+        assert {"k1", "k2"} <= keys
+        with pytest.raises(IntegrityError), cursor.together():
+            insert_entries(session, [entry_values(user_id, EntryKind.HOLD, 0, key="k3", now=_NOW)])
+            insert_entries(session, [entry_values(user_id, EntryKind.HOLD, 0, key="k1", now=_NOW)])
+        session.rollback()
