@@ -26,7 +26,7 @@ from typing import Any, cast
 from sqlalchemy import Dialect, Table
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing.driver_sql import Columns, Processor, convert, driver_cursor
+from inference_auctions.billing.driver_sql import Columns, Conversion, driver_cursor
 from inference_auctions.billing.errors import UnknownUser
 from inference_auctions.billing.grants import open_period, period_at
 from inference_auctions.billing.models import (
@@ -120,9 +120,9 @@ class _Statements:
     """`lock_rows` and `write_balances` for one dialect (`billing.driver_sql`)."""
 
     lock: str
-    lock_results: tuple[Processor, ...]
+    lock_results: Conversion
     write: str
-    write_binds: tuple[Processor, ...]
+    write_binds: Conversion
 
 
 @cache
@@ -146,7 +146,7 @@ def _statements(dialect: Dialect) -> _Statements:
     )
     return _Statements(
         lock=lock,
-        lock_results=tuple(p for columns in read for p in columns.result(dialect)),
+        lock_results=Conversion(p for columns in read for p in columns.result_processors(dialect)),
         write=write,
         write_binds=_WRITTEN_BALANCE.bind(dialect),
     )
@@ -162,7 +162,7 @@ def lock_rows(session: Session, names: Iterable[str]) -> dict[str, AccountRow]:
     rows = cursor.execute(statements.lock, wanted, count=len(wanted))
     accounts = {}
     for raw in rows:
-        row = convert(raw, statements.lock_results)
+        row = statements.lock_results(raw)
         accounts[row[0]] = AccountRow(
             user_id=row[4],
             name=row[0],
@@ -234,7 +234,7 @@ def write_balances(session: Session, accounts: Sequence[AccountRow], now: dateti
     cursor.execute_many(
         statements.write,
         [
-            convert((row.balance_micros, row.held_micros, now, row.user_id), statements.write_binds)
+            statements.write_binds((row.balance_micros, row.held_micros, now, row.user_id))
             for row in changed
         ],
     )

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
+from operator import itemgetter
 from typing import Any, cast
 
 from sqlalchemy import Column, Dialect, Table
@@ -29,9 +30,9 @@ from sqlalchemy.engine.interfaces import DBAPIModule
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Session
 
-__all__ = ["Columns", "DriverCursor", "Processor", "convert", "driver_cursor"]
+__all__ = ["Columns", "Conversion", "DriverCursor", "driver_cursor"]
 
-Processor = Callable[[Any], Any] | None
+Processor = Callable[[Any], Any]
 
 _CURSOR_KEY = "inference_auctions.driver_cursor"
 
@@ -47,21 +48,76 @@ class Columns:
         """The column names as the dialect must spell them."""
         return [dialect.identifier_preparer.quote(name) for name in self.names]
 
-    @cache  # noqa: B019 (a few module-level instances, each asked for one or two dialects)
-    def bind(self, dialect: Dialect) -> tuple[Processor, ...]:
-        """Each column's conversion of a Python value into the driver's."""
-        return tuple(
+    def bind_processors(self, dialect: Dialect) -> list[Processor | None]:
+        """Each column's processor of a Python value into the driver's (None: as it is)."""
+        return [
             _column(self.table, name).type.dialect_impl(dialect).bind_processor(dialect)
             for name in self.names
-        )
+        ]
 
-    @cache  # noqa: B019 (see `bind`)
-    def result(self, dialect: Dialect) -> tuple[Processor, ...]:
-        """Each column's conversion of the driver's value into the Python value."""
-        return tuple(
+    def result_processors(self, dialect: Dialect) -> list[Processor | None]:
+        """Each column's processor of the driver's value into the Python value."""
+        return [
             _column(self.table, name).type.dialect_impl(dialect).result_processor(dialect, None)
             for name in self.names
+        ]
+
+    @cache  # noqa: B019 (a few module-level instances, each asked for one or two dialects)
+    def bind(self, dialect: Dialect) -> Conversion:
+        """The columns' conversion of Python values into the driver's."""
+        return Conversion(self.bind_processors(dialect))
+
+    @cache  # noqa: B019 (see `bind`)
+    def result(self, dialect: Dialect) -> Conversion:
+        """The columns' conversion of the driver's values into Python values."""
+        return Conversion(self.result_processors(dialect))
+
+
+class Conversion:
+    """Converts a row of values column by column, through SQLAlchemy's type processors.
+
+    Most columns (integers, strings) have none and are passed over without a call. A
+    processor remembers its last value and result: a group commit writes the same timestamp
+    (its `now`) and the same few enum members into most of its rows, and formatting a
+    timestamp for SQLite costs more than the rest of the row.
+    """
+
+    __slots__ = ("_active",)
+
+    def __init__(self, processors: Iterable[Processor | None]) -> None:
+        self._active = tuple(
+            (index, _remembering(process))
+            for index, process in enumerate(processors)
+            if process is not None
         )
+
+    def __call__(self, values: Iterable[Any]) -> list[Any]:
+        """The row converted (None stays None), as a new list."""
+        row = list(values)
+        for index, process in self._active:
+            value = row[index]
+            if value is not None:
+                row[index] = process(value)
+        return row
+
+
+_NOTHING = object()
+
+
+def _remembering(process: Processor) -> Processor:
+    """`process`, answering a repeat of its last value (the same object) from memory."""
+    last: tuple[Any, Any] = (_NOTHING, None)
+
+    def remembered(value: Any) -> Any:
+        nonlocal last
+        seen, converted = last  # one tuple, so a concurrent caller never sees half of it
+        if seen is value:
+            return converted
+        converted = process(value)
+        last = (value, converted)
+        return converted
+
+    return remembered
 
 
 def _column(table: Table, name: str) -> Column[Any]:
@@ -130,9 +186,8 @@ class DriverCursor:
         """Insert row dicts (keyed by `columns.names`) into the columns' table, one call."""
         if not rows:
             return
-        sql, binds = _insert_plan(columns, self.dialect)
-        names = columns.names
-        self.execute_many(sql, [convert([row[name] for name in names], binds) for row in rows])
+        sql, binds, values = _insert_plan(columns, self.dialect)
+        self.execute_many(sql, [binds(values(row)) for row in rows])
 
     def _run(self, statement: str, params: Any, *, many: bool) -> list[Any]:
         if self._pipelined is not None:  # answered at the end of the `together` block
@@ -173,11 +228,18 @@ class DriverCursor:
 
 
 @cache
-def _insert_plan(columns: Columns, dialect: Dialect) -> tuple[str, tuple[Processor, ...]]:
+def _insert_plan(
+    columns: Columns, dialect: Dialect
+) -> tuple[str, Conversion, Callable[[Mapping[str, Any]], Iterable[Any]]]:
     table = dialect.identifier_preparer.quote(columns.table.name)
     names = columns.quoted(dialect)
     sql = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['?'] * len(names))})"
-    return sql, columns.bind(dialect)
+    getter = itemgetter(*columns.names)
+    # An itemgetter of one name gives the value itself, not a tuple of it.
+    values: Callable[[Mapping[str, Any]], Iterable[Any]] = (
+        getter if len(columns.names) > 1 else lambda row: (getter(row),)
+    )
+    return sql, columns.bind(dialect), values
 
 
 @cache
@@ -197,11 +259,3 @@ def driver_cursor(session: Session) -> DriverCursor:
     cursor = DriverCursor(session)  # begins the transaction if none has begun
     session.info[_CURSOR_KEY] = (session.get_transaction(), cursor)
     return cursor
-
-
-def convert(values: Iterable[Any], processors: Sequence[Processor]) -> tuple[Any, ...]:
-    """`values` through their columns' processors (None: the value as it is)."""
-    return tuple(
-        value if process is None or value is None else process(value)
-        for value, process in zip(values, processors, strict=True)
-    )

@@ -13,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing.driver_sql import Columns, convert, driver_cursor
+from inference_auctions.billing.driver_sql import Columns, driver_cursor
 from inference_auctions.billing.errors import InvalidInput, RequestNotScheduled, UnknownRequest
 from inference_auctions.billing.models import AUCTION_REQUESTS, BatchRequest, RequestStatus, User
 from inference_auctions.billing.postings import check_id
@@ -141,7 +141,7 @@ def finish_scheduled(
 # `serve_scheduled` runs for every served request (grouped), straight on the driver
 # (`billing.driver_sql`).
 _SCHEDULED_ROWS = "SELECT rid, status FROM auction_requests WHERE rid IN ({in}) ORDER BY rid"
-_STATUS = Columns(AUCTION_REQUESTS, ("status",))
+_STATUS = Columns(AUCTION_REQUESTS, ("rid", "status"))
 _SERVE = (
     "UPDATE auction_requests SET status = ?, cached_tokens = ?, ttft_ms = ?, updated_at = ? "
     "WHERE rid = ? AND status = ?"
@@ -168,18 +168,18 @@ def serve_scheduled(session: Session, records: Sequence[ServedRecord], now: date
     wanted = sorted({r.rid for r in records})
     # Locked in rid order, so two of these never wait on each other in a cycle.
     select_sql = _SCHEDULED_ROWS + (" FOR UPDATE" if dialect.name == "postgresql" else "")
-    (status_of,) = _STATUS.result(dialect)
+    statuses = _STATUS.result(dialect)
     rows = cursor.execute(select_sql, wanted, count=len(wanted))
-    current = {rid: status if status_of is None else status_of(status) for rid, status in rows}
+    current = dict(statuses(row) for row in rows)
     moved: list[bool] = []
-    served: list[tuple[object, ...]] = []
+    served: list[list[object]] = []
     binds = _SERVED_BINDS.bind(dialect)
     for record in records:
         if current.get(record.rid) is RequestStatus.SCHEDULED:
             current[record.rid] = RequestStatus.SERVED
             ttft = None if record.ttft_ms is None else float(record.ttft_ms)
             served.append(
-                convert(
+                binds(
                     (
                         RequestStatus.SERVED,
                         record.cached_tokens,
@@ -187,8 +187,7 @@ def serve_scheduled(session: Session, records: Sequence[ServedRecord], now: date
                         now,
                         record.rid,
                         RequestStatus.SCHEDULED,
-                    ),
-                    binds,
+                    )
                 )
             )
             moved.append(True)

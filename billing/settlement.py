@@ -33,7 +33,7 @@ from inference_auctions.billing.account_rows import (
     open_periods,
     write_balances,
 )
-from inference_auctions.billing.driver_sql import Columns, convert, driver_cursor
+from inference_auctions.billing.driver_sql import Columns, driver_cursor
 from inference_auctions.billing.errors import (
     ChargeExceedsHold,
     HoldNotOpen,
@@ -184,7 +184,7 @@ def _hold_rows(session: Session, rids: Sequence[str]) -> dict[str, _HoldRow]:
     cursor = driver_cursor(session)
     results = _HOLD_READ.result(cursor.dialect)
     rows = cursor.execute(_HOLD_ROWS, wanted, count=len(wanted))
-    return {row[0]: _HoldRow._make(convert(row, results)) for row in rows}
+    return {row[0]: _HoldRow._make(results(row)) for row in rows}
 
 
 def settle_claimable(
@@ -392,7 +392,7 @@ def _settle(
         write_balances(session, [accounts[name] for name in sorted(accounts)], now)
         # Every hold of the batch moves to the same state: one statement.
         rids = [request.rid for request in ordered]
-        settled = convert((HoldState.SETTLED, now, batch_id), _SETTLE_BINDS.bind(cursor.dialect))
+        settled = _SETTLE_BINDS.bind(cursor.dialect)((HoldState.SETTLED, now, batch_id))
         cursor.execute(_SETTLE_HOLDS, [*settled, *rids], count=len(rids))
     return SettleResult(
         batch_id=batch_id,

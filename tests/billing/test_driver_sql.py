@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from inference_auctions.billing import HoldRequest, HoldState, Ledger
 from inference_auctions.billing.account_rows import BudgetRow, lock_rows
-from inference_auctions.billing.driver_sql import driver_cursor
+from inference_auctions.billing.driver_sql import Conversion, driver_cursor
 from inference_auctions.billing.models import Budget, EntryKind, Hold, LedgerEntry, User
 from inference_auctions.billing.postings import entry_values, insert_entries
 from tests.billing.conftest import Clock
@@ -164,3 +164,19 @@ def test_statements_sent_together_all_run_and_fail_as_sqlalchemy_fails(
             insert_entries(session, [entry_values(user_id, EntryKind.HOLD, 0, key="k3", now=_NOW)])
             insert_entries(session, [entry_values(user_id, EntryKind.HOLD, 0, key="k1", now=_NOW)])
         session.rollback()
+
+
+def test_a_conversion_converts_each_value_as_its_processor_does() -> None:
+    calls: list[object] = []
+
+    def stamp(value: object) -> str:
+        calls.append(value)
+        return f"<{value}>"
+
+    conversion = Conversion([None, stamp, stamp])
+    earlier, later = datetime(2025, 1, 1, tzinfo=UTC), datetime(2025, 1, 2, tzinfo=UTC)
+    assert conversion((1, earlier, None)) == [1, f"<{earlier}>", None]
+    # The same object again is answered from memory, another one is converted afresh.
+    assert conversion(("x", earlier, later)) == ["x", f"<{earlier}>", f"<{later}>"]
+    assert conversion(("y", later, earlier)) == ["y", f"<{later}>", f"<{earlier}>"]
+    assert calls == [earlier, later, later, earlier]  # each column remembers its own last value
