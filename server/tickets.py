@@ -16,6 +16,7 @@ from typing import Any
 from inference_auctions.billing import HoldView
 from inference_auctions.server.engine.base import TokenIds
 from inference_auctions.server.errors import ServiceError
+from inference_auctions.server.waiters import Waiters
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,40 +93,38 @@ class Ticket:
     error: ServiceError | None = None
     done: bool = False
     waiters: int = 0  # HTTP handlers following it (a retry adds one)
-    # One future per waiting reader, resolved at the change it waits for: cheaper than a
-    # Condition (no lock, no re-acquiring it on wake-up), and each reader wakes once per
-    # change. A reader that is cancelled cancels only its own future.
-    _on_cleared: list[asyncio.Future[None]] = field(default_factory=list)
-    _on_chunk: list[asyncio.Future[None]] = field(default_factory=list)
-    _on_done: list[asyncio.Future[None]] = field(default_factory=list)
+    # The readers waiting for each kind of change (`server.waiters`): each wakes once per
+    # change, and one that is cancelled cancels only its own wait.
+    _on_cleared: Waiters = field(default_factory=Waiters)
+    _on_chunk: Waiters = field(default_factory=Waiters)
+    _on_done: Waiters = field(default_factory=Waiters)
 
     async def clear(self, clearance: Clearance) -> None:
         """Record the auction's verdict."""
         self.clearance = clearance
-        _wake(self._on_cleared)
+        self._on_cleared.wake()
 
     async def push(self, chunk: Chunk) -> None:
         """Record one engine chunk."""
         self.chunks.append(chunk)
-        _wake(self._on_chunk)
+        self._on_chunk.wake()
 
     async def finish(self, error: ServiceError | None = None) -> None:
         """Record the end: the last chunk was pushed, or the request failed with `error`."""
         self.error = error
         self.done = True
-        _wake(self._on_cleared)
-        _wake(self._on_chunk)
-        _wake(self._on_done)
+        self._on_cleared.wake()
+        self._on_chunk.wake()
+        self._on_done.wake()
 
     def when_cleared(self) -> asyncio.Future[None]:
         """A future of this reader's own, resolved once the batch is cleared or the request
         ended (at once if it already has); then `cleared()` says how. The reader may cancel
         it, or fail it, without affecting any other reader."""
+        if self.clearance is None and not self.done:
+            return self._on_cleared.wait()
         future = asyncio.get_running_loop().create_future()
-        if self.clearance is not None or self.done:
-            future.set_result(None)
-        else:
-            self._on_cleared.append(future)
+        future.set_result(None)
         return future
 
     def cleared(self) -> Clearance:
@@ -145,7 +144,7 @@ class Ticket:
         seen = 0
         while True:
             if len(self.chunks) == seen and not self.done:
-                await _waiting(self._on_chunk)
+                await self._on_chunk.wait()
                 continue
             fresh = self.chunks[seen:]
             seen += len(fresh)
@@ -160,24 +159,9 @@ class Ticket:
         """The final chunk; raises the error if the request failed."""
         # Waits for the end only: a non-streamed reader has no use for the chunks before it.
         if not self.done:
-            await _waiting(self._on_done)
+            await self._on_done.wait()
         if self.error is not None:
             raise self.error
         if not self.chunks:
             raise ServiceError("the engine returned no output")
         return self.chunks[-1]
-
-
-def _waiting(waiters: list[asyncio.Future[None]]) -> asyncio.Future[None]:
-    """A new future in `waiters`, for the next `_wake` of that list."""
-    future = asyncio.get_running_loop().create_future()
-    waiters.append(future)
-    return future
-
-
-def _wake(waiters: list[asyncio.Future[None]]) -> None:
-    """Resolve every future still waiting in `waiters` (the cancelled are skipped), once."""
-    for future in waiters:
-        if not future.done():
-            future.set_result(None)
-    waiters.clear()

@@ -23,6 +23,7 @@ from typing import Any
 
 from inference_auctions.server.engine.base import EngineChunk, EngineRequest, EngineResult
 from inference_auctions.server.engine.errors import EngineError, EngineUnavailable
+from inference_auctions.server.waiters import Waiters
 
 __all__ = ["EngineBase", "Generation"]
 
@@ -35,9 +36,9 @@ class Generation:
         self._chunks: deque[EngineChunk | EngineError] = deque()
         self._chunk_waiter: asyncio.Future[None] | None = None  # the consumer, if it waits
         self._admitted = False
-        self._admitted_waiters: list[asyncio.Future[None]] = []
+        self._admitted_waiters = Waiters()
         self._done = False
-        self._done_waiters: list[asyncio.Future[None]] = []
+        self._done_waiters = Waiters()
         self._result: EngineResult | None = None
         self._error: EngineError | None = None
         self._task: asyncio.Task[None] | None = None
@@ -56,12 +57,12 @@ class Generation:
     async def admitted(self) -> None:
         """Wait until the engine has taken the request (or it already ended); never raises."""
         if not self._admitted:
-            await _waiting(self._admitted_waiters)
+            await self._admitted_waiters.wait()
 
     async def result(self) -> EngineResult:
         """The final result; raises the `EngineError` that ended it."""
         if not self._done:
-            await _waiting(self._done_waiters)
+            await self._done_waiters.wait()
         if self._error is not None:
             raise self._error
         assert self._result is not None
@@ -107,7 +108,7 @@ class Generation:
         """Report that the engine has taken the request."""
         if not self._admitted:
             self._admitted = True
-            _wake(self._admitted_waiters)
+            self._admitted_waiters.wake()
 
     def emit(self, chunk: EngineChunk) -> None:
         """Report a chunk; a finished one is not the end until `finish` is called."""
@@ -148,7 +149,7 @@ class Generation:
     def _end(self) -> None:
         self.admit()
         self._done = True
-        _wake(self._done_waiters)
+        self._done_waiters.wake()
         cleanups, self._cleanups = self._cleanups, []
         for cleanup in cleanups:
             cleanup()
@@ -166,21 +167,6 @@ class Generation:
             self.fail(EngineError(f"unexpected engine failure: {error!r}"))
         elif not self.done():
             self.fail(EngineError("the engine ended the request without a result"))
-
-
-def _waiting(waiters: list[asyncio.Future[None]]) -> asyncio.Future[None]:
-    """A new future in `waiters`, resolved by the next `_wake` of that list."""
-    future = asyncio.get_running_loop().create_future()
-    waiters.append(future)
-    return future
-
-
-def _wake(waiters: list[asyncio.Future[None]]) -> None:
-    """Resolve every future still waiting in `waiters` (a cancelled one is skipped), once."""
-    for future in waiters:
-        if not future.done():
-            future.set_result(None)
-    waiters.clear()
 
 
 class EngineBase(ABC):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import uvicorn
 
 from inference_auctions.server.engine.live import LiveSimulator
 from inference_auctions.server.engine.sglang_app import create_sglang_app
+from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
 from inference_auctions.server.engine.simulator import EngineSimulator
 from tests.processes import free_port
 
@@ -94,3 +95,14 @@ def word_level_tokenizer(folder: Path, *, bos: bool) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))
     return folder / "tokenizer.json"
+
+
+@asynccontextmanager
+async def started_engine(url: str, **options: Any) -> AsyncIterator[SGLangHTTPEngine]:
+    """An SGLang backend on `url`, started for the block and closed after it."""
+    engine = SGLangHTTPEngine(url, **options)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,13 @@ from inference_auctions.server.engine.sglang_app import create_sglang_app
 from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
 from inference_auctions.server.engine.simulator import EngineSimulator
 from inference_auctions.server.tokenizer import encode
-from tests.engine.conftest import PathCounter, emulator, serve, word_level_tokenizer
+from tests.engine.conftest import (
+    PathCounter,
+    emulator,
+    serve,
+    started_engine,
+    word_level_tokenizer,
+)
 
 _PROMPTS = [f"Question {i}: what is the capital of country {i * 7}?" for i in range(20)]
 
@@ -62,16 +68,6 @@ def _huggingface_sglang(file: Path) -> Iterator[tuple[str, PathCounter]]:
     counted = PathCounter(app)
     with serve(counted) as url:
         yield url, counted
-
-
-@asynccontextmanager
-async def _started(url: str, **options: Any) -> AsyncIterator[SGLangHTTPEngine]:
-    engine = SGLangHTTPEngine(url, **options)
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.close()
 
 
 def test_a_tokenizer_json_encodes_as_the_tokenizers_library_does(model_folder: Path) -> None:
@@ -103,7 +99,7 @@ def test_builtin_is_exactly_the_emulators_tokenize_with_and_without_special_toke
 
     async def run(url: str) -> None:
         for special in (True, False):
-            async with _started(url, add_special_tokens=special) as asking:
+            async with started_engine(url, add_special_tokens=special) as asking:
                 builtin = BuiltinTokenizer()
                 for text in texts:
                     expected = await asking.tokenize(text)
@@ -116,11 +112,11 @@ def test_builtin_is_exactly_the_emulators_tokenize_with_and_without_special_toke
 
 def test_builtin_in_front_of_the_emulator_sends_no_tokenize_after_the_check() -> None:
     async def run(url: str, counts: PathCounter) -> None:
-        async with _started(url) as asking:
+        async with started_engine(url) as asking:
             expected = [await asking.tokenize_array(text) for text in _PROMPTS]
             context = await asking.context_length()
         asked = counts.paths["/tokenize"]
-        async with _started(url, tokenizer=BuiltinTokenizer()) as local:
+        async with started_engine(url, tokenizer=BuiltinTokenizer()) as local:
             assert counts.paths["/tokenize"] == asked + len(PROBE_TEXTS)  # checked at start
             got = [await local.tokenize_array(text) for text in _PROMPTS]
             assert await local.context_length() == context  # from the check's answers
@@ -137,11 +133,11 @@ def test_a_tokenizer_json_agrees_with_a_server_tokenizing_with_the_same_file(
     model_folder: Path,
 ) -> None:
     async def run(url: str, counts: PathCounter) -> None:
-        async with _started(url) as asking:
+        async with started_engine(url) as asking:
             expected = [await asking.tokenize(text) for text in _PROMPTS]
         asked = counts.paths["/tokenize"]
         local = HuggingFaceTokenizer(model_folder)
-        async with _started(url, tokenizer=local) as engine:
+        async with started_engine(url, tokenizer=local) as engine:
             got = [await engine.tokenize(text) for text in _PROMPTS]
         assert got == expected and all(ids[0] == expected[0][0] for ids in got)  # the BOS
         assert counts.paths["/tokenize"] == asked + len(PROBE_TEXTS)
@@ -192,7 +188,7 @@ def test_an_engine_not_ready_at_start_is_checked_before_the_first_prompt(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def run(url: str, gate: _Starting, counts: PathCounter) -> None:
-        async with _started(url, tokenizer=BuiltinTokenizer()) as engine:  # starts anyway
+        async with started_engine(url, tokenizer=BuiltinTokenizer()) as engine:  # starts anyway
             with pytest.raises(EngineUnavailable, match="503"):
                 await engine.tokenize("hello")  # the check could not run: the prompt fails
             gate.ready = True
@@ -226,7 +222,7 @@ def test_a_long_prompt_is_tokenized_off_the_event_loop_once_for_concurrent_calle
 
     async def run(url: str) -> None:
         tokenizer = _ThreadRecordingTokenizer()
-        async with _started(url, tokenizer=tokenizer) as engine:
+        async with started_engine(url, tokenizer=tokenizer) as engine:
             loop_thread = threading.get_ident()
             tokenizer.threads.clear()  # the probes of the check
             assert await engine.tokenize(short) == encode(short)

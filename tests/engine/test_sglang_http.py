@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from itertools import pairwise
 from typing import Any
 
@@ -16,7 +14,7 @@ from inference_auctions.server.engine.base import EngineRequest, EngineResult
 from inference_auctions.server.engine.errors import EngineRejected
 from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
 from inference_auctions.server.tokenizer import encode
-from tests.engine.conftest import emulator
+from tests.engine.conftest import emulator, started_engine
 
 
 def _request(
@@ -28,16 +26,6 @@ def _request(
     return EngineRequest(rid, prompt, params, priority, **more)
 
 
-@asynccontextmanager
-async def _engine(url: str, **options: Any) -> AsyncIterator[SGLangHTTPEngine]:
-    engine = SGLangHTTPEngine(url, **options)
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.close()
-
-
 def _first_token_order(results: list[EngineResult]) -> list[str]:
     return [r.rid for r in sorted(results, key=lambda r: r.meta_info["prefill_finished_time"])]
 
@@ -46,7 +34,7 @@ def test_priority_mode_serves_a_batch_in_priority_order() -> None:
     priorities = [7, 3, 9, 1, 5, 2]
 
     async def run(url: str) -> list[EngineResult]:
-        async with _engine(url) as engine:
+        async with started_engine(url) as engine:
             # One request at a time: the rest queue behind the long first one and are then
             # admitted strictly by priority, whatever order they arrived in. The blocker runs
             # long enough (2 s of wall time) for all of them to arrive on a busy machine.
@@ -64,7 +52,7 @@ def test_priority_mode_serves_a_batch_in_priority_order() -> None:
 
 def test_priority_mode_admits_a_request_once_it_is_sent() -> None:
     async def run(url: str) -> None:
-        async with _engine(url) as engine:
+        async with started_engine(url) as engine:
             (generation,) = engine.dispatch([_request("long", 1, max_new=5000)])
             await asyncio.wait_for(generation.admitted(), timeout=5)
             assert not generation.done()  # admitted on sending, long before its end
@@ -76,7 +64,7 @@ def test_priority_mode_admits_a_request_once_it_is_sent() -> None:
 
 def test_ordered_mode_sends_each_request_after_the_previous_one_started() -> None:
     async def run(url: str) -> list[EngineResult]:
-        async with _engine(url, mode="ordered") as engine:
+        async with started_engine(url, mode="ordered") as engine:
             batch = [_request(f"r{p}", p, priority=p, max_new=3) for p in (7, 3, 9, 1)]
             generations = engine.dispatch(batch)
             return [await generation.result() for generation in generations]
@@ -94,7 +82,7 @@ def test_ordered_mode_sends_each_request_after_the_previous_one_started() -> Non
 
 def test_streaming_yields_cumulative_chunks_ending_with_the_result() -> None:
     async def run(url: str) -> tuple[list[Any], EngineResult]:
-        async with _engine(url) as engine:
+        async with started_engine(url) as engine:
             streamed = [c async for c in engine.stream(_request("s", 1, max_new=6, stream=True))]
             plain = await engine.generate(_request("p", 1, max_new=6))
             return streamed, plain
@@ -111,7 +99,7 @@ def test_streaming_yields_cumulative_chunks_ending_with_the_result() -> None:
 
 def test_results_report_usage_cache_hits_and_ttft() -> None:
     async def run(url: str) -> tuple[EngineResult, EngineResult]:
-        async with _engine(url) as engine:
+        async with started_engine(url) as engine:
             first = await engine.generate(_request("a", 5, tokens=300))
             again = await engine.generate(_request("b", 5, tokens=300))
             return first, again
@@ -135,7 +123,7 @@ def _tokenize_cache(engine: SGLangHTTPEngine) -> dict[str, int]:
 
 def test_tokenize_is_cached_per_prompt_and_shared_between_concurrent_callers() -> None:
     async def run(url: str) -> list[list[int]]:
-        async with _engine(url) as engine:
+        async with started_engine(url) as engine:
             texts = ["Hello world", "Hello world", "An article. Question?"]
             concurrent = await asyncio.gather(*(engine.tokenize(t) for t in texts))
             again = await engine.tokenize("Hello world")
@@ -151,7 +139,7 @@ def test_tokenize_is_cached_per_prompt_and_shared_between_concurrent_callers() -
 
 def test_the_tokenize_cache_is_bounded() -> None:
     async def run(url: str) -> None:
-        async with _engine(url, tokenize_cache_size=2) as engine:
+        async with started_engine(url, tokenize_cache_size=2) as engine:
             for text in ("a", "b", "c", "a"):
                 await engine.tokenize(text)
             assert _tokenize_cache(engine) == {"hits": 0, "misses": 4, "size": 2}
@@ -163,7 +151,7 @@ def test_the_tokenize_cache_is_bounded() -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_unknown_sampling_parameter_is_rejected(stream: bool) -> None:
     async def run(url: str) -> EngineRejected:
-        async with _engine(url) as engine:
+        async with started_engine(url) as engine:
             request = _request("x", 1, stream=stream, params={"temperatur": 0.5})
             with pytest.raises(EngineRejected) as caught:
                 await engine.generate(request)
@@ -179,7 +167,7 @@ def test_an_unknown_sampling_parameter_is_rejected(stream: bool) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_duplicate_rid_in_flight_is_rejected(stream: bool) -> None:
     async def run(url: str) -> EngineResult | BaseException:
-        async with _engine(url) as engine:
+        async with started_engine(url) as engine:
             (first,) = engine.dispatch([_request("same", 1, max_new=5000, stream=True)])
             async for _ in first.chunks():
                 break  # the first is now running at the engine
@@ -196,7 +184,7 @@ def test_a_duplicate_rid_in_flight_is_rejected(stream: bool) -> None:
     assert error.engine_status == 400
 
 
-def test_health_and_a_closed_engine() -> None:
+def test_health_and_a_closedstarted_engine() -> None:
     async def run(url: str) -> None:
         engine = SGLangHTTPEngine(url)
         assert not await engine.health()  # not started
@@ -212,7 +200,7 @@ def test_health_and_a_closed_engine() -> None:
 
 def test_tokenize_hands_out_the_cached_array_read_only() -> None:
     async def run(url: str) -> None:
-        async with _engine(url) as engine:
+        async with started_engine(url) as engine:
             first = await engine.tokenize_array("Hello world")
             again = await engine.tokenize_array("Hello world")
             assert again is first  # no copy per call
