@@ -18,7 +18,6 @@ from inference_auctions.billing import (
     BatchClaim,
     BatchRecord,
     ClaimedBatch,
-    Ledger,
     PricedRequest,
     RequestRecord,
 )
@@ -99,18 +98,6 @@ class BatchClearing:
             shares.update(repricer.shares(user, charge, outcome.positions))
         batch = ClearedBatch(self._batch_id, outcome, repricer, shares, seconds)
         return Cleared(batch=batch, refused=dict(claimed.refused))
-
-
-def clear_and_settle(
-    ledger: Ledger, tickets: Sequence[Ticket], batch_id: str, clock: Callable[[], datetime]
-) -> Cleared:
-    """Claim, clear and settle `tickets` in a transaction of their own (blocking)."""
-    clearing = BatchClearing(tickets, batch_id, clock)
-    claim = clearing.claim
-    claimed = ledger.settle_claimable(
-        claim.candidates, claim.clear, fingerprints=claim.fingerprints
-    )
-    return clearing.cleared(claimed)
 
 
 def _records(

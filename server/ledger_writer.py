@@ -70,13 +70,10 @@ class LedgerWriter:
         self._served: list[tuple[ServedRecord, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def hold(self, request: HoldRequest) -> HoldView:
-        """Place one hold in the next group commit; raises what `Ledger.place_hold` raises."""
-        return await self.queue_hold(request)
-
     def queue_hold(self, request: HoldRequest) -> asyncio.Future[HoldView]:
-        """Queue one hold for the next group commit, now; its future is the outcome. A batch
-        claimed after this call sees the hold (same group or a later one)."""
+        """Queue one hold for the next group commit, now; its future is the outcome (what
+        `Ledger.place_hold` returns or raises). A batch claimed after this call sees the hold
+        (same group or a later one)."""
         future: asyncio.Future[HoldView] = asyncio.get_running_loop().create_future()
         self._holds.append((request, future))
         self._kick()

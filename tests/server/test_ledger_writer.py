@@ -20,7 +20,7 @@ from inference_auctions.billing import (
     RequestStatus,
     ServedRecord,
 )
-from inference_auctions.server.clearing import clear_and_settle
+from inference_auctions.server.clearing import BatchClearing
 from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.tickets import Ticket
 
@@ -44,13 +44,13 @@ def _ticket(user: str, rid: str, bid: int) -> Ticket:
 
 async def _hold_all(writer: LedgerWriter) -> list[HoldView | BaseException]:
     calls = [
-        writer.hold(HoldRequest(user, f"{user}/r{i}", AMOUNT, "f"))
+        writer.queue_hold(HoldRequest(user, f"{user}/r{i}", AMOUNT, "f"))
         for i in range(PER_USER)
         for user in USERS
     ]
     # Retries of the same requests, racing their originals: they must not hold twice.
     calls += [
-        writer.hold(HoldRequest(user, f"{user}/r{i}", AMOUNT, "f"))
+        writer.queue_hold(HoldRequest(user, f"{user}/r{i}", AMOUNT, "f"))
         for user in USERS
         for i in range(5)
     ]
@@ -101,12 +101,11 @@ def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger)
         writer = LedgerWriter(ledger)
         try:
             for ticket in tickets:
-                await writer.hold(
+                await writer.queue_hold(
                     HoldRequest(ticket.user, ticket.ledger_rid, ticket.bid_micros, "f")
                 )
-            cleared = await writer.call(
-                clear_and_settle, ledger, tickets, "batch-writer", lambda: clock_now
-            )
+            clearing = BatchClearing(tickets, "batch-writer", lambda: clock_now)
+            cleared = clearing.cleared(await writer.claim(clearing.claim))
             assert cleared.batch is not None and not cleared.refused
             records = [ServedRecord(t.ledger_rid, 0, 1.0) for t in tickets]
             # Recovery fails every still-scheduled request while the records are in flight.
@@ -147,7 +146,7 @@ def test_a_bounded_group_still_takes_every_hold(ledger: Ledger, group: int) -> N
         try:
             return await asyncio.gather(
                 *(
-                    writer.hold(HoldRequest("bounded", f"bounded/{i}", 1_000, None))
+                    writer.queue_hold(HoldRequest("bounded", f"bounded/{i}", 1_000, None))
                     for i in range(40)
                 )
             )
