@@ -59,8 +59,9 @@ async def _admit(service: AuctionService, user: str, rid: str, bid: int) -> Tick
     )
 
 
-def _group_sizes(service: AuctionService) -> list[float]:
-    """The writes of each group commit so far (holds, claims and served records)."""
+def _commits_and_writes(service: AuctionService) -> list[float]:
+    """How many group commits so far, and how many writes (holds, claims, served records)
+    they carried in all."""
     [metric] = service.metrics.ledger_group_writes.collect()
     count = next(s.value for s in metric.samples if s.name.endswith("_count"))
     total = next(s.value for s in metric.samples if s.name.endswith("_sum"))
@@ -78,7 +79,7 @@ async def _lone_request(ledger_db: MigratedDatabase) -> None:
         clearance = await ticket.wait_cleared()
         await ticket.result()
         # Two commits in all: hold + claim together, then the served record.
-        assert _group_sizes(service) == [2, 3]
+        assert _commits_and_writes(service) == [2, 3]
         assert clearance.batch_size == 1
         assert service.ledger.balance("ada").held_micros == 0
         assert service.ledger.reconcile().ok
@@ -111,7 +112,7 @@ async def _refused_in_the_same_commit(ledger_db: MigratedDatabase) -> None:
         # All three arrived in one turn: one batch, one commit for its holds and settlement.
         assert {c.batch_id for c in clearances} == {clearances[0].batch_id}
         assert [c.batch_size for c in clearances] == [2, 2]
-        assert _group_sizes(service)[0] == 2  # holds + claim, then the served records
+        assert _commits_and_writes(service)[0] == 2  # holds + claim, then the served records
         assert ledger.balance("ada").held_micros == 0
         assert ledger.balance("bob").held_micros == 0
         assert ledger.reconcile().ok
