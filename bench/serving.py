@@ -14,16 +14,16 @@ duration, a short warm-up before each measured run), on this machine, in one run
 * litellm: `wrk` -> LiteLLM's proxy (1 worker, no database, in `.bench-venvs/litellm`, created
   on first use) -> the emulator's OpenAI-compatible `/v1/chat/completions`.
 
-Every request asks for 4 output tokens. Per path and connection count it reports requests,
-req/s, p50 and p99 latency and the non-2xx count (from the Lua `done()`/`response()` hooks of
-bench/wrk), the CPU time per request of each process involved (user + system from /proc,
-summed over the process tree, during the measured run only, divided by the requests it
-completed), and for the auction server its own overhead (arrival to dispatch minus the batching
-wait) and batching wait from `/v1/admin/timings` (over the warm-up and the measured run of that
-server), and the throughput ratio to the direct path. A 1-connection run of direct and auction
-gives the latency the layer adds to a lone request. Afterwards the ledger is reconciled and
-audited: the settled requests against the 2xx responses, open holds, and no user charged more
-than their bids in a batch.
+Every request asks for 4 output tokens (`--output-tokens` sets another count). Per path and
+connection count it reports requests, req/s, p50 and p99 latency and the non-2xx count (from
+the Lua `done()`/`response()` hooks of bench/wrk), the CPU time per request of each process
+involved (user + system from /proc, summed over the process tree, during the measured run only,
+divided by the requests it completed), and for the auction server its own overhead (arrival to
+dispatch minus the batching wait) and batching wait from `/v1/admin/timings` (over the warm-up
+and the measured run of that server), and the throughput ratio to the direct path. A
+1-connection run of direct and auction gives the latency the layer adds to a lone request.
+Afterwards the ledger is reconciled and audited: the settled requests against the 2xx
+responses, open holds, and no user charged more than their bids in a batch.
 
 Run (wrk is the Debian package; the first run installs LiteLLM, which takes minutes):
 
@@ -102,6 +102,7 @@ class Settings:
     markdown: Path | None
     server_args: list[str]
     tokenizer: str
+    output_tokens: int
 
 
 class Bench:
@@ -180,11 +181,12 @@ class Bench:
         assert self.emulator is not None
         url = (front or self.emulator).url
         self.progress.update(self.task, description=f"{label}, {connections} connections")
-        warm = run_wrk(script, url, connections, self.settings.warmup, args)
+        tokens = self.settings.output_tokens
+        warm = run_wrk(script, url, connections, self.settings.warmup, args, tokens)
         processes = [self.emulator] + ([front] if front else [])
         settle(processes)  # what the warm-up left queued is served before the clock starts
         before = [p.cpu_seconds() for p in processes]
-        result = run_wrk(script, url, connections, self.settings.seconds, args)
+        result = run_wrk(script, url, connections, self.settings.seconds, args, tokens)
         spent = [p.cpu_seconds() - b for p, b in zip(processes, before, strict=True)]
         per_request = [1000 * s / result.requests if result.requests else None for s in spent]
         row = Row(
@@ -391,6 +393,13 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         "tokenizer) or engine (the emulator's /tokenize, a round trip per prompt) "
         "(default: builtin)",
     )
+    parser.add_argument(
+        "--output-tokens",
+        type=int,
+        default=4,
+        help="max_new_tokens (max_tokens for LiteLLM) of every request on every path; the "
+        "emulator produces exactly that many (default: 4)",
+    )
     parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
     args = parser.parse_args(argv)
     databases = ["sqlite", "postgresql"] if args.database == "both" else [args.database]
@@ -406,6 +415,7 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         markdown=args.markdown,
         server_args=args.server_arg,
         tokenizer=args.tokenizer,
+        output_tokens=args.output_tokens,
     )
 
 

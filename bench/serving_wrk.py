@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,17 +43,29 @@ class WrkResult:
 
 
 def run_wrk(
-    script: str, url: str, connections: int, seconds: float, args: Sequence[str] = ()
+    script: str,
+    url: str,
+    connections: int,
+    seconds: float,
+    args: Sequence[str] = (),
+    output_tokens: int = 4,
 ) -> WrkResult:
     """`wrk -t2 -c<connections> -d<seconds>` with `script` (run from bench/wrk, where the
-    scripts find report.lua); `args` reach the script's `init`."""
+    scripts find report.lua); `args` reach the script's `init`, `output_tokens` its bodies
+    (`BENCH_OUTPUT_TOKENS`)."""
     threads = min(THREADS, connections)
     command = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "30s"]
     command += ["-s", script, url]
     if args:
         command += ["--", *args]
     done = subprocess.run(
-        command, cwd=SCRIPTS, capture_output=True, text=True, check=False, timeout=seconds + 120
+        command,
+        cwd=SCRIPTS,
+        env={**os.environ, "BENCH_OUTPUT_TOKENS": str(output_tokens)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=seconds + 120,
     )
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith(_MARK)), None)
     if done.returncode != 0 or line is None:

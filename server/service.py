@@ -141,6 +141,7 @@ class AuctionService:
         bid_micros: int,
         sampling_params: dict[str, Any],
         fingerprint: str,
+        streamed: bool = True,
     ) -> Ticket:
         """Hold the bid and queue the request; a retry of a known rid joins its ticket."""
         key = (user, rid)
@@ -158,6 +159,7 @@ class AuctionService:
             bid_micros=bid_micros,
             sampling_params=sampling_params,
             fingerprint=fingerprint,
+            streamed=streamed,
         )
         # Claimed before the first await, so a concurrent retry joins instead of racing.
         self._remember(key, ticket)
@@ -340,7 +342,7 @@ class AuctionService:
                 EngineRequest(
                     rid=ticket.ledger_rid,
                     input_ids=ticket.tokens,
-                    sampling_params=ticket.sampling_params,
+                    sampling_params=self._engine_sampling(ticket),
                     priority=ticket.clearance.sequence,
                     stream=True,
                 )
@@ -352,6 +354,16 @@ class AuctionService:
                 self._serving.serve(ordered[place], generation, batch)
             ),
         )
+
+    def _engine_sampling(self, ticket: Ticket) -> dict[str, Any]:
+        """The sampling parameters sent to the engine. Every request is streamed from the
+        engine, so that its first token is seen (saturation, deferral); one whose client
+        waits for the whole answer asks for a chunk per `engine_stream_interval` tokens
+        instead of one per token (SGLang's per-request `stream_interval`: the first token, then
+        every k-th), which spares both processes most of the per-chunk work."""
+        if ticket.streamed:
+            return ticket.sampling_params
+        return {**ticket.sampling_params, "stream_interval": self.settings.engine_stream_interval}
 
     def _started(self, ledger_rid: str) -> None:
         self._unstarted_tokens -= self._unstarted.pop(ledger_rid, 0)

@@ -30,6 +30,13 @@ class ServerSettings(LedgerSettings):
     # (finish_reason `abort`, as SGLang reports an aborted request), and charged.
     engine_stall_timeout_seconds: float = Field(default=600.0, gt=0)
     engine_max_seconds: float | None = Field(default=None, gt=0)
+    # A request whose client waits for the whole answer is still streamed from the engine (to
+    # see its first token), but with one chunk per this many tokens (SGLang's per-request
+    # `stream_interval`) rather than one per token. The stall deadline then sees progress
+    # every this many tokens, and an answer cut off by `engine_max_seconds` ends at the last
+    # chunk: keep it small enough that the engine produces this many tokens well within the
+    # stall timeout.
+    engine_stream_interval: int = Field(default=64, ge=1)
     # Who tokenizes prompts for an engine URL (server.engine.local_tokenizer): `engine` (its
     # `/tokenize`, one round trip per new prompt), `builtin` (this project's tokenizer, which
     # the emulator serves), or the path of the served model's `tokenizer.json` (or its folder;

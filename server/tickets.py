@@ -67,6 +67,9 @@ class Ticket:
     bid_micros: int
     sampling_params: dict[str, Any]
     fingerprint: str  # of the payload, so a retry can be told from a conflicting reuse
+    # Whether its client reads the answer as a stream (a retry that joins it may differ: it
+    # then reads the stream this one asked the engine for).
+    streamed: bool = True
     arrived: float = field(default_factory=time.monotonic)
     queued: float | None = None  # when it joined the pool, its hold placed
     closed: float | None = None  # when its batch closed

@@ -3,6 +3,8 @@
 -- next of the users' API keys, which the runner passes after `--`.
 dofile("report.lua")
 
+local output_tokens = tonumber(os.getenv("BENCH_OUTPUT_TOKENS") or "4")
+
 local counter = 0
 local keys = {}
 
@@ -20,8 +22,8 @@ function request()
    local key = keys[(counter % #keys) + 1]
    local body = string.format(
       '{"text":"Question %d-%d: what is the capital of country %d?",'
-         .. '"bid":"0.%06d","sampling_params":{"max_new_tokens":4}}',
-      thread_index, counter, math.random(1, 200), math.random(100, 10000))
+         .. '"bid":"0.%06d","sampling_params":{"max_new_tokens":%d}}',
+      thread_index, counter, math.random(1, 200), math.random(100, 10000), output_tokens)
    local headers = {
       ["Content-Type"] = "application/json",
       ["Authorization"] = "Bearer " .. key,

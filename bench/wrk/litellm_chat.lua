@@ -1,6 +1,9 @@
 -- wrk against LiteLLM's proxy `/v1/chat/completions`, signed with its master key (the first
--- argument after `--`), model name the second; 4-token answers as the other paths.
+-- argument after `--`), model name the second; answers of BENCH_OUTPUT_TOKENS tokens (default
+-- 4) as on the other paths.
 dofile("report.lua")
+
+local output_tokens = tonumber(os.getenv("BENCH_OUTPUT_TOKENS") or "4")
 
 local counter = 0
 local key, model
@@ -16,9 +19,9 @@ end
 function request()
    counter = counter + 1
    local body = string.format(
-      '{"model":"%s","max_tokens":4,"messages":[{"role":"user",'
+      '{"model":"%s","max_tokens":%d,"messages":[{"role":"user",'
          .. '"content":"Question %d-%d: what is the capital of country %d?"}]}',
-      model, thread_index, counter, math.random(1, 200))
+      model, output_tokens, thread_index, counter, math.random(1, 200))
    local headers = {
       ["Content-Type"] = "application/json",
       ["Authorization"] = "Bearer " .. key,

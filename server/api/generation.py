@@ -45,6 +45,7 @@ class Job:
     bid_micros: int
     sampling_params: dict[str, Any]
     fingerprint: str
+    streamed: bool  # whether the client reads the answer as a stream
 
 
 def parse_bid(value: Any, state: AppState) -> int:
@@ -116,6 +117,8 @@ def make_job(
     bid_micros: int,
     sampling_params: dict[str, Any],
     payload: dict[str, Any],
+    *,
+    streamed: bool,
 ) -> Job:
     """A job with the client's rid, or a fresh one when the client sent none."""
     return Job(
@@ -124,6 +127,7 @@ def make_job(
         bid_micros=bid_micros,
         sampling_params=sampling_params,
         fingerprint=payload_fingerprint(payload),
+        streamed=streamed,
     )
 
 
@@ -136,6 +140,7 @@ async def admit(state: AppState, user: UserInfo, job: Job) -> Ticket:
         bid_micros=job.bid_micros,
         sampling_params=job.sampling_params,
         fingerprint=job.fingerprint,
+        streamed=job.streamed,
     )
 
 

@@ -144,7 +144,7 @@ async def _run(
     bid = parse_bid(bid_value, state)
     tokens = await prompt_tokens(state, text, input_ids, "prompt")
     payload = {"kind": kind, "text": text, "input_ids": input_ids, "sampling": sampling, "bid": bid}
-    job = make_job(rid, tokens, bid, sampling, payload)
+    job = make_job(rid, tokens, bid, sampling, payload, streamed=streamed)
     ticket = await admit(state, user, job)
     model = state.service.settings.model_name
     renderer = _Renderer(job.rid, model, kind)

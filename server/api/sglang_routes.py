@@ -43,7 +43,7 @@ async def generate(request: Request) -> Response:
     tokens = await prompt_tokens(state, text, body.input_ids, "text")
     sampling = body.sampling_params.for_engine()
     payload = {"text": body.text, "input_ids": body.input_ids, "sampling": sampling, "bid": bid}
-    job = make_job(body.rid, tokens, bid, sampling, payload)
+    job = make_job(body.rid, tokens, bid, sampling, payload, streamed=body.stream)
     ticket = await admit(state, user, job)
     if body.stream:
         return stream(state.service, ticket, lambda c, k: render(job.rid, len(tokens), c, k))

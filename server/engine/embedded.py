@@ -122,6 +122,7 @@ class EmbeddedEngine(EngineBase):
                     stream=request.stream,
                     sampling_seed=options.sampling_seed,
                     arrival=arrival,
+                    stream_interval=options.stream_interval,
                 )
             except ValueError as error:
                 generation.fail(EngineRejected(str(error), engine_status=HTTPStatus.BAD_REQUEST))

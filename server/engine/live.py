@@ -4,7 +4,11 @@ One background task keeps the simulator's clock in step with the event loop's: m
 wall time since `start()` divided by `time_scale`, so with `time_scale=0.01` a 100 ms prefill
 takes 1 ms. A submitted request arrives at the current model time; each step the simulator ends
 is turned into SGLang-shaped outputs (`server.engine.sglang_output`) on the request's queue:
-one per token for a streamed request, the final one only otherwise.
+the final one for a request that is not streamed; for a streamed one, the final one and those
+SGLang's scheduler sends before it: one per token, or with a `stream_interval` k > 1 in its
+sampling parameters one at the first token and every k-th after it (token counts 1, k + 1,
+2k + 1, ...), which is how a client of SGLang learns of the first token without a chunk per
+token.
 
 Reported latencies are model time, so they read as the modelled GPU's whatever the scale. Both
 the SGLang-compatible emulator app and the embedded engine consume these outputs, so they
@@ -40,10 +44,18 @@ class LiveRequest:
     """A request submitted to a `LiveSimulator`: its outputs as they come."""
 
     def __init__(
-        self, owner: LiveSimulator, rid: str, stream: bool, completion: Completion
+        self,
+        owner: LiveSimulator,
+        rid: str,
+        stream: bool,
+        completion: Completion,
+        stream_interval: int | None = None,
     ) -> None:
         self.rid = rid
         self.stream = stream
+        # SGLang's rule (`stream_output` of its scheduler): a falsy interval is the server's
+        # default, 1; above 1 the chunk goes out at token counts k*n + 1.
+        self.stream_interval = stream_interval or 1
         self.completion = completion
         self._owner = owner
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -67,6 +79,11 @@ class LiveRequest:
         """Stop the request (as a client disconnect does); a no-op once it has finished."""
         if not self._done:
             self._owner.abort(self.rid)
+
+    def streams_at(self, tokens: int) -> bool:
+        """Whether an unfinished streamed request sends a chunk once it has `tokens` tokens."""
+        interval = self.stream_interval
+        return tokens % interval == (1 if interval > 1 else 0)
 
     def _put(self, output: dict[str, Any]) -> None:
         if output["meta_info"]["finish_reason"] is not None:
@@ -138,6 +155,7 @@ class LiveSimulator:
         stream: bool = False,
         sampling_seed: int | None = None,
         arrival: float | None = None,
+        stream_interval: int | None = None,
     ) -> LiveRequest:
         """Add a request arriving now, or at `arrival` (model time, not in the past).
 
@@ -163,7 +181,7 @@ class LiveSimulator:
                 output_ids=text.token_ids,
             )
         )
-        request = LiveRequest(self, rid, stream, text)
+        request = LiveRequest(self, rid, stream, text, stream_interval)
         self._requests[rid] = request
         self._wake.set()  # the driver takes the arrival in at the next step boundary
         return request
@@ -234,7 +252,7 @@ class LiveSimulator:
                 if request is None:
                     continue
                 request.tokens += 1
-                if request.stream and rid not in finished:
+                if request.stream and rid not in finished and request.streams_at(request.tokens):
                     # Several steps may end in one call: show this step's state, not the last.
                     now = replace(
                         self.simulator.outcome(rid),

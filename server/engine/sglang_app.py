@@ -234,6 +234,7 @@ class _Routes:
             priority=parsed.priority,
             stream=parsed.stream,
             sampling_seed=parsed.sampling.sampling_seed,
+            stream_interval=parsed.sampling.stream_interval,
         )
         self.book.learn(submitted.completion.text())
         return submitted

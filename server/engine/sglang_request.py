@@ -48,6 +48,8 @@ class SamplingOptions:
     # As the client sent it (None when absent): SGLang checks only an explicit value against
     # the context length.
     requested_max_new_tokens: int | None = None
+    # Tokens per streamed chunk (None or 0: the server's default, one); see `LiveSimulator`.
+    stream_interval: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +234,10 @@ def _sampling_options(params: Mapping[str, Any]) -> SamplingOptions:
     if params.get("n") not in (None, 1):
         raise ValueError("Parallel sampling (n > 1) is not supported by this engine.")
     return SamplingOptions(
-        max_new_tokens, params.get("sampling_seed"), params.get("max_new_tokens")
+        max_new_tokens,
+        params.get("sampling_seed"),
+        params.get("max_new_tokens"),
+        params.get("stream_interval"),
     )
 
 

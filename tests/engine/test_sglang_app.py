@@ -72,6 +72,33 @@ def test_a_streamed_generate_is_server_sent_events_ending_with_done(client: http
 
 
 @pytest.mark.parametrize(
+    ("interval", "chunk_tokens"),
+    [
+        (None, [1, 2, 3, 4, 5, 6, 7, 8]),
+        (0, [1, 2, 3, 4, 5, 6, 7, 8]),  # SGLang reads a falsy interval as its default, 1
+        (1, [1, 2, 3, 4, 5, 6, 7, 8]),
+        (3, [1, 4, 7, 8]),  # the first token, every third after it, and the final chunk
+        (64, [1, 8]),
+    ],
+)
+def test_stream_interval_sends_the_first_token_then_every_kth_as_sglang_does(
+    client: httpx.Client, interval: int | None, chunk_tokens: list[int]
+) -> None:
+    sampling: dict[str, Any] = {"max_new_tokens": 8}
+    if interval is not None:
+        sampling["stream_interval"] = interval
+    body = {"input_ids": [5, 6, 7, 8], "sampling_params": sampling, "stream": True}
+    *outputs, done = _events(client.post("/generate", json=body))
+    assert done == "[DONE]"
+    chunks = [json.loads(event) for event in outputs]
+    assert [c["meta_info"]["completion_tokens"] for c in chunks] == chunk_tokens
+    # Coarser chunks, the same answer: the final one is whole.
+    whole = client.post("/generate", json={**body, "stream": False}).json()
+    assert chunks[-1]["output_ids"] == whole["output_ids"]
+    assert chunks[-1]["text"] == whole["text"]
+
+
+@pytest.mark.parametrize(
     ("body", "error"),
     [
         (

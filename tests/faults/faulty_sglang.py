@@ -57,6 +57,7 @@ class Received:
     priority: int | None
     stream: bool
     prompt_tokens: int
+    sampling_params: dict[str, Any]
 
 
 def _output(rid: str, prompt_tokens: int, produced: int, finished: bool) -> dict[str, Any]:
@@ -140,7 +141,8 @@ class FaultySGLang:
         rid = str(body.get("rid") or "anonymous")
         prompt = len(body.get("input_ids") or []) or len(token_ids(str(body.get("text") or "")))
         stream = body.get("stream") is True
-        self.received.append(Received(rid, body.get("priority"), stream, prompt))
+        sampling = body.get("sampling_params") or {}
+        self.received.append(Received(rid, body.get("priority"), stream, prompt, sampling))
         mode = self.modes.get(rid, self.mode)
         if mode == "hang":
             await self._until_stopped()
@@ -152,7 +154,6 @@ class FaultySGLang:
             )
         if mode == "reset":
             return _DroppedStream([_sse(_output(rid, prompt, k, False)) for k in (1, 2)])
-        sampling = body.get("sampling_params") or {}
         length = int(sampling.get("max_new_tokens") or 4)
         if not stream:
             if mode != "ok":

@@ -29,11 +29,14 @@ def test_a_long_generation_is_not_a_stall_and_the_total_cap_serves_it_partly(
     # tens of milliseconds: the stall deadline (1 s without a token) never cuts it. The
     # operator's total cap (1.5 s) does, and the request is served with its output so far,
     # finish_reason `abort`, and charged: the engine did its work. (Stalls: tests/faults.)
+    # A stall deadline this short needs a chunk per token from the engine: at the default
+    # `engine_stream_interval` the deadline sees one chunk per 64 tokens (docs/ENGINE.md).
     with running_server(
         ledger_db,
         emulator_time_scale=1.0,
         engine_stall_timeout_seconds=1.0,
         engine_max_seconds=1.5,
+        engine_stream_interval=1,
         batch_size=2,
         max_wait_ms=10_000,
     ) as server:
