@@ -23,6 +23,10 @@ the request's handling, so this one does only what the engine needs:
 * `on_sent` is called once the request has been handed entirely to the kernel: the write
   buffer's high-water mark is 0, so `pause_writing` says when a write did not go through at
   once, and `resume_writing` when it has.
+* A stream may be written before its block is entered (`StreamRequest.send_now`), when an idle
+  connection is at hand: a caller can then write a whole batch of requests in order in one
+  turn of the event loop and read each answer in a task of its own. A stream sent that way
+  and never entered must be `abandon`ed, which closes its connection.
 
 Retrying on a stale connection. A server closes idle keep-alive connections on its own
 schedule (uvicorn after 5 s), and its close can cross a request being written on the reused
@@ -58,6 +62,7 @@ __all__ = [
     "HTTPClientError",
     "HTTPTimeout",
     "Response",
+    "StreamRequest",
     "StreamingResponse",
 ]
 
@@ -350,18 +355,41 @@ def _event_data(block: bytes) -> bytes | None:
     return b"\n".join(values) if values else None
 
 
-class _Streaming:
-    """The async context manager `HTTPClient.stream` returns."""
+class StreamRequest:
+    """A streamed request: the async context manager `HTTPClient.stream` returns."""
 
-    __slots__ = ("_args", "_client", "_connection")
+    __slots__ = ("_client", "_connection", "_entered", "_outgoing", "sent_at")
 
-    def __init__(self, client: HTTPClient, args: tuple[Any, ...]) -> None:
+    def __init__(self, client: HTTPClient, outgoing: _Outgoing) -> None:
         self._client = client
-        self._args = args
+        self._outgoing = outgoing
         self._connection: _Connection | None = None
+        self._entered = False
+        self.sent_at: float | None = None  # the loop's time when the request was written
+
+    def send_now(self) -> bool:
+        """Write the request at once if an idle connection is at hand (True); else it is
+        written when the block is entered. Enter the block afterwards, or `abandon`."""
+        if self._connection is None and not self._entered:
+            connection = self._client._idle_connection()
+            if connection is not None:
+                self._send(connection)
+        return self._connection is not None
+
+    def abandon(self) -> None:
+        """Close the connection of a request written by `send_now` whose block was never
+        entered (the server sees the disconnect and stops); otherwise nothing."""
+        if self._connection is not None and not self._entered:
+            self._connection.finish()  # its answer was not read: closed, never reused
+            self._connection = None
 
     async def __aenter__(self) -> StreamingResponse:
-        connection, status = await self._client._exchange(*self._args)
+        self._entered = True
+        connection = self._connection
+        if connection is None:
+            connection = await self._client._open(self._outgoing.deadline)
+            self._send(connection)
+        connection, status = await self._client._answer(connection, self._outgoing)
         self._connection = connection
         return StreamingResponse(connection, status)
 
@@ -374,6 +402,25 @@ class _Streaming:
         if self._connection is not None:
             self._connection.finish()
             self._connection = None
+
+    def _send(self, connection: _Connection) -> None:
+        self._connection = connection
+        self.sent_at = asyncio.get_running_loop().time()
+        outgoing = self._outgoing
+        connection.send(outgoing.data, outgoing.deadline, outgoing.on_sent)
+
+
+class _Outgoing:
+    """A request ready to write: its bytes, its deadline on the loop's clock, and `on_sent`."""
+
+    __slots__ = ("data", "deadline", "on_sent")
+
+    def __init__(
+        self, data: bytes, deadline: float | None, on_sent: Callable[[], object] | None
+    ) -> None:
+        self.data = data
+        self.deadline = deadline
+        self.on_sent = on_sent
 
 
 class HTTPClient:
@@ -439,12 +486,13 @@ class HTTPClient:
         *,
         timeout: float | None = None,
         on_sent: Callable[[], object] | None = None,
-    ) -> _Streaming:
+    ) -> StreamRequest:
         """`async with client.stream(...) as response:` reads the body as it comes.
 
-        Leaving the block before the body's end closes the connection.
+        Leaving the block before the body's end closes the connection. The request is written
+        when the block is entered, or before with `send_now()`.
         """
-        return _Streaming(self, (method, path, json, timeout, on_sent))
+        return StreamRequest(self, self._outgoing(method, path, json, timeout, on_sent))
 
     async def aclose(self) -> None:
         """Close every connection; requests still running fail with `ConnectionLost`."""
@@ -464,6 +512,19 @@ class HTTPClient:
         length = b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload)
         return start + length + payload
 
+    def _outgoing(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        timeout: float | None,
+        on_sent: Callable[[], object] | None,
+    ) -> _Outgoing:
+        """The request encoded, with its deadline counted from now."""
+        data = self._encode(method, path, body)
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        return _Outgoing(data, deadline, on_sent)
+
     async def _exchange(
         self,
         method: str,
@@ -474,26 +535,40 @@ class HTTPClient:
     ) -> tuple[_Connection, int]:
         """Send the request (retrying a stale connection once, see the module docstring) and
         wait for the answer's head; the caller must `finish()` the connection."""
+        outgoing = self._outgoing(method, path, body, timeout, on_sent)
+        connection = await self._open(outgoing.deadline)
+        connection.send(outgoing.data, outgoing.deadline, outgoing.on_sent)
+        return await self._answer(connection, outgoing)
+
+    async def _open(self, deadline: float | None) -> _Connection:
+        """An idle connection, or a new one."""
         if self._closed:
             raise ConnectionLost("the client is closed")
-        data = self._encode(method, path, body)
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        connection = self._idle_connection() or await self._connect(loop, deadline)
+        return self._idle_connection() or await self._connect(loop, deadline)
+
+    async def _answer(
+        self, connection: _Connection, outgoing: _Outgoing
+    ) -> tuple[_Connection, int]:
+        """Wait for the head of the answer to `outgoing`, already written on `connection`;
+        a stale reused connection gets the request again on a fresh one, once."""
+        loop = asyncio.get_running_loop()
         while True:
-            connection.send(data, deadline, on_sent)
             try:
                 return connection, await connection.head()
             except ConnectionLost:
                 connection.finish()
                 if not (connection.reused and not connection.received):
                     raise
-                connection = await self._connect(loop, deadline)
+                connection = await self._connect(loop, outgoing.deadline)
+                connection.send(outgoing.data, outgoing.deadline, outgoing.on_sent)
             except BaseException:
                 connection.finish()
                 raise
 
     def _idle_connection(self) -> _Connection | None:
+        if self._closed:
+            return None
         idle = self._idle
         while idle:
             connection = idle.pop()

@@ -5,9 +5,12 @@ auction's order (`mode`):
 
 * `priority` (the default) sends each request with `priority` = its global schedule sequence
   number, and sends the next as soon as this one's body is on the wire, so a whole batch
-  reaches SGLang at once and in order. The SGLang server must run with `--schedule-policy fcfs
-  --enable-priority-scheduling --schedule-low-priority-values-first`; it then admits waiting
-  requests by that number, so a later batch never overtakes an earlier one.
+  reaches SGLang at once and in order. A streamed request with an idle keep-alive connection
+  at hand is written by the sender itself, before the task that reads its answer starts: a
+  batch then goes out in one turn of the event loop, not one request per turn. The SGLang
+  server must run with `--schedule-policy fcfs --enable-priority-scheduling
+  --schedule-low-priority-values-first`; it then admits waiting requests by that number, so a
+  later batch never overtakes an earlier one.
 * `ordered` serves a server started without priority scheduling: request k+1 is sent only once
   request k's stream has produced its first event (SGLang admitted it and ran its prefill). It
   always streams internally, and sends no `priority`.
@@ -48,6 +51,7 @@ import orjson
 from inference_auctions.server.engine.base import (
     DispatchMode,
     EngineChunk,
+    EngineRequest,
     EngineResult,
     TokenArray,
 )
@@ -65,6 +69,7 @@ from inference_auctions.server.engine.http_client import (
     HTTPClient,
     HTTPClientError,
     HTTPTimeout,
+    StreamRequest,
 )
 from inference_auctions.server.engine.local_tokenizer import (
     INLINE_TOKENIZE_CHARS,
@@ -379,10 +384,32 @@ class SGLangHTTPEngine(EngineBase):
         """Start each generation once the one before it is admitted (see the docstring)."""
         while True:
             generation = await self._queue.get()
-            if generation.done() or self._client is None:
+            client = self._client
+            if generation.done() or client is None:
                 continue
-            generation.start(self._generate(generation, self._client))
-            await generation.admitted()
+            generation.start(self._generate(generation, client, self._written(generation, client)))
+            await generation.admitted()  # no wait at all when it was written just now
+
+    def _written(self, generation: Generation, client: HTTPClient) -> StreamRequest | None:
+        """A streamed request's stream, written at once when an idle connection is at hand;
+        None for a request that is not streamed, or one whose body cannot be encoded (its
+        task then reports the error)."""
+        if not self._streams(generation.request):
+            return None
+        try:
+            streaming = client.stream(
+                "POST",
+                "/generate",
+                self._body(generation),
+                timeout=self.request_timeout,
+                on_sent=self._on_sent(generation),
+            )
+        except (TypeError, ValueError):
+            return None
+        if streaming.send_now():
+            # Closed if the reading task never gets to it (the generation ended first).
+            generation.on_end(streaming.abandon)
+        return streaming
 
     async def _fetch_tokens(self, text: str) -> TokenArray:
         """SGLang's ids for `text`, cached."""
@@ -414,24 +441,44 @@ class SGLangHTTPEngine(EngineBase):
             raise EngineProtocolError("SGLang /tokenize sent no token list")
         return tokens
 
-    async def _generate(self, generation: Generation, client: HTTPClient) -> None:
+    def _streams(self, request: EngineRequest) -> bool:
+        """Whether the request is streamed from SGLang (always, in `ordered` mode)."""
+        return request.stream or self.mode == "ordered"
+
+    def _body(self, generation: Generation) -> dict[str, Any]:
         request = generation.request
-        stream = request.stream or self.mode == "ordered"
         body: dict[str, Any] = {
             "input_ids": request.input_ids,
             "sampling_params": request.sampling_params,
             "rid": request.rid,
-            "stream": stream,
+            "stream": self._streams(request),
         }
-        # In `priority` mode the next request may follow once this one is on the wire.
-        on_sent = generation.admit if self.mode == "priority" else None
         if self.mode == "priority":
             body["priority"] = request.priority
+        return body
+
+    def _on_sent(self, generation: Generation) -> Callable[[], None] | None:
+        # In `priority` mode the next request may follow once this one is on the wire.
+        return generation.admit if self.mode == "priority" else None
+
+    async def _generate(
+        self, generation: Generation, client: HTTPClient, streaming: StreamRequest | None
+    ) -> None:
+        request = generation.request
         try:
-            if stream:
-                await self._generate_streamed(generation, client, body, on_sent)
+            if self._streams(request):
+                if streaming is None:
+                    streaming = client.stream(
+                        "POST",
+                        "/generate",
+                        self._body(generation),
+                        timeout=self.request_timeout,
+                        on_sent=self._on_sent(generation),
+                    )
+                await self._generate_streamed(generation, streaming)
             else:
-                await self._generate_once(generation, client, body, on_sent)
+                body = self._body(generation)
+                await self._generate_once(generation, client, body, self._on_sent(generation))
         except DeadlineExceeded as error:
             # Queueing at SGLang can take minutes, so there is no read timeout: one deadline
             # covers the whole request.
@@ -465,20 +512,13 @@ class SGLangHTTPEngine(EngineBase):
             raise EngineProtocolError(f"SGLang's answer for {generation.rid!r} is not finished")
         generation.finish(EngineResult.from_chunk(chunk))
 
-    async def _generate_streamed(
-        self,
-        generation: Generation,
-        client: HTTPClient,
-        body: dict[str, Any],
-        on_sent: Callable[[], None] | None,
-    ) -> None:
+    async def _generate_streamed(self, generation: Generation, streaming: StreamRequest) -> None:
         loop = asyncio.get_running_loop()
-        sent = loop.time()
         first_chunk: float | None = None
         last: EngineChunk | None = None
-        async with client.stream(
-            "POST", "/generate", body, timeout=self.request_timeout, on_sent=on_sent
-        ) as response:
+        async with streaming as response:
+            # From the moment the request was written (by the sender, or on entering).
+            sent = loop.time() if streaming.sent_at is None else streaming.sent_at
             status = response.status
             if status != HTTPStatus.OK:
                 raise _status_error(status, _error_message(await response.read(), status))

@@ -7,6 +7,7 @@ import random
 from itertools import pairwise
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -57,6 +58,69 @@ def test_priority_mode_admits_a_request_once_it_is_sent() -> None:
             await asyncio.wait_for(generation.admitted(), timeout=5)
             assert not generation.done()  # admitted on sending, long before its end
             generation.cancel()
+
+    with emulator() as (url, _):
+        asyncio.run(run(url))
+
+
+async def _turns(count: int) -> None:
+    """Let the event loop run `count` turns."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def _loads(url: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        reply = await client.get("/v1/loads")
+        loads: dict[str, Any] = reply.json()["loads"][0]
+        return loads
+
+
+def test_a_streamed_batch_goes_out_in_one_turn_of_the_loop_when_connections_are_idle() -> None:
+    count = 6
+
+    async def run(url: str) -> None:
+        async with started_engine(url) as engine:
+            # Warm the pool: `count` streams running at once leave `count` idle connections.
+            warm = engine.dispatch(
+                [_request(f"w{i}", i, max_new=200, stream=True) for i in range(count)]
+            )
+            for generation in warm:
+                await generation.result()
+            assert engine._client is not None and engine._client.idle_connections == count
+            batch = engine.dispatch(
+                [_request(f"b{i}", 100 + i, priority=i, stream=True) for i in range(count)]
+            )
+            # The sender wakes on the next turn and writes the whole batch then, in order,
+            # before any reading task runs; one request per turn would have sent one.
+            await _turns(2)
+            assert [g.rid for g in batch if g._admitted] == [g.rid for g in batch]
+            results = [await generation.result() for generation in batch]
+            assert all(r.usage.completion_tokens == 2 for r in results)
+
+    with emulator() as (url, _):
+        asyncio.run(run(url))
+
+
+def test_a_request_written_ahead_whose_reader_never_ran_is_aborted() -> None:
+    async def run(url: str) -> None:
+        async with started_engine(url) as engine:
+            (warm,) = engine.dispatch([_request("warm", 1, stream=True)])
+            await warm.result()
+            (generation,) = engine.dispatch([_request("long", 2, max_new=5000, stream=True)])
+            # One turn: the sender, woken first, writes the request and schedules the reading
+            # task, which runs after this coroutine resumes.
+            await _turns(1)
+            assert generation._admitted  # written by the sender
+            generation.cancel()  # before its reading task ever ran
+            assert engine._client is not None
+            for _ in range(200):  # the connection closes, and the emulator aborts the request
+                loads = await _loads(url)
+                if engine._client.open_connections == 0 and loads["num_running_reqs"] == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert engine._client.open_connections == 0
+            assert loads["num_running_reqs"] == 0 and loads["num_waiting_reqs"] == 0
 
     with emulator() as (url, _):
         asyncio.run(run(url))
