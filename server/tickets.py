@@ -56,7 +56,7 @@ class Chunk:
     meta_info: dict[str, Any]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Ticket:
     """One admitted request and everything that has happened to it so far."""
 

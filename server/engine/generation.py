@@ -19,6 +19,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any
 
 from inference_auctions.server.engine.base import EngineChunk, EngineRequest, EngineResult
@@ -188,8 +189,11 @@ class EngineBase(ABC):
             for generation in generations:
                 generation.fail(EngineUnavailable(f"the {self.name} engine is closed"))
             return generations
-        self._generations = {g for g in self._generations if not g.done()}
-        self._generations.update(generations)
+        # The running ones, each leaving the set as it ends: no sweep of the set per dispatch.
+        running = self._generations
+        for generation in generations:
+            running.add(generation)
+            generation.on_end(partial(running.discard, generation))
         self._send(generations)
         return generations
 
