@@ -469,7 +469,8 @@ class HTTPClient:
         on_sent: Callable[[], object] | None = None,
     ) -> Response:
         """Send a request and read its whole answer; `timeout` bounds all of it."""
-        connection, status = await self._exchange(method, path, json, timeout, on_sent)
+        outgoing = self._outgoing(method, path, json, timeout, on_sent)
+        connection, status = await self._exchange(outgoing)
         try:
             parts = []
             while data := await connection.read():
@@ -525,17 +526,9 @@ class HTTPClient:
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         return _Outgoing(data, deadline, on_sent)
 
-    async def _exchange(
-        self,
-        method: str,
-        path: str,
-        body: Any,
-        timeout: float | None,
-        on_sent: Callable[[], object] | None,
-    ) -> tuple[_Connection, int]:
+    async def _exchange(self, outgoing: _Outgoing) -> tuple[_Connection, int]:
         """Send the request (retrying a stale connection once, see the module docstring) and
         wait for the answer's head; the caller must `finish()` the connection."""
-        outgoing = self._outgoing(method, path, body, timeout, on_sent)
         connection = await self._open(outgoing.deadline)
         connection.send(outgoing.data, outgoing.deadline, outgoing.on_sent)
         return await self._answer(connection, outgoing)

@@ -397,13 +397,7 @@ class SGLangHTTPEngine(EngineBase):
         if not self._streams(generation.request):
             return None
         try:
-            streaming = client.stream(
-                "POST",
-                "/generate",
-                self._body(generation),
-                timeout=self.request_timeout,
-                on_sent=self._on_sent(generation),
-            )
+            streaming = self._stream_request(generation, client)
         except (TypeError, ValueError):
             return None
         if streaming.send_now():
@@ -461,6 +455,16 @@ class SGLangHTTPEngine(EngineBase):
         # In `priority` mode the next request may follow once this one is on the wire.
         return generation.admit if self.mode == "priority" else None
 
+    def _stream_request(self, generation: Generation, client: HTTPClient) -> StreamRequest:
+        """The generation's streamed `/generate`, not written yet."""
+        return client.stream(
+            "POST",
+            "/generate",
+            self._body(generation),
+            timeout=self.request_timeout,
+            on_sent=self._on_sent(generation),
+        )
+
     async def _generate(
         self, generation: Generation, client: HTTPClient, streaming: StreamRequest | None
     ) -> None:
@@ -468,13 +472,7 @@ class SGLangHTTPEngine(EngineBase):
         try:
             if self._streams(request):
                 if streaming is None:
-                    streaming = client.stream(
-                        "POST",
-                        "/generate",
-                        self._body(generation),
-                        timeout=self.request_timeout,
-                        on_sent=self._on_sent(generation),
-                    )
+                    streaming = self._stream_request(generation, client)
                 await self._generate_streamed(generation, streaming)
             else:
                 body = self._body(generation)
