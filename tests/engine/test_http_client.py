@@ -141,6 +141,71 @@ def test_a_stream_left_before_its_end_is_not_reused() -> None:
     _run(handle, body)
 
 
+def test_a_stream_written_ahead_is_read_when_entered_and_needs_no_connection_of_its_own() -> None:
+    async def body(server: RawServer, client: HTTPClient) -> None:
+        await client.request("POST", "/generate", {"n": 1})  # one idle connection now
+        sent: list[int] = []
+        streaming = client.stream("POST", "/generate", {"n": 2}, on_sent=lambda: sent.append(2))
+        assert streaming.send_now()
+        assert sent == [2]  # written before the block: `on_sent` ran at once
+        later = client.stream("POST", "/generate", {"n": 3})
+        assert not later.send_now()  # no idle connection left: written on entering
+        async with streaming as first, later as second:
+            assert (first.status, second.status) == (200, 200)
+            assert (await first.read(), await second.read()) == (b'{"ok": true}',) * 2
+        assert [r.json()["n"] for r in server.requests] == [1, 2, 3]
+        assert [r.connection for r in server.requests] == [0, 0, 1]
+
+    _run(answer(OK), body)
+
+
+def test_a_stream_written_ahead_on_a_stale_connection_is_sent_again_when_entered() -> None:
+    # As for `request`: the idle connection the stream was written on turns out closed
+    # before any byte of an answer, so entering the block sends it once more, on a fresh one.
+    async def handle(
+        request: RawRequest, _: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        if request.connection == 0 and request.index == 1:
+            return False
+        writer.write(OK)
+        return True
+
+    async def body(server: RawServer, client: HTTPClient) -> None:
+        await client.request("POST", "/generate", {"n": 1})
+        streaming = client.stream("POST", "/generate", {"n": 2})
+        assert streaming.send_now()
+        async with streaming as streamed:
+            assert streamed.status == 200
+        assert [r.json()["n"] for r in server.requests] == [1, 2, 2]
+        assert [r.connection for r in server.requests] == [0, 0, 1]
+
+    _run(handle, body)
+
+
+def test_an_abandoned_stream_closes_its_connection() -> None:
+    async def one_event_then_wait(
+        request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        if request.index == 0:
+            writer.write(OK)
+            return True
+        writer.write(chunked_head() + chunk(b"data: 1\n\n"))
+        return await until_closed(reader)
+
+    async def body(server: RawServer, client: HTTPClient) -> None:
+        await client.request("POST", "/generate", {"n": 1})
+        streaming = client.stream("POST", "/generate", {"n": 2})
+        assert streaming.send_now()
+        while len(server.requests) < 2:
+            await asyncio.sleep(0.01)
+        streaming.abandon()  # never entered: the server sees the disconnect
+        await wait_for_disconnect(server.connections[0])
+        assert client.open_connections == 0
+        streaming.abandon()  # a second time: nothing left to do
+
+    _run(one_event_then_wait, body)
+
+
 def test_events_are_split_on_blank_lines_across_any_segmentation() -> None:
     body_bytes = (
         b": a comment\n\n"
