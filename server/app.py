@@ -55,7 +55,11 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         service = AuctionService(settings, ledger, backend)
         limiter = RateLimiter(*rate_limit_share(settings))
         app.state.services = AppState(
-            service=service, ledger=ledger, limiter=limiter, keys=AuthenticationCache()
+            settings=settings,
+            service=service,
+            ledger=ledger,
+            limiter=limiter,
+            keys=AuthenticationCache(),
         )
         scheduler = None
         if settings.run_jobs:

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from inference_auctions.billing import Ledger
 from inference_auctions.server.admission import (
@@ -43,7 +43,7 @@ from inference_auctions.server.clearing import BatchClearing, ClearedBatch
 from inference_auctions.server.deferral import DeferralSettings
 from inference_auctions.server.deferred_dispatch import DeferredDispatch
 from inference_auctions.server.dispatch import Serving
-from inference_auctions.server.engine.base import Engine, EngineRequest, TokenIds
+from inference_auctions.server.engine.base import Engine, EngineRequest, TokenArray, TokenIds
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
 from inference_auctions.server.engine.sglang_request import check_context_length
 from inference_auctions.server.errors import (
@@ -58,12 +58,19 @@ from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.settings import ServerSettings
 from inference_auctions.server.tickets import Clearance, Ticket
 
-__all__ = ["AuctionService", "new_batch_id", "payload_fingerprint"]
+__all__ = ["AuctionService", "Load", "new_batch_id", "payload_fingerprint"]
 
 log = logging.getLogger(__name__)
 
 # Finished tickets kept for idempotent retries; older ones fall back to the ledger's record.
 _REMEMBERED_TICKETS = 10_000
+
+
+class Load(NamedTuple):
+    """How busy the server is: requests waiting in its pool, and outstanding at the engine."""
+
+    queue: int
+    inflight: int
 
 
 def new_batch_id() -> str:
@@ -83,7 +90,7 @@ class AuctionService:
     ) -> None:
         self.settings = settings
         self.ledger = ledger
-        self.engine = engine
+        self._engine = engine
         self._clock = clock
         policy = BatchingPolicy(
             batch_size=settings.batch_size,
@@ -91,17 +98,19 @@ class AuctionService:
             max_inflight=settings.max_inflight,
             max_queue=settings.max_queue,
         )
-        self.pool: BatchPool[Ticket] = BatchPool(
-            policy, self._clear, lambda: self.inflight, saturated=self._saturated
+        self._pool: BatchPool[Ticket] = BatchPool(
+            policy, self._clear, lambda: self._inflight, saturated=self._saturated
         )
-        self.metrics = Metrics(queue_length=lambda: len(self.pool), inflight=lambda: self.inflight)
-        self.inflight = 0
+        self.metrics = Metrics(
+            queue_length=lambda: len(self._pool), inflight=lambda: self._inflight
+        )
+        self._inflight = 0
         # Sent to the engine (or held back by deferral) without a first token yet: ledger rid
         # -> prompt tokens. Their total is how saturated the engine is (`_saturated`).
         self._unstarted: dict[str, int] = {}
         self._unstarted_tokens = 0
         # Recent (overhead, batching wait) of each request, for benchmarks and operators.
-        self.timings: deque[tuple[float, float]] = deque(maxlen=100_000)
+        self._timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._sequence = 0
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -114,13 +123,40 @@ class AuctionService:
             settings, ledger, self.writer, self.metrics, self._freed, started=self._started
         )
 
+    # What the routes ask of the service
+
+    @property
+    def engine_name(self) -> str:
+        """The engine's name, as `/health` and `/server_info` report it."""
+        return self._engine.name
+
+    async def engine_healthy(self) -> bool:
+        """Whether the engine answers its health check."""
+        return await self._engine.health()
+
+    async def flush_engine_cache(self) -> bool:
+        """Ask the engine to empty its prefix cache; False while requests run or wait there."""
+        return await self._engine.flush_cache()
+
+    async def tokenize(self, text: str) -> TokenArray:
+        """The engine's token ids for a prompt (cached, read-only)."""
+        return await self._engine.tokenize_array(text)
+
+    def load(self) -> Load:
+        """Requests waiting in the pool, and outstanding at the engine, now."""
+        return Load(queue=len(self._pool), inflight=self._inflight)
+
+    def recent_timings(self) -> list[tuple[float, float]]:
+        """(overhead, batching wait) in seconds of the most recent requests, oldest first."""
+        return list(self._timings)
+
     async def start(self) -> None:
         """Start closing batches."""
-        self._runner = asyncio.create_task(self.pool.run(), name="batch-pool")
+        self._runner = asyncio.create_task(self._pool.run(), name="batch-pool")
 
     async def stop(self) -> None:
         """Drain: clear every waiting request, let every dispatched one finish, then stop."""
-        await self.pool.drain()
+        await self._pool.drain()
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._runner is not None:
@@ -170,7 +206,7 @@ class AuctionService:
             ticket.hold = queue_hold(self.writer, ticket)
             ticket.queued = time.monotonic()
             try:
-                self.pool.submit(ticket)
+                self._pool.submit(ticket)
             except (QueueFull, PoolClosed) as error:
                 if await hold_was_placed(ticket):
                     await self._release(ticket, "not queued: " + str(error))
@@ -179,7 +215,7 @@ class AuctionService:
         except ServiceError as error:
             # Refused: if its batch has not closed, it leaves the pool; a batch that took it
             # meanwhile finds no hold to claim (or one of another payload) and leaves it out.
-            self.pool.withdraw(ticket)
+            self._pool.withdraw(ticket)
             self._forget(key)
             await ticket.finish(error)  # a concurrent retry that joined gets the same answer
             raise
@@ -187,7 +223,7 @@ class AuctionService:
             # Never leave a ticket behind that nothing will finish: a retry would wait on it
             # forever. One still in the pool leaves it, its hold released once placed; one
             # whose batch closed is served and settled like a client that left after that.
-            if self.pool.withdraw(ticket):
+            if self._pool.withdraw(ticket):
                 self._forget(key)
                 self._spawn(self._release_when_placed(ticket, "cancelled before dispatch"))
                 await ticket.finish(unavailable("the request was cancelled before it was queued"))
@@ -197,7 +233,7 @@ class AuctionService:
     async def _check_context(self, tokens: TokenIds, sampling_params: dict[str, Any]) -> None:
         """Refuse, before any money moves, what the engine would refuse for its length."""
         try:
-            context = await self.engine.context_length()
+            context = await self._engine.context_length()
         except EngineTimeout as error:
             raise EngineTimedOut(f"asking the engine for its context length: {error}") from None
         except EngineError as error:
@@ -213,7 +249,7 @@ class AuctionService:
 
     async def abandon(self, ticket: Ticket) -> None:
         """The client went away: if its batch has not closed, take it back and free its hold."""
-        if self.pool.withdraw(ticket):
+        if self._pool.withdraw(ticket):
             await self._release_when_placed(ticket, "client disconnected before dispatch")
             await ticket.finish(unavailable("the client disconnected"))
             self._forget((ticket.user, ticket.rid))
@@ -278,7 +314,7 @@ class AuctionService:
         ordered = [by_rid[rid] for rid in outcome.order]
         for ticket in ordered:
             await ticket.clear(self._clearance(batch, ticket))
-        self.inflight += len(ordered)
+        self._inflight += len(ordered)
         self._dispatch(ordered, batch)
 
     async def _refuse(self, ticket: Ticket, state: str) -> None:
@@ -337,7 +373,7 @@ class AuctionService:
             self.metrics.dispatch_lag.observe(now - ticket.arrived)
             if ticket.overhead is not None and ticket.batching_wait is not None:
                 self.metrics.overhead.observe(ticket.overhead)
-                self.timings.append((ticket.overhead, ticket.batching_wait))
+                self._timings.append((ticket.overhead, ticket.batching_wait))
             requests.append(
                 EngineRequest(
                     rid=ticket.ledger_rid,
@@ -368,13 +404,13 @@ class AuctionService:
     def _started(self, ledger_rid: str) -> None:
         self._unstarted_tokens -= self._unstarted.pop(ledger_rid, 0)
         self.dispatcher.first_token(ledger_rid)  # a request held back for its prefix may go
-        self.pool.wake()
+        self._pool.wake()
 
     def _freed(self, ledger_rid: str) -> None:
         self._unstarted_tokens -= self._unstarted.pop(ledger_rid, 0)  # failed before starting
         self.dispatcher.ended(ledger_rid)  # a request held back for this one's prefix may go
-        self.inflight -= 1
-        self.pool.wake()
+        self._inflight -= 1
+        self._pool.wake()
 
     def _saturated(self) -> bool:
         """Whether the engine has about a prefill step's worth of requests it has not started."""

@@ -146,7 +146,7 @@ async def reconcile(_: AdminUser, state: State) -> dict[str, Any]:
 async def timings(_: AdminUser, state: State) -> dict[str, Any]:
     """Percentiles of the auction layer's overhead and of the batching wait (recent requests
     of this replica only: the answer says which)."""
-    samples = list(state.service.timings)
+    samples = state.service.recent_timings()
 
     def percentiles(values: list[float]) -> dict[str, float | None]:
         ordered = sorted(values)
@@ -164,5 +164,5 @@ async def timings(_: AdminUser, state: State) -> dict[str, Any]:
         "overhead": percentiles([overhead for overhead, _ in samples]),
         "batching_wait": percentiles([wait for _, wait in samples]),
         "scope": "replica",
-        "replica": replica_name(state.service.settings),
+        "replica": replica_name(state.settings),
     }

@@ -67,7 +67,7 @@ def body_limits(request: Request) -> BodyLimits:
     services = getattr(request.app.state, "services", None)
     if services is None:
         return BodyLimits()
-    return BodyLimits.from_settings(services.service.settings)
+    return BodyLimits.from_settings(services.settings)
 
 
 def _decoder(request: Request) -> BodyDecoder:

@@ -146,7 +146,7 @@ async def market(user: Viewer, state: State, response: Response) -> dict[str, An
 
 def replica_name(state: AppState) -> str:
     """How this replica is labelled among several: its host name and configured port."""
-    return f"{socket.gethostname()}:{state.service.settings.port}"
+    return f"{socket.gethostname()}:{state.settings.port}"
 
 
 def _epoch(moment: datetime) -> float:
@@ -236,7 +236,7 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
     service = state.service
     seconds = activity.bucket_seconds
     buckets = activity.buckets
-    queue, inflight = len(service.pool), service.inflight
+    queue, inflight = service.load()
     failed = _failed_writes(state)
     return {
         "now": now.isoformat(),
@@ -247,7 +247,7 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
                 "name": replica_name(state),
                 "this": True,
                 "up": True,
-                "engine": service.engine.name,
+                "engine": service.engine_name,
                 "queue": queue,
                 "inflight": inflight,
             }

@@ -16,6 +16,7 @@ from inference_auctions.billing import Ledger, UserInfo
 from inference_auctions.server.dashboard.snapshot import DashboardState
 from inference_auctions.server.errors import Forbidden, RateLimited, Unauthenticated
 from inference_auctions.server.service import AuctionService
+from inference_auctions.server.settings import ServerSettings
 
 
 class RateLimiter:
@@ -96,6 +97,7 @@ def _digest(key: str) -> str:
 class AppState:
     """What the routes need, stored on `app.state.services`."""
 
+    settings: ServerSettings
     service: AuctionService
     ledger: Ledger
     limiter: RateLimiter

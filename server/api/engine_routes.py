@@ -30,7 +30,7 @@ router = APIRouter(tags=["sglang"])
 )
 async def model_info(_: CurrentUser, state: State) -> dict[str, Any]:
     """The served model's name, as SGLang's `/model_info` gives it."""
-    name = state.service.settings.model_name
+    name = state.settings.model_name
     return {"model_path": name, "tokenizer_path": None, "is_generation": True}
 
 
@@ -44,10 +44,10 @@ async def model_info(_: CurrentUser, state: State) -> dict[str, Any]:
 async def server_info(state: State) -> dict[str, Any]:
     """This server's scheduling settings, in the spirit of SGLang's `/server_info`; no key
     needed (routers such as SMG probe it, as SGLang's)."""
-    settings = state.service.settings
+    settings = state.settings
     return {
         "model_path": settings.model_name,
-        "engine": state.service.engine.name,
+        "engine": state.service.engine_name,
         "engine_mode": settings.engine_mode,
         "batch_size": settings.batch_size,
         "max_wait_ms": settings.max_wait_ms,
@@ -66,7 +66,7 @@ async def server_info(state: State) -> dict[str, Any]:
 async def flush_cache(_: AdminUser, state: State) -> PlainTextResponse:
     """Empty the engine's prefix cache: 200, or 400 while requests run or wait (as SGLang)."""
     try:
-        flushed = await state.service.engine.flush_cache()
+        flushed = await state.service.flush_engine_cache()
     except EngineError as error:
         raise EngineFailed(f"the engine could not flush its cache: {error}") from None
     if flushed:

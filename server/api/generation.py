@@ -50,7 +50,7 @@ class Job:
 
 def parse_bid(value: Any, state: AppState) -> int:
     """The bid in micro-credits: non-negative, finite, at most 6 decimals, under the limit."""
-    limit = state.service.settings.max_bid_credits * MICROS_PER_CREDIT
+    limit = state.settings.max_bid_credits * MICROS_PER_CREDIT
     if isinstance(value, float):  # only reachable if a caller bypassed the exact JSON reader
         value = repr(value)
     try:
@@ -63,7 +63,7 @@ async def prompt_tokens(
     state: AppState, text: str | None, input_ids: list[int] | None, field: str
 ) -> TokenArray:
     """Token ids of the prompt (tokenized by the engine, cached), within the size limits."""
-    settings = state.service.settings
+    settings = state.settings
     if text is None and input_ids is None:
         raise InvalidRequest(
             f"{field} is missing: send the prompt as '{field}' (a string) "
@@ -79,7 +79,7 @@ async def prompt_tokens(
                 param=field,
             )
         try:
-            tokens = await state.service.engine.tokenize_array(text)
+            tokens = await state.service.tokenize(text)
         except EngineTimeout as error:
             raise EngineTimedOut(f"tokenizing the prompt timed out: {error}") from None
         except EngineError as error:
@@ -106,7 +106,7 @@ def _token_array(input_ids: list[int]) -> TokenArray:
 
 def check_max_new_tokens(value: int, state: AppState, field: str) -> None:
     """Refuse a generation length above the server's limit."""
-    limit = state.service.settings.max_new_tokens_limit
+    limit = state.settings.max_new_tokens_limit
     if value > limit:
         raise InvalidRequest(f"{field}: {value:,} is above the limit of {limit:,}", param=field)
 

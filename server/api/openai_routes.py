@@ -40,7 +40,7 @@ def _schema(model: type[CompletionBody] | type[ChatBody]) -> dict[str, Any]:
 @router.get("/models", summary="List models")
 async def models(state: State) -> dict[str, Any]:
     """The one model this server serves; no key needed (routers probe it, as SGLang's)."""
-    name = state.service.settings.model_name
+    name = state.settings.model_name
     entry = {"id": name, "object": "model", "created": 0, "owned_by": "inference-auctions"}
     return {"object": "list", "data": [entry]}
 
@@ -146,7 +146,7 @@ async def _run(
     payload = {"kind": kind, "text": text, "input_ids": input_ids, "sampling": sampling, "bid": bid}
     job = make_job(rid, tokens, bid, sampling, payload, streamed=streamed)
     ticket = await admit(state, user, job)
-    model = state.service.settings.model_name
+    model = state.settings.model_name
     renderer = _Renderer(job.rid, model, kind)
     if streamed:
         return stream(state.service, ticket, renderer.chunk)

@@ -27,16 +27,17 @@ _LEDGER_PING_SECONDS = 2.0
 async def health(state: State) -> Response:
     """200 while both the engine and the ledger answer, 503 (naming which) otherwise."""
     service = state.service
-    engine_ok = await service.engine.health()
+    engine_ok = await service.engine_healthy()
     ledger_ok = await _ledger_answers(state)
     problems = [name for name, ok in (("engine", engine_ok), ("ledger", ledger_ok)) if not ok]
+    load = service.load()
     body: dict[str, Any] = {
         "status": "ok" if not problems else " and ".join(problems) + " unavailable",
-        "engine": service.engine.name,
+        "engine": service.engine_name,
         "ledger": "ok" if ledger_ok else "unavailable",
-        "queue": len(service.pool),
-        "inflight": service.inflight,
-        "replica": replica_name(service.settings),
+        "queue": load.queue,
+        "inflight": load.inflight,
+        "replica": replica_name(state.settings),
     }
     return JSONResponse(body, status_code=503 if problems else 200)
 
@@ -52,11 +53,11 @@ async def _ledger_answers(state: State) -> bool:
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
     """Prometheus text format; with `replica_name` set, every sample carries it as `replica`."""
-    service = state.service
-    name = service.settings.replica_name
+    registry = state.service.metrics
+    name = state.settings.replica_name
     if name is None:  # one server alone: its samples stay as they always were
-        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-    labelled = ReplicaLabelled(service.metrics.registry, name)
+        return Response(registry.render(), media_type=CONTENT_TYPE_LATEST)
+    labelled = ReplicaLabelled(registry.registry, name)
     return Response(generate_latest(labelled), media_type=CONTENT_TYPE_LATEST)
 
 
