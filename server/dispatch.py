@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inference_auctions.billing import Ledger, RequestNotScheduled, ServedRecord
 from inference_auctions.server.admission import unavailable
@@ -29,6 +29,7 @@ from inference_auctions.server.errors import EngineFailed, EngineTimedOut, Servi
 from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.settings import ServerSettings
+from inference_auctions.server.stream_deadlines import StreamDeadlines
 from inference_auctions.server.tickets import Chunk, Ticket
 
 log = logging.getLogger(__name__)
@@ -47,45 +48,6 @@ class _Streamed:
     streamed: bool = False  # whether the engine sent anything at all
 
 
-class _Deadlines:
-    """The stall and total deadlines of one stream, on one timer handle.
-
-    A chunk only notes the time its successor is awaited from (`waiting`); the timer, when it
-    fires, re-arms itself if that moved the stall deadline, and otherwise expires `scope` (the
-    stream's timeout scope). So a stream costs a timer per stall period, not one per chunk;
-    the deadlines are the same as a fresh `asyncio.timeout(min(stall, cap left))` per chunk.
-    """
-
-    def __init__(self, scope: asyncio.Timeout, stall: float, cap_at: float | None) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._scope = scope
-        self._stall = stall
-        self._cap_at = cap_at
-        self.waiting()
-        self._armed_at = self._due()
-        self._timer = self._loop.call_at(self._armed_at, self._fire)
-
-    def waiting(self) -> None:
-        """The next chunk is awaited from now: its stall deadline starts now."""
-        self._since = self._loop.time()
-
-    def _due(self) -> float:
-        due = self._since + self._stall
-        return due if self._cap_at is None else min(due, self._cap_at)
-
-    def _fire(self) -> None:
-        due = self._due()
-        if due > self._armed_at:
-            self._armed_at = due
-            self._timer = self._loop.call_at(due, self._fire)
-        else:
-            self._scope.reschedule(self._loop.time())  # a deadline passed: time out now
-
-    def cancel(self) -> None:
-        """Stop the timer (the stream ended, or it timed out)."""
-        self._timer.cancel()
-
-
 @dataclass
 class Serving:
     """Follows dispatched requests to their end (one `serve` task per request)."""
@@ -96,6 +58,14 @@ class Serving:
     metrics: Metrics
     freed: Callable[[str], None]  # called with its ledger rid once a request leaves the engine
     started: Callable[[str], None] = lambda _: None  # called at its first token (deferral)
+    # Every stream's stall and total deadlines, on one timer (`server.stream_deadlines`).
+    _deadlines: StreamDeadlines = field(init=False)
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        self._deadlines = StreamDeadlines(
+            settings.engine_stall_timeout_seconds, settings.engine_max_seconds
+        )
 
     async def serve(self, ticket: Ticket, generation: Generation, batch: ClearedBatch) -> None:
         """Stream the generation into the ticket; record the outcome before the last byte."""
@@ -131,17 +101,14 @@ class Serving:
 
     async def _stream(self, ticket: Ticket, generation: Generation) -> _Streamed:
         assert ticket.dispatched is not None
-        loop = asyncio.get_running_loop()
-        cap = self.settings.engine_max_seconds
-        deadline = None if cap is None else loop.time() + cap
-        stall = self.settings.engine_stall_timeout_seconds
         chunks: AsyncIterator[EngineChunk] = generation.chunks().__aiter__()
         last: Chunk | None = None
         ttft: float | None = None
         try:
-            # One scope for the whole stream, expired by `_Deadlines`: no scope per chunk.
+            # One scope for the whole stream, expired by the server's `StreamDeadlines`: no
+            # scope per chunk, no timer per stream.
             async with asyncio.timeout(None) as scope:
-                deadlines = _Deadlines(scope, stall, deadline)
+                deadlines = self._deadlines.watch(scope)
                 try:
                     while True:
                         deadlines.waiting()
@@ -165,9 +132,11 @@ class Serving:
                 finally:
                     deadlines.cancel()
         except TimeoutError:
-            if deadline is None or loop.time() < deadline or last is None:
+            if not deadlines.capped or last is None:
                 raise _Stalled from None
             generation.cancel("the operator's total-time cap passed")
+            cap = self.settings.engine_max_seconds
+            assert cap is not None
             return _Streamed(_capped(last, cap), ttft, streamed=True)
 
     async def _record_served(self, ticket: Ticket, streamed: _Streamed) -> ServiceError | None:

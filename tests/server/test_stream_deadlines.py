@@ -1,5 +1,6 @@
-"""A dispatched request's two deadlines, on one timer per stream: the stall deadline counts from
-the last chunk, not from the start; the total cap ends a long stream served with what it has."""
+"""A dispatched request's two deadlines, on one timer for every stream of the server: the stall
+deadline counts from the last chunk, not from the start; the total cap ends a long stream
+served with what it has; one stream's deadline never touches another's."""
 
 from __future__ import annotations
 
@@ -40,17 +41,20 @@ class _Engine:
         self.cancelled.append(reason)
 
 
-def _stream(engine: _Engine, stall: float, cap: float | None = None) -> _Streamed:
+def _serving(stall: float, cap: float | None = None) -> Serving:
     settings = ServerSettings(engine_stall_timeout_seconds=stall, engine_max_seconds=cap)
     metrics = Metrics(queue_length=lambda: 0, inflight=lambda: 0)
-    serving = Serving(settings, None, None, metrics, lambda _: None)  # type: ignore[arg-type]
-    ticket = Ticket("ann", "r", "ann/r", np.zeros(2, dtype=np.int32), 1, {}, "f")
+    return Serving(settings, None, None, metrics, lambda _: None)  # type: ignore[arg-type]
 
-    async def run() -> _Streamed:
-        ticket.dispatched = time.monotonic()
-        return await serving._stream(ticket, engine)  # type: ignore[arg-type]
 
-    return asyncio.run(run())
+async def _follow(serving: Serving, engine: _Engine, rid: str = "r") -> _Streamed:
+    ticket = Ticket("ann", rid, f"ann/{rid}", np.zeros(2, dtype=np.int32), 1, {}, "f")
+    ticket.dispatched = time.monotonic()
+    return await serving._stream(ticket, engine)  # type: ignore[arg-type]
+
+
+def _stream(engine: _Engine, stall: float, cap: float | None = None) -> _Streamed:
+    return asyncio.run(_follow(_serving(stall, cap), engine))
 
 
 def test_a_stream_longer_than_the_stall_deadline_is_not_a_stall() -> None:
@@ -90,3 +94,55 @@ def test_the_total_cap_ends_a_steady_stream_served_with_its_output_so_far() -> N
 def test_the_total_cap_before_any_chunk_is_a_stall() -> None:
     with pytest.raises(_Stalled):
         _stream(_Engine(every=0.02, count=3, first=1.0), stall=5.0, cap=0.1)
+
+
+def test_many_streams_share_the_deadlines_and_only_the_stalled_one_fails() -> None:
+    # Five steady streams (a chunk every 0.03 s, 0.45 s in all) and one that stalls after two
+    # chunks, all on one server with a 0.15 s stall deadline; then a second wave, so the one
+    # timer is armed again after it has run dry.
+    serving = _serving(stall=0.15)
+
+    async def wave() -> tuple[list[_Streamed | BaseException], float]:
+        started = time.monotonic()
+        stalled_at: list[float] = []
+
+        async def stalling() -> _Streamed:
+            try:
+                return await _follow(serving, _Engine(every=0.03, count=2, hang=True), "stall")
+            finally:
+                stalled_at.append(time.monotonic() - started)
+
+        steady = [_follow(serving, _Engine(every=0.03, count=15), f"s{i}") for i in range(5)]
+        results = await asyncio.gather(stalling(), *steady, return_exceptions=True)
+        return list(results), stalled_at[0]
+
+    async def run() -> None:
+        for _ in range(2):
+            # Bounded: a timer that never fired again would leave the stalled stream hanging.
+            results, stalled_after = await asyncio.wait_for(wave(), timeout=5)
+            assert isinstance(results[0], _Stalled)
+            assert 0.2 < stalled_after < 0.45  # two chunks (0.06 s), then 0.15 s without one
+            for streamed in results[1:]:
+                assert isinstance(streamed, _Streamed)
+                assert streamed.final is not None and streamed.final.text == "x" * 15
+            assert len(serving._deadlines) == 0  # every stream let go of its deadlines
+
+    asyncio.run(run())
+
+
+def test_a_capped_stream_and_a_stalled_one_are_told_apart_on_one_timer() -> None:
+    serving = _serving(stall=0.2, cap=0.3)
+
+    async def run() -> list[_Streamed | BaseException]:
+        return list(
+            await asyncio.gather(
+                _follow(serving, _Engine(every=0.03, count=1000), "steady"),
+                _follow(serving, _Engine(every=0.03, count=1, first=1.0), "silent"),
+                return_exceptions=True,
+            )
+        )
+
+    steady, silent = asyncio.run(run())
+    assert isinstance(steady, _Streamed) and steady.final is not None
+    assert steady.final.meta_info["finish_reason"]["type"] == "abort"  # capped, served
+    assert isinstance(silent, _Stalled)  # nothing within the stall deadline
