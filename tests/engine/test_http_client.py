@@ -32,6 +32,17 @@ from tests.processes import free_port
 OK = response(200, b'{"ok": true}')
 
 
+async def _drops_the_second_request_on_the_first_connection(
+    request: RawRequest, _: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> bool:
+    """As a server whose idle close crosses the second request on a connection: that request
+    is dropped unanswered, before any byte of an answer; every other one is answered."""
+    if request.connection == 0 and request.index == 1:
+        return False
+    writer.write(OK)
+    return True
+
+
 def _run(handler: Handler, body: Callable[[RawServer, HTTPClient], Awaitable[Any]]) -> Any:
     async def run() -> Any:
         async with RawServer(handler) as server:
@@ -162,14 +173,6 @@ def test_a_stream_written_ahead_is_read_when_entered_and_needs_no_connection_of_
 def test_a_stream_written_ahead_on_a_stale_connection_is_sent_again_when_entered() -> None:
     # As for `request`: the idle connection the stream was written on turns out closed
     # before any byte of an answer, so entering the block sends it once more, on a fresh one.
-    async def handle(
-        request: RawRequest, _: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> bool:
-        if request.connection == 0 and request.index == 1:
-            return False
-        writer.write(OK)
-        return True
-
     async def body(server: RawServer, client: HTTPClient) -> None:
         await client.request("POST", "/generate", {"n": 1})
         streaming = client.stream("POST", "/generate", {"n": 2})
@@ -179,7 +182,7 @@ def test_a_stream_written_ahead_on_a_stale_connection_is_sent_again_when_entered
         assert [r.json()["n"] for r in server.requests] == [1, 2, 2]
         assert [r.connection for r in server.requests] == [0, 0, 1]
 
-    _run(handle, body)
+    _run(_drops_the_second_request_on_the_first_connection, body)
 
 
 def test_an_abandoned_stream_closes_its_connection() -> None:
@@ -284,14 +287,6 @@ def test_an_idle_connection_the_server_closed_is_survived() -> None:
 def test_a_stale_connection_is_retried_once_on_a_fresh_one() -> None:
     # The close crosses the second request: the server drops it unanswered, on the reused
     # connection, before any byte of an answer. That one request is sent again.
-    async def handle(
-        request: RawRequest, _: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> bool:
-        if request.connection == 0 and request.index == 1:
-            return False
-        writer.write(OK)
-        return True
-
     async def body(server: RawServer, client: HTTPClient) -> None:
         sent: list[int] = []
         await client.request("POST", "/generate", {"n": 1})
@@ -303,7 +298,7 @@ def test_a_stale_connection_is_retried_once_on_a_fresh_one() -> None:
         assert [r.connection for r in server.requests] == [0, 0, 1]
         assert sent  # admitted
 
-    _run(handle, body)
+    _run(_drops_the_second_request_on_the_first_connection, body)
 
 
 def test_no_retry_once_an_answer_started_or_on_a_fresh_connection() -> None:
