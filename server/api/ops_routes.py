@@ -53,11 +53,11 @@ async def _ledger_answers(state: State) -> bool:
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
     """Prometheus text format; with `replica_name` set, every sample carries it as `replica`."""
-    registry = state.service.metrics
+    served = state.service.metrics
     name = state.settings.replica_name
     if name is None:  # one server alone: its samples stay as they always were
-        return Response(registry.render(), media_type=CONTENT_TYPE_LATEST)
-    labelled = ReplicaLabelled(registry.registry, name)
+        return Response(served.render(), media_type=CONTENT_TYPE_LATEST)
+    labelled = ReplicaLabelled(served.registry, name)
     return Response(generate_latest(labelled), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -55,6 +55,11 @@ class Generation:
         """True once it has a result or an error."""
         return self._done
 
+    @property
+    def is_admitted(self) -> bool:
+        """Whether the engine has taken the request (or it already ended), without waiting."""
+        return self._admitted
+
     async def admitted(self) -> None:
         """Wait until the engine has taken the request (or it already ended); never raises."""
         if not self._admitted:

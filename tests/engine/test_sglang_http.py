@@ -94,7 +94,7 @@ def test_a_streamed_batch_goes_out_in_one_turn_of_the_loop_when_connections_are_
             # The sender wakes on the next turn and writes the whole batch then, in order,
             # before any reading task runs; one request per turn would have sent one.
             await _turns(2)
-            assert [g.rid for g in batch if g._admitted] == [g.rid for g in batch]
+            assert [g.rid for g in batch if g.is_admitted] == [g.rid for g in batch]
             results = [await generation.result() for generation in batch]
             assert all(r.usage.completion_tokens == 2 for r in results)
 
@@ -111,7 +111,7 @@ def test_a_request_written_ahead_whose_reader_never_ran_is_aborted() -> None:
             # One turn: the sender, woken first, writes the request and schedules the reading
             # task, which runs after this coroutine resumes.
             await _turns(1)
-            assert generation._admitted  # written by the sender
+            assert generation.is_admitted  # written by the sender
             generation.cancel()  # before its reading task ever ran
             assert engine._client is not None
             for _ in range(200):  # the connection closes, and the emulator aborts the request
