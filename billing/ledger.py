@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import TracebackType
@@ -99,6 +99,19 @@ class GroupOutcome:
     placed: list[HoldView | LedgerError]  # each hold's view, or the error refusing it
     served: list[bool]  # whether each record moved its request to `served`
     claimed: list[ClaimedBatch | Exception]  # each claim's batch, or the error that undid it
+    # What each user of the group had available once it committed, for those whose next hold
+    # depends on nothing else (enabled, no batch cap): a server's estimate of what it may
+    # dispatch before the next commit confirms it (`server.ledger_writer`).
+    available: dict[str, int] = field(default_factory=dict)
+
+
+def _available(locked: Mapping[str, account_rows.AccountRow]) -> dict[str, int]:
+    """Each locked user's available funds, where nothing but those funds decides a hold."""
+    return {
+        name: row.available
+        for name, row in locked.items()
+        if not row.disabled and row.budget.batch_cap_micros is None
+    }
 
 
 class _ClaimFailed(Exception):
@@ -380,7 +393,7 @@ class Ledger:
                 except Exception as error:
                     raise _ClaimFailed(index, error) from error
             served = request_log.serve_scheduled(session, records, now) if records else []
-            return GroupOutcome(placed, served, claimed)
+            return GroupOutcome(placed, served, claimed, _available(locked))
 
         while True:
             try:

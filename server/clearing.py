@@ -5,6 +5,11 @@ happen in one ledger transaction (the writer's group commit, `BatchClearing.clai
 whose hold cannot be claimed (settled by another replica under the same rid, released
 meanwhile, placed for another payload, or refused in the same commit) leaves the batch before
 the auction, so it changes nobody else's schedule or charge and fails nobody else's request.
+
+A batch may also be cleared ahead of its commit (`BatchClearing.speculate`, on the event loop):
+its requests then go to the engine while the commit runs, and the claim settles exactly that
+batch or nothing (`SpeculationVoid`, when any of its holds cannot be claimed), so what is
+settled is always what the engine was given.
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ from inference_auctions.billing import (
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
 from inference_auctions.server.auction.repricing import Repricer
 from inference_auctions.server.tickets import Ticket
+
+
+class SpeculationVoid(Exception):
+    """A batch cleared ahead of its commit could not be claimed whole: nothing of it was
+    settled (its holds stay open), and it must be cleared again from what the ledger holds."""
 
 
 @dataclass(eq=False)
@@ -68,6 +78,8 @@ class BatchClearing:
         self._batch_id = batch_id
         self._clock = clock
         self._made: tuple[AuctionOutcome, Repricer, float] | None = None
+        self._speculated = False
+        self._result: ClearedBatch | None = None
         self.claim = BatchClaim(
             candidates=[(t.ledger_rid, t.user) for t in tickets],
             clear=self._clear,
@@ -78,26 +90,52 @@ class BatchClearing:
     def _clear(
         self, claimable: list[str]
     ) -> tuple[BatchRecord, list[RequestRecord], dict[str, int]]:
-        """Run the auction over the claimable requests (on the writer thread, under the locks)."""
-        started = time.perf_counter()
+        """Run the auction over the claimable requests (on the writer thread, under the locks);
+        a batch cleared ahead settles only whole."""
+        if self._speculated:
+            if len(claimable) != len(self._by_rid):
+                raise SpeculationVoid(
+                    f"{len(self._by_rid) - len(claimable)} of the batch's holds were not claimable"
+                )
+        else:
+            self._run(claimable)
+        assert self._made is not None
+        outcome, repricer, _ = self._made
         chosen = [self._by_rid[rid] for rid in claimable]
+        return _records(self._batch_id, self._clock(), outcome, repricer, chosen)
+
+    def _run(self, rids: list[str]) -> None:
+        started = time.perf_counter()
+        chosen = [self._by_rid[rid] for rid in rids]
         requests = [AuctionRequest(t.ledger_rid, t.user, t.tokens, t.bid_micros) for t in chosen]
         outcome = run_auction(requests)
         repricer = Repricer.from_outcome(outcome)
         self._made = (outcome, repricer, time.perf_counter() - started)
-        return _records(self._batch_id, self._clock(), outcome, repricer, chosen)
+
+    def speculate(self) -> ClearedBatch:
+        """Clear the whole batch now, ahead of its commit; the claim then settles it as cleared
+        here, or nothing of it (`SpeculationVoid`)."""
+        self._speculated = True
+        self._run(list(self._by_rid))
+        return self._batch()
 
     def cleared(self, claimed: ClaimedBatch) -> Cleared:
         """The settled batch with every request's share of its user's charge, and the refused."""
         if claimed.settled is None:
+            if self._speculated:
+                raise SpeculationVoid("none of the batch's holds were claimable")
             return Cleared(batch=None, refused=dict(claimed.refused))
-        assert self._made is not None, "a settled batch was cleared"
-        outcome, repricer, seconds = self._made
-        shares: dict[str, int] = {}
-        for user, charge in outcome.payments.items():
-            shares.update(repricer.shares(user, charge, outcome.positions))
-        batch = ClearedBatch(self._batch_id, outcome, repricer, shares, seconds)
-        return Cleared(batch=batch, refused=dict(claimed.refused))
+        return Cleared(batch=self._batch(), refused=dict(claimed.refused))
+
+    def _batch(self) -> ClearedBatch:
+        if self._result is None:  # once: a speculated batch is the one its claim settles
+            assert self._made is not None, "a settled batch was cleared"
+            outcome, repricer, seconds = self._made
+            shares: dict[str, int] = {}
+            for user, charge in outcome.payments.items():
+                shares.update(repricer.shares(user, charge, outcome.positions))
+            self._result = ClearedBatch(self._batch_id, outcome, repricer, shares, seconds)
+        return self._result
 
 
 def _records(

@@ -73,6 +73,17 @@ class DeferredDispatch:
         if self.rule is not None:
             self._release(self.rule.ended(rid, asyncio.get_running_loop().time()))
 
+    def withdraw(self, rids: Sequence[str]) -> None:
+        """Forget `rids`: those still held back are never sent (their batch was cancelled)."""
+        if self.rule is None:
+            return
+        now = asyncio.get_running_loop().time()
+        for rid in rids:
+            self._held.pop(rid, None)
+        for rid in rids:
+            # Anything this releases waited in the same batch, which is withdrawn whole.
+            self.rule.ended(rid, now)
+
     def close(self) -> None:
         """Stop the hold timer."""
         if self._timer is not None:

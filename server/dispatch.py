@@ -6,6 +6,11 @@ if it is still there). If that commit fails, or crash recovery failed and refund
 first, the client gets a 503 instead of the end of its answer. A request that fails at the
 engine is recorded `failed` together with its refund, in one transaction.
 
+A request sent to the engine ahead of its batch's commit (`server.speculation`) is streamed
+the same way, but its follower writes nothing about it (`served`, a refund, its end) before
+that commit settled the batch; if it did not, the follower lets the request go untouched, and
+the service clears it again.
+
 Two deadlines: the stall deadline (no token for `engine_stall_timeout_seconds`) fails the
 request, refunded; the operator's total cap (`engine_max_seconds`) ends it *served*, with the
 output so far and `finish_reason` `abort`, as SGLang reports an aborted request.
@@ -56,7 +61,7 @@ class Serving:
     ledger: Ledger
     writer: LedgerWriter
     metrics: Metrics
-    freed: Callable[[str], None]  # called with its ledger rid once a request leaves the engine
+    freed: Callable[[str], None]  # called with its engine rid once a request leaves the engine
     started: Callable[[str], None] = lambda _: None  # called at its first token (deferral)
     # Every stream's stall and total deadlines, on one timer (`server.stream_deadlines`).
     _deadlines: StreamDeadlines = field(init=False)
@@ -67,8 +72,16 @@ class Serving:
             settings.engine_stall_timeout_seconds, settings.engine_max_seconds
         )
 
-    async def serve(self, ticket: Ticket, generation: Generation, batch: ClearedBatch) -> None:
-        """Stream the generation into the ticket; record the outcome before the last byte."""
+    async def serve(
+        self,
+        ticket: Ticket,
+        generation: Generation,
+        batch: ClearedBatch,
+        settled: asyncio.Future[bool] | None = None,
+    ) -> None:
+        """Stream the generation into the ticket; record the outcome before the last byte.
+        `settled`: the commit's verdict on a batch sent ahead of it (`server.speculation`);
+        nothing is recorded or finished before it, nothing at all if it is False."""
         error: ServiceError | None = None
         streamed = _Streamed(None, None)
         try:
@@ -87,7 +100,9 @@ class Serving:
             detail = _client_words(failure, ticket)
             error = EngineFailed(f"the engine failed request {ticket.rid!r}: {detail}")
         finally:
-            self.freed(ticket.ledger_rid)
+            self.freed(ticket.engine_rid)
+        if settled is not None and not await settled:
+            return  # the batch is void: the service clears this request again
         if error is None and not streamed.streamed:
             error = EngineFailed(f"the engine returned nothing for request {ticket.rid!r}")
         if error is not None:
@@ -119,7 +134,7 @@ class Serving:
                         if ttft is None:
                             ttft = time.monotonic() - ticket.dispatched
                             self.metrics.engine_ttft.observe(ttft)
-                            self.started(ticket.ledger_rid)
+                            self.started(ticket.engine_rid)
                         chunk = Chunk(
                             engine_chunk.text,
                             list(engine_chunk.output_ids),
@@ -201,7 +216,9 @@ class Serving:
 
 def _client_words(failure: EngineError, ticket: Ticket) -> str:
     """The engine's message, naming the request by the client's rid, not the ledger's id."""
-    return str(failure).replace(ticket.ledger_rid, ticket.rid)
+    return (
+        str(failure).replace(ticket.engine_rid, ticket.rid).replace(ticket.ledger_rid, ticket.rid)
+    )
 
 
 def _capped(last: Chunk, cap: float | None) -> Chunk:

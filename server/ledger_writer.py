@@ -17,6 +17,11 @@ Now every write of the serving path goes through one thread, in order:
 * the rarer writes (a failure's refund, a release) run on the same thread between the groups
   (`call`).
 
+The writer also knows, between commits, what each user can still afford: what the user had
+available when the last group committed (`GroupOutcome.available`) against the bids of the
+holds queued since (`covers`). The service dispatches a batch before its settlement commits
+only when every user in it is covered (`server.service`).
+
 A request waits for at most one commit in progress before its own is written, and the event
 loop hands work to the thread once per group, not once per request. A group starts one turn
 of the event loop after it could, so that the batch a new request closes (the pool runs in
@@ -69,6 +74,9 @@ class LedgerWriter:
         self._claims: list[tuple[BatchClaim, asyncio.Future[ClaimedBatch]]] = []
         self._served: list[tuple[ServedRecord, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        # Per user: available funds as of the last commit, and the bids queued since.
+        self._available: dict[str, int] = {}
+        self._queued_bids: dict[str, int] = {}
 
     def queue_hold(self, request: HoldRequest) -> asyncio.Future[HoldView]:
         """Queue one hold for the next group commit, now; its future is the outcome (what
@@ -76,16 +84,32 @@ class LedgerWriter:
         (same group or a later one)."""
         future: asyncio.Future[HoldView] = asyncio.get_running_loop().create_future()
         self._holds.append((request, future))
+        self._queued_bids[request.user] = (
+            self._queued_bids.get(request.user, 0) + request.amount_micros
+        )
         self._kick()
         return future
+
+    def covers(self, user: str) -> bool:
+        """Whether every hold queued for `user` would be placed, as far as the last commit
+        tells: the user was enabled, had no batch cap, and had available at least the sum of
+        the bids queued since. An estimate (another replica, an operator or a new budget
+        period may have changed the balance since), which the next commit confirms or not."""
+        available = self._available.get(user)
+        return available is not None and self._queued_bids.get(user, 0) <= available
 
     async def claim(self, claim: BatchClaim) -> ClaimedBatch:
         """Claim, clear and settle a closed batch in the next group commit, after its holds;
         raises what the claim raised (its writes undone) or what failed the group."""
+        return await self.queue_claim(claim)
+
+    def queue_claim(self, claim: BatchClaim) -> asyncio.Future[ClaimedBatch]:
+        """`claim`, queued now (in the same commit as the holds queued this turn); its future
+        is the outcome."""
         future: asyncio.Future[ClaimedBatch] = asyncio.get_running_loop().create_future()
         self._claims.append((claim, future))
         self._kick()
-        return await future
+        return future
 
     async def served(self, record: ServedRecord) -> bool:
         """Record one request served in the next group commit; False if it was no longer
@@ -137,6 +161,7 @@ class LedgerWriter:
                     [claim for claim, _ in claims],
                     [record for record, _ in served],
                 )
+                self._account(holds, outcome)
                 if isinstance(outcome, Exception):  # nothing of the group was written
                     for waiting in (holds, claims, served):
                         _settle(waiting, [outcome] * len(waiting))
@@ -149,6 +174,27 @@ class LedgerWriter:
             self._flusher = None
             if self._pending():  # arrived after the last check: never stranded
                 self._kick()
+
+    def _account(
+        self,
+        holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]],
+        outcome: GroupOutcome | Exception,
+    ) -> None:
+        """The group's bids are no longer queued; its users' funds are as it left them."""
+        for request, _ in holds:
+            left = self._queued_bids.get(request.user, 0) - request.amount_micros
+            if left > 0:
+                self._queued_bids[request.user] = left
+            else:
+                self._queued_bids.pop(request.user, None)
+        if isinstance(outcome, Exception):
+            for request, _ in holds:
+                self._available.pop(request.user, None)  # unknown until a commit tells again
+            return
+        for request, _ in holds:
+            if request.user not in outcome.available:  # disabled, capped or unknown now
+                self._available.pop(request.user, None)
+        self._available.update(outcome.available)
 
     def _commit(
         self, holds: list[HoldRequest], claims: list[BatchClaim], served: list[ServedRecord]

@@ -93,6 +93,18 @@ class Metrics:
         self.requests = Counter(
             "inference_auction_requests", "Requests by outcome", ["status"], registry=r
         )
+        # Batches sent to the engine ahead of their settlement's commit (server.speculation).
+        self.batches_ahead = Counter(
+            "inference_auction_batches_dispatched_ahead",
+            "Batches sent to the engine while their settlement was still being committed",
+            registry=r,
+        )
+        self.batches_voided = Counter(
+            "inference_auction_batches_voided",
+            "Batches sent ahead whose commit could not settle them whole: cancelled at the "
+            "engine and cleared again",
+            registry=r,
+        )
         # In-step prefix deferral (server.deferral).
         self.deferral_held = Counter(
             "inference_auction_deferral_held",

@@ -6,7 +6,9 @@
     _clear()  a batch closed: claim its holds, run the auction and settle it in ONE ledger
               transaction, the writer's next group commit, which places any of its holds
               still queued first (`server.clearing`); then hand the requests to the engine in
-              the auction's order
+              the auction's order. When its users can afford their queued bids as of the last
+              commit, the batch is cleared at once and sent to the engine while that commit
+              runs; no answer leaves before the commit settles it (`server.speculation`)
     serve     stream one request from the engine into its ticket and record its outcome
               before its last byte; on an engine failure refund what that failure is worth
               (`server.dispatch`)
@@ -27,7 +29,7 @@ from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from inference_auctions.billing import Ledger
+from inference_auctions.billing import ClaimedBatch, Ledger
 from inference_auctions.server.admission import (
     conflict,
     held,
@@ -39,12 +41,13 @@ from inference_auctions.server.admission import (
     unavailable,
 )
 from inference_auctions.server.batching import BatchingPolicy, BatchPool, PoolClosed, QueueFull
-from inference_auctions.server.clearing import BatchClearing, ClearedBatch
+from inference_auctions.server.clearing import BatchClearing, ClearedBatch, SpeculationVoid
 from inference_auctions.server.deferral import DeferralSettings
 from inference_auctions.server.deferred_dispatch import DeferredDispatch
 from inference_auctions.server.dispatch import Serving
 from inference_auctions.server.engine.base import Engine, EngineRequest, TokenArray, TokenIds
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
+from inference_auctions.server.engine.generation import Generation
 from inference_auctions.server.engine.sglang_request import check_context_length
 from inference_auctions.server.errors import (
     Conflict,
@@ -56,6 +59,7 @@ from inference_auctions.server.errors import (
 from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.settings import ServerSettings
+from inference_auctions.server.speculation import Speculation
 from inference_auctions.server.tickets import Clearance, Ticket
 
 __all__ = ["AuctionService", "Load", "new_batch_id", "payload_fingerprint"]
@@ -64,6 +68,11 @@ log = logging.getLogger(__name__)
 
 # Finished tickets kept for idempotent retries; older ones fall back to the ledger's record.
 _REMEMBERED_TICKETS = 10_000
+
+# How long a user one of whose requests could not be claimed (a rid settled elsewhere, a
+# conflicting payload) waits for commits before dispatch: each such request sent ahead would
+# void its whole batch, other users' requests included.
+_DISTRUST_SECONDS = 60.0
 
 
 class Load(NamedTuple):
@@ -113,6 +122,8 @@ class AuctionService:
         self._timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._sequence = 0
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
+        # User -> when they may be dispatched ahead of a commit again (`_may_dispatch_ahead`).
+        self._distrusted: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
         # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
@@ -216,6 +227,8 @@ class AuctionService:
             # Refused: if its batch has not closed, it leaves the pool; a batch that took it
             # meanwhile finds no hold to claim (or one of another payload) and leaves it out.
             self._pool.withdraw(ticket)
+            if isinstance(error, Conflict):  # a rid settled or held elsewhere: see `_distrust`
+                self._distrust(user)
             self._forget(key)
             await ticket.finish(error)  # a concurrent retry that joined gets the same answer
             raise
@@ -279,24 +292,95 @@ class AuctionService:
         closed = time.monotonic()
         for ticket in tickets:
             ticket.closed = closed
+        if self._may_dispatch_ahead(tickets, closed):
+            clearing = BatchClearing(tickets, new_batch_id(), self._clock)
+            try:
+                batch = clearing.speculate()
+            except Exception:  # a bug in clearing: the claim below fails the batch cleanly
+                log.exception("clearing a batch ahead of its commit failed")
+            else:
+                await self._dispatch_ahead(clearing, batch, tickets)
+                return
+        await self._clear_committed(BatchClearing(tickets, new_batch_id(), self._clock), tickets)
+
+    def _may_dispatch_ahead(self, tickets: list[Ticket], now: float) -> bool:
+        """Whether the batch may go to the engine while its settlement commits: small enough
+        to clear on the event loop, and every user in it able to afford their queued bids as
+        of the last commit and not recently refused a claim."""
+        settings = self.settings
+        if not settings.dispatch_ahead or len(tickets) > settings.dispatch_ahead_max_batch:
+            return False
+        return all(
+            self.writer.covers(ticket.user) and self._distrusted.get(ticket.user, 0.0) <= now
+            for ticket in tickets
+        )
+
+    async def _dispatch_ahead(
+        self, clearing: BatchClearing, batch: ClearedBatch, tickets: list[Ticket]
+    ) -> None:
+        """Send the batch, cleared here, to the engine now; its commit confirms it, or it is
+        cleared again (`server.speculation`). Returns once the commit has told, so that the
+        pool closes the next batch, as after any settlement, with what arrived meanwhile."""
+        by_rid = {ticket.ledger_rid: ticket for ticket in tickets}
+        ordered = [by_rid[rid] for rid in batch.outcome.order]
+        clearances = [self._clearance(batch, ticket) for ticket in ordered]
+        speculation = Speculation([ticket.engine_rid for ticket in ordered])
+        self.metrics.batches_ahead.inc()
+        self._inflight += len(ordered)
+        # Queued in this turn, so that it rides in the same commit as the holds queued in it.
+        claimed = self.writer.queue_claim(clearing.claim)
+        self._dispatch(ordered, clearances, batch, speculation)
+        await self._confirm(clearing, claimed, tickets, ordered, clearances, speculation)
+
+    async def _confirm(
+        self,
+        clearing: BatchClearing,
+        claimed: asyncio.Future[ClaimedBatch],
+        tickets: list[Ticket],
+        ordered: list[Ticket],
+        clearances: list[Clearance],
+        speculation: Speculation,
+    ) -> None:
+        """Wait for the commit of a batch sent ahead; let its answers go, or clear it again."""
         started = time.perf_counter()
-        clearing = BatchClearing(tickets, new_batch_id(), self._clock)
+        try:
+            cleared = clearing.cleared(await claimed)
+        except SpeculationVoid as void:
+            self.metrics.batches_voided.inc()
+            log.info("a batch sent ahead of its commit is cleared again: %s", void)
+            await self._void(speculation)
+            for ticket in tickets:
+                ticket.chunks.clear()
+                ticket.resent += 1
+            await self._clear_committed(
+                BatchClearing(tickets, new_batch_id(), self._clock), tickets
+            )
+            return
+        except Exception as error:
+            await self._void(speculation)
+            await self._fail_unsettled(tickets, error)
+            return
+        self.metrics.settle_seconds.observe(time.perf_counter() - started)
+        assert cleared.batch is not None and not cleared.refused  # whole, or void
+        self._count(cleared.batch)
+        for ticket, clearance in zip(ordered, clearances, strict=True):
+            await ticket.clear(clearance)
+        speculation.confirm()
+
+    async def _void(self, speculation: Speculation) -> None:
+        """Take a batch sent ahead back from the engine, its requests no longer in flight."""
+        for engine_rid in await speculation.void(self.dispatcher):
+            self._freed(engine_rid)
+
+    async def _clear_committed(self, clearing: BatchClearing, tickets: list[Ticket]) -> None:
+        """Claim, clear and settle the batch in the writer's next commit, then dispatch it."""
+        started = time.perf_counter()
         try:
             # In the writer's next group commit, after the holds queued before it: large
             # batches take tens of milliseconds there, while the event loop keeps serving.
             cleared = clearing.cleared(await self.writer.claim(clearing.claim))
         except Exception as error:
-            self.metrics.ledger_errors.labels(operation="settle").inc()
-            log.error("settling a batch failed; its requests fail unserved: %s", error)
-            failure = unavailable("the ledger could not settle the batch; nothing was charged")
-            for ticket in tickets:
-                if ticket.done:  # its own hold was refused: admission answered it
-                    continue
-                await self._release_when_placed(ticket, "batch could not be settled")
-                await ticket.finish(failure)
-                # A retry of the rid is admitted afresh (its hold re-opened) instead of
-                # replaying this failure.
-                self._forget((ticket.user, ticket.rid))
+            await self._fail_unsettled(tickets, error)
             return
         self.metrics.settle_seconds.observe(time.perf_counter() - started)
         by_rid = {ticket.ledger_rid: ticket for ticket in tickets}
@@ -305,17 +389,35 @@ class AuctionService:
         batch = cleared.batch
         if batch is None:
             return
+        self._count(batch)
+        ordered = [by_rid[rid] for rid in batch.outcome.order]
+        clearances = [self._clearance(batch, ticket) for ticket in ordered]
+        for ticket, clearance in zip(ordered, clearances, strict=True):
+            await ticket.clear(clearance)
+        self._inflight += len(ordered)
+        self._dispatch(ordered, clearances, batch)
+
+    async def _fail_unsettled(self, tickets: list[Ticket], error: Exception) -> None:
+        """The batch could not be settled: its requests fail, nothing charged."""
+        self.metrics.ledger_errors.labels(operation="settle").inc()
+        log.error("settling a batch failed; its requests fail unserved: %s", error)
+        failure = unavailable("the ledger could not settle the batch; nothing was charged")
+        for ticket in tickets:
+            if ticket.done:  # its own hold was refused: admission answered it
+                continue
+            await self._release_when_placed(ticket, "batch could not be settled")
+            await ticket.finish(failure)
+            # A retry of the rid is admitted afresh (its hold re-opened) instead of
+            # replaying this failure.
+            self._forget((ticket.user, ticket.rid))
+
+    def _count(self, batch: ClearedBatch) -> None:
         outcome = batch.outcome
         self.metrics.auction_seconds.observe(batch.auction_seconds)
         self.metrics.batches.inc()
         self.metrics.batch_size.observe(outcome.size)
         self.metrics.revenue.inc(outcome.revenue)
         self.metrics.welfare.inc(int(outcome.welfare))
-        ordered = [by_rid[rid] for rid in outcome.order]
-        for ticket in ordered:
-            await ticket.clear(self._clearance(batch, ticket))
-        self._inflight += len(ordered)
-        self._dispatch(ordered, batch)
 
     async def _refuse(self, ticket: Ticket, state: str) -> None:
         """A request whose hold could not be claimed leaves its batch with its own error."""
@@ -337,7 +439,15 @@ class AuctionService:
             )
             self._forget((ticket.user, ticket.rid))
         log.info("request %r left its batch: hold %s", ticket.rid, state)
+        self._distrust(ticket.user)
         await ticket.finish(error)
+
+    def _distrust(self, user: str) -> None:
+        """The user's next batches wait for their commits before the engine sees them."""
+        now = time.monotonic()
+        if len(self._distrusted) >= _REMEMBERED_TICKETS:
+            self._distrusted = {u: t for u, t in self._distrusted.items() if t > now}
+        self._distrusted[user] = now + _DISTRUST_SECONDS
 
     def _clearance(self, batch: ClearedBatch, ticket: Ticket) -> Clearance:
         sequence = self._sequence
@@ -356,19 +466,25 @@ class AuctionService:
 
     # Dispatch
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
-    def _dispatch(self, ordered: list[Ticket], batch: ClearedBatch) -> None:
+    def _dispatch(
+        self,
+        ordered: list[Ticket],
+        clearances: list[Clearance],
+        batch: ClearedBatch,
+        speculation: Speculation | None = None,
+    ) -> None:
         """Hand the batch to the engine in the auction's order; follow each request."""
         requests = []
         now = time.monotonic()
-        for ticket in ordered:
-            assert ticket.clearance is not None
+        for ticket, clearance in zip(ordered, clearances, strict=True):
             ticket.dispatched = now
-            self._unstarted[ticket.ledger_rid] = len(ticket.tokens)
+            self._unstarted[ticket.engine_rid] = len(ticket.tokens)
             self._unstarted_tokens += len(ticket.tokens)
             self.metrics.dispatch_lag.observe(now - ticket.arrived)
             if ticket.overhead is not None and ticket.batching_wait is not None:
@@ -376,20 +492,21 @@ class AuctionService:
                 self._timings.append((ticket.overhead, ticket.batching_wait))
             requests.append(
                 EngineRequest(
-                    rid=ticket.ledger_rid,
+                    rid=ticket.engine_rid,
                     input_ids=ticket.tokens,
                     sampling_params=self._engine_sampling(ticket),
-                    priority=ticket.clearance.sequence,
+                    priority=clearance.sequence,
                     stream=True,
                 )
             )
-        self.dispatcher.dispatch(
-            batch.outcome,
-            requests,
-            lambda place, generation: self._spawn(
-                self._serving.serve(ordered[place], generation, batch)
-            ),
-        )
+        settled = None if speculation is None else speculation.settled
+
+        def follow(place: int, generation: Generation) -> None:
+            task = self._spawn(self._serving.serve(ordered[place], generation, batch, settled))
+            if speculation is not None:
+                speculation.follow(generation, task)
+
+        self.dispatcher.dispatch(batch.outcome, requests, follow)
 
     def _engine_sampling(self, ticket: Ticket) -> dict[str, Any]:
         """The sampling parameters sent to the engine. Every request is streamed from the
@@ -401,14 +518,14 @@ class AuctionService:
             return ticket.sampling_params
         return {**ticket.sampling_params, "stream_interval": self.settings.engine_stream_interval}
 
-    def _started(self, ledger_rid: str) -> None:
-        self._unstarted_tokens -= self._unstarted.pop(ledger_rid, 0)
-        self.dispatcher.first_token(ledger_rid)  # a request held back for its prefix may go
+    def _started(self, engine_rid: str) -> None:
+        self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)
+        self.dispatcher.first_token(engine_rid)  # a request held back for its prefix may go
         self._pool.wake()
 
-    def _freed(self, ledger_rid: str) -> None:
-        self._unstarted_tokens -= self._unstarted.pop(ledger_rid, 0)  # failed before starting
-        self.dispatcher.ended(ledger_rid)  # a request held back for this one's prefix may go
+    def _freed(self, engine_rid: str) -> None:
+        self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)  # failed before starting
+        self.dispatcher.ended(engine_rid)  # a request held back for this one's prefix may go
         self._inflight -= 1
         self._pool.wake()
 

@@ -71,6 +71,14 @@ class ServerSettings(LedgerSettings):
     saturation_requests: int = Field(default=32, ge=1)
     max_queue: int = Field(default=10_000, ge=1)
 
+    # Dispatch ahead of the commit (server.speculation): a batch of at most
+    # `dispatch_ahead_max_batch` requests, all of whose users could afford their queued bids
+    # when the ledger last committed, goes to the engine while its settlement commits; no byte
+    # of an answer leaves before that commit, and a batch it cannot settle whole is cancelled
+    # at the engine and cleared again. Off: every batch waits for its commit first.
+    dispatch_ahead: bool = True
+    dispatch_ahead_max_batch: int = Field(default=64, ge=1)
+
     # Input limits: anything above them is a 4xx that names the limit.
     max_bid_credits: int = Field(default=1_000, ge=0)
     max_prompt_tokens: int = Field(default=131_072, ge=1)

@@ -76,6 +76,15 @@ class Ticket:
     dispatched: float | None = None  # when it was sent to the engine
     # Its hold on its way to the ledger, queued before the ticket joins the pool.
     hold: asyncio.Future[HoldView] | None = None
+    # Times it was sent to the engine in a batch that was then cleared again
+    # (`server.speculation`); each time goes to the engine under a rid of its own.
+    resent: int = 0
+
+    @property
+    def engine_rid(self) -> str:
+        """The request's id at the engine: its ledger rid, suffixed once it is sent again
+        (the engine may still know a cancelled rid for a moment and refuse it twice)."""
+        return self.ledger_rid if not self.resent else f"{self.ledger_rid}~{self.resent}"
 
     @property
     def overhead(self) -> float | None:

@@ -63,6 +63,12 @@ from inference_auctions.server.settings import ServerSettings, without_password
     type=click.IntRange(min=1),
     help="...or while this many requests sent to it have no first token.  [default: 32]",
 )
+@click.option(
+    "--dispatch-ahead/--no-dispatch-ahead",
+    default=None,
+    help="Send a batch to the engine while its settlement commits, when its users could afford "
+    "their bids at the last commit; answers still wait for the commit.  [default: on]",
+)
 @click.option("--cache-tokens", "emulator_cache_tokens", type=int, help="Emulator KV cache size.")
 @click.option(
     "--time-scale",

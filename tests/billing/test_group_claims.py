@@ -108,3 +108,23 @@ def test_the_group_runs_once_per_failed_claim_at_most(ledger: Ledger, failing: i
     assert runs == (["good", "good"] if failing == 1 else ["good"])
     assert ledger.balance("ada").held_micros == 1_000
     assert ledger.reconcile().ok
+
+
+def test_a_group_reports_what_its_users_have_available_after_it(ledger: Ledger) -> None:
+    ledger.create_user("ada", budget_micros=100_000)
+    ledger.create_user("bob", budget_micros=100_000)
+    ledger.create_user("cap", budget_micros=100_000, batch_cap_micros=10_000)
+    ledger.create_user("off", budget_micros=100_000)
+    ledger.disable_user("off")
+    holds = [
+        HoldRequest("ada", "a1", 30_000),
+        HoldRequest("bob", "b1", 20_000),
+        HoldRequest("cap", "c1", 5_000),
+        HoldRequest("off", "o1", 5_000),
+    ]
+    settle = _clearing("g1", {"b1": ("bob", 20_000)}, 7_000)
+    outcome = ledger.commit_group(holds, [], [settle])
+    # bob's hold is claimed and settled in the same group: charged 7,000, nothing held.
+    assert outcome.available == {"ada": 70_000, "bob": 93_000}
+    for name, available in outcome.available.items():
+        assert ledger.balance(name).available_micros == available

@@ -157,3 +157,27 @@ def test_a_bounded_group_still_takes_every_hold(ledger: Ledger, group: int) -> N
     assert len({v.rid for v in views}) == 40
     assert sum(sizes) == 40 and max(sizes) <= group  # every hold counted, in bounded groups
     assert ledger.balance("bounded").held_micros == 40_000
+
+
+def test_the_writer_knows_what_each_user_can_afford_between_commits(ledger: Ledger) -> None:
+    ledger.create_user("ada", budget_micros=100_000)
+    ledger.create_user("capped", budget_micros=100_000, batch_cap_micros=50_000)
+
+    async def run() -> list[bool]:
+        writer = LedgerWriter(ledger)
+        seen = [writer.covers("ada")]  # nothing committed yet: unknown
+        await writer.queue_hold(HoldRequest("ada", "ada/1", 30_000, "f"))
+        await writer.queue_hold(HoldRequest("capped", "capped/1", 1_000, "f"))
+        seen.append(writer.covers("ada"))  # 70,000 available, nothing queued
+        pending = [writer.queue_hold(HoldRequest("ada", f"ada/{i}", 30_000, "f")) for i in (2, 3)]
+        seen.append(writer.covers("ada"))  # 60,000 queued of 70,000
+        pending.append(writer.queue_hold(HoldRequest("ada", "ada/4", 30_000, "f")))
+        seen.append(writer.covers("ada"))  # 90,000 queued: more than the last commit told
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        assert [isinstance(r, InsufficientFunds) for r in results] == [False, False, True]
+        seen.append(writer.covers("ada"))  # 10,000 available, nothing queued
+        seen.append(writer.covers("capped"))  # a batch cap decides holds too: never estimated
+        await writer.close()
+        return seen
+
+    assert asyncio.run(run()) == [False, True, True, False, True, False]
