@@ -52,7 +52,9 @@ class DeferredDispatch:
             self._send([(request, place, follow) for place, request in enumerate(requests)])
             return
         now = asyncio.get_running_loop().time()
-        send = set(self.rule.add_batch(BatchPrefixes.from_outcome(outcome), outcome.order, now))
+        # Keyed by the engine's rids (a request sent again has a rid of its own there).
+        keys = [request.rid for request in requests]
+        send = set(self.rule.add_batch(BatchPrefixes.from_outcome(outcome), keys, now))
         ready = []
         for place, request in enumerate(requests):
             if request.rid in send:

@@ -62,10 +62,12 @@ async def _service(db: MigratedDatabase) -> AsyncIterator[AuctionService]:
         await engine.close()
 
 
-async def _admit(service: AuctionService, user: str, rid: str, bid: int) -> Ticket:
-    tokens = np.arange(1, 9, dtype=np.int32)
+async def _admit(
+    service: AuctionService, user: str, rid: str, bid: int, prompt: list[int] | None = None
+) -> Ticket:
+    tokens = np.array(prompt or range(1, 9), dtype=np.int32)
     tokens.flags.writeable = False
-    payload: dict[str, Any] = {"rid": rid, "bid": bid}
+    payload: dict[str, Any] = {"rid": rid, "bid": bid, "prompt": prompt}
     return await service.admit(
         user=user,
         rid=rid,
@@ -291,4 +293,43 @@ async def _distrusted(db: MigratedDatabase) -> None:
         await _served(service, "bob", "b2", 4_000)  # bob is not held to account for ada
         assert _count(service.metrics.batches_ahead) == ahead + 1
         assert ledger.balance("ada").held_micros == 9_000  # the other replica's, untouched
+        assert ledger.reconcile().ok
+
+
+def test_a_void_batch_drops_what_the_prefix_deferral_still_held_back(
+    ledger_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asyncio.run(_voided_with_deferral(ledger_db, monkeypatch))
+
+
+async def _voided_with_deferral(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with _service(db) as service:
+        ledger = service.ledger
+        ledger.create_user("ada", budget_micros=1_000_000)
+        ledger.create_user("bob", budget_micros=1_000_000)
+        await asyncio.gather(_served(service, "ada", "w", 5_000), _served(service, "bob", "w", 1))
+        elsewhere = ledger.balance("ada").available_micros - 1_000
+        ledger.place_holds([HoldRequest("ada", "replica2/x", elsewhere)])
+        _Commits(ledger, monkeypatch, delay=0.2)
+        held_before = _count(service.metrics.deferral_held)
+        article = list(range(100, 400))  # 300 shared tokens: siblings wait for the first
+
+        outcomes = await asyncio.gather(
+            _admit(service, "ada", "a1", 5_000),
+            *(_admit(service, "bob", f"b{i}", 4_000, [*article, i]) for i in range(3)),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[0], PaymentRequired)
+        tickets = [o for o in outcomes[1:] if isinstance(o, Ticket)]
+        assert len(tickets) == 3
+        results = [await ticket.result() for ticket in tickets]
+
+        assert _count(service.metrics.batches_voided) == 1
+        # Held back in the void batch, then again in the batch cleared after it.
+        assert _count(service.metrics.deferral_held) == held_before + 4
+        assert all(len(result.output_ids) == _TOKENS for result in results)
+        assert {t.clearance.batch_size for t in tickets if t.clearance} == {3}
+        # Nothing is left counted at the engine: those never sent are no longer in flight.
+        assert service.load().inflight == 0
+        assert ledger.balance("bob").held_micros == 0
         assert ledger.reconcile().ok
