@@ -55,6 +55,7 @@ from inference_auctions.server.errors import (
     EngineTimedOut,
     InvalidRequest,
     ServiceError,
+    Unavailable,
 )
 from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
@@ -69,9 +70,10 @@ log = logging.getLogger(__name__)
 # Finished tickets kept for idempotent retries; older ones fall back to the ledger's record.
 _REMEMBERED_TICKETS = 10_000
 
-# How long a user one of whose requests could not be claimed (a rid settled elsewhere, a
-# conflicting payload) waits for commits before dispatch: each such request sent ahead would
-# void its whole batch, other users' requests included.
+# How long a user one of whose holds was refused (the budget, spent meanwhile on another
+# replica; a rid settled or held elsewhere) or could not be claimed waits for commits before
+# dispatch: each such request sent ahead voids its whole batch, other users' requests included,
+# and the writer's estimate of what a user can afford cannot see another replica's spending.
 _DISTRUST_SECONDS = 60.0
 
 
@@ -227,7 +229,7 @@ class AuctionService:
             # Refused: if its batch has not closed, it leaves the pool; a batch that took it
             # meanwhile finds no hold to claim (or one of another payload) and leaves it out.
             self._pool.withdraw(ticket)
-            if isinstance(error, Conflict):  # a rid settled or held elsewhere: see `_distrust`
+            if not isinstance(error, Unavailable):  # its hold was refused: see `_distrust`
                 self._distrust(user)
             self._forget(key)
             await ticket.finish(error)  # a concurrent retry that joined gets the same answer

@@ -12,7 +12,7 @@ into. What the tests pin down:
   spent the budget meanwhile) is cancelled at the engine and cleared again: the others are
   served and charged once, under a new engine rid, with none of the first attempt's output;
 * a commit that fails leaves nothing charged, nothing held and nothing running;
-* a user whose request could not be claimed (a rid held elsewhere) waits for commits again.
+* a user whose hold was refused (the budget, a rid held elsewhere) waits for commits again.
 """
 
 from __future__ import annotations
@@ -227,6 +227,11 @@ async def _voided(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None
         assert ledger.balance("ada").held_micros == elsewhere  # only the other replica's hold
         assert service.load().inflight == 0
         assert ledger.reconcile().ok
+        # ada, refused, waits for commits for a while (she can afford 500 again); bob does not.
+        await _served(service, "ada", "a2", 500)
+        assert _count(service.metrics.batches_ahead) == 1
+        await _served(service, "bob", "b2", 4_000)
+        assert _count(service.metrics.batches_ahead) == 2
 
 
 def test_a_failed_commit_leaves_a_batch_sent_ahead_uncharged_and_stopped(
