@@ -84,6 +84,22 @@ async def _served(service: AuctionService, user: str, rid: str, bid: int) -> Tic
     return ticket
 
 
+async def _known(service: AuctionService, *users: str) -> None:
+    """Create the users and serve one request of each, so that a commit has told the writer
+    what each can afford."""
+    for user in users:
+        service.ledger.create_user(user, budget_micros=1_000_000)
+    await asyncio.gather(*(_served(service, user, "warm", 1_000) for user in users))
+
+
+def _spend_elsewhere(ledger: Ledger, user: str) -> int:
+    """Another replica holds all but 1,000 of what `user` has available; returns its hold."""
+    amount = ledger.balance(user).available_micros - 1_000
+    [placed] = ledger.place_holds([HoldRequest(user, f"replica2/{user}", amount)])
+    assert placed.state is HoldState.OPEN
+    return amount
+
+
 def _count(counter: Any) -> float:
     [metric] = counter.collect()
     return float(next(s.value for s in metric.samples if s.name.endswith("_total")))
@@ -142,10 +158,9 @@ def test_a_batch_is_at_the_engine_before_its_commit_ends_and_answered_after_it(
 async def _ahead_of_the_commit(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
     async with _service(db) as service:
         ledger = service.ledger
-        ledger.create_user("ada", budget_micros=1_000_000)
         # Unknown to the writer until a commit tells what ada can afford: the first batch
         # waits for its commit.
-        await _served(service, "ada", "warm", 5_000)
+        await _known(service, "ada")
         assert _count(service.metrics.batches_ahead) == 0
         ttft_before = _ttft(service)
         commits = _Commits(ledger, monkeypatch, delay=0.3)
@@ -183,14 +198,10 @@ def test_a_batch_its_commit_cannot_settle_whole_is_cancelled_and_cleared_again(
 async def _voided(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
     async with _service(db) as service:
         ledger = service.ledger
-        ledger.create_user("ada", budget_micros=1_000_000)
-        ledger.create_user("bob", budget_micros=1_000_000)
-        await asyncio.gather(_served(service, "ada", "w", 5_000), _served(service, "bob", "w", 1))
+        await _known(service, "ada", "bob")
         bob_before = ledger.balance("bob").balance_micros
         # Another replica spends ada's budget after the server last heard of it.
-        elsewhere = ledger.balance("ada").available_micros - 1_000
-        [placed] = ledger.place_holds([HoldRequest("ada", "replica2/x", elsewhere)])
-        assert placed.state is HoldState.OPEN
+        elsewhere = _spend_elsewhere(ledger, "ada")
         commits = _Commits(ledger, monkeypatch, delay=0.2)
         started = _ttft(service, "_count")
 
@@ -243,8 +254,7 @@ def test_a_failed_commit_leaves_a_batch_sent_ahead_uncharged_and_stopped(
 async def _failed_commit(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
     async with _service(db) as service:
         ledger = service.ledger
-        ledger.create_user("ada", budget_micros=1_000_000)
-        await _served(service, "ada", "warm", 5_000)
+        await _known(service, "ada")
         before = ledger.balance("ada")
         _Commits(ledger, monkeypatch, delay=0.1, failures=1)
 
@@ -275,9 +285,7 @@ def test_a_user_whose_request_could_not_be_claimed_waits_for_commits(
 async def _distrusted(db: MigratedDatabase) -> None:
     async with _service(db) as service:
         ledger = service.ledger
-        ledger.create_user("ada", budget_micros=1_000_000)
-        ledger.create_user("bob", budget_micros=1_000_000)
-        await asyncio.gather(_served(service, "ada", "w", 5_000), _served(service, "bob", "w", 1))
+        await _known(service, "ada", "bob")
         # Another replica holds ada's rid r1 for another payload.
         [other] = ledger.place_holds([HoldRequest("ada", ledger_rid("ada", "r1"), 9_000, "f" * 64)])
         assert other.state is HoldState.OPEN
@@ -310,11 +318,8 @@ def test_a_void_batch_drops_what_the_prefix_deferral_still_held_back(
 async def _voided_with_deferral(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
     async with _service(db) as service:
         ledger = service.ledger
-        ledger.create_user("ada", budget_micros=1_000_000)
-        ledger.create_user("bob", budget_micros=1_000_000)
-        await asyncio.gather(_served(service, "ada", "w", 5_000), _served(service, "bob", "w", 1))
-        elsewhere = ledger.balance("ada").available_micros - 1_000
-        ledger.place_holds([HoldRequest("ada", "replica2/x", elsewhere)])
+        await _known(service, "ada", "bob")
+        _spend_elsewhere(ledger, "ada")
         _Commits(ledger, monkeypatch, delay=0.2)
         held_before = _count(service.metrics.deferral_held)
         article = list(range(100, 400))  # 300 shared tokens: siblings wait for the first
