@@ -15,11 +15,12 @@ What makes that safe for money is what waits for the commit (`settled`):
 * the claim settles the batch as it was cleared here or nothing of it
   (`server.clearing.SpeculationVoid`): what is charged is always what the engine was given.
 
-If the commit does not settle it (a hold refused after all, a hold settled by another replica,
-the ledger down), the batch is void: its generations are cancelled, what the prefix deferral
-still held back is dropped, and once every follower has let go of its request the service
-clears the requests again, from the ledger, as if the batch had just closed. A server that
-crashes meanwhile has charged nothing and answered nothing; the holds expire as any do.
+If the commit does not settle it, the batch is void: its generations are cancelled, what the
+prefix deferral still held back is dropped, and once every follower has let go of its request
+the service either clears the requests again, from the ledger, as if the batch had just closed
+(a hold refused after all, or settled by another replica), or, if the commit itself failed,
+fails them as any batch that cannot be settled (503, nothing charged). A server that crashes
+meanwhile has charged nothing and answered nothing; the holds expire as any do.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ class Speculation:
     settled: asyncio.Future[bool] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    _generations: list[Generation] = field(default_factory=list)
-    _followers: list[asyncio.Task[None]] = field(default_factory=list)
+    _generations: list[Generation] = field(default_factory=list, init=False)
+    _followers: list[asyncio.Task[None]] = field(default_factory=list, init=False)
 
     def follow(self, generation: Generation, follower: asyncio.Task[None]) -> None:
         """A request of the batch was sent: `follower` serves it once the commit says so."""
