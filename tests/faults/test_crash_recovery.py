@@ -7,6 +7,9 @@ still be open (nothing charged, nothing lost), and after a restart the hold-expi
 release them, leaving every balance at its grant, the ledger reconciled, and the server
 serving again.
 
+While a batch sent to the engine ahead of its commit waits for that commit (the same lock):
+the engine has answered, but no client gets a byte and nothing is settled or charged.
+
 While requests are at the engine: their batch settled, so their users were charged, and the
 process that would have refunded a failure is gone. The charges stay and the requests stay
 `scheduled` until the recovery procedure of docs/OPERATIONS.md refunds them. A request whose
@@ -278,6 +281,85 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) in (0, -signal.SIGTERM)
     assert "Traceback" not in log.read_text()
+
+
+def _metric(url: str, name: str) -> float:
+    """One sample of the server's /metrics."""
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+@pytest.mark.postgres
+def test_sigkill_while_a_batch_sent_ahead_waits_for_its_commit_answers_and_charges_nothing(
+    postgres_db: MigratedDatabase, tmp_path: Path
+) -> None:
+    application_name = f"crash-{secrets.token_hex(4)}"
+    server_url = (
+        make_url(postgres_db.url)
+        .update_query_dict({"application_name": application_name})
+        .render_as_string(hide_password=False)
+    )
+    ledger = Ledger(postgres_db.engine)
+    keys = {user: ledger.create_user(user, budget_micros=GRANT).api_key for user in BIDS}
+    rids = {user: f"{user}/crash" for user in BIDS}
+    env = _environment(server_url, free_port(), batch_size=3, max_wait_ms=60_000, run_jobs="false")
+    with _serve(env, tmp_path / "server.log") as (url, process), ThreadPoolExecutor(3) as pool:
+        # 1. One batch served, so that a commit has told the server what each user can afford.
+        warm = [pool.submit(_post, url, keys[user], "warm", BIDS[user]) for user in BIDS]
+        assert [reply.result(timeout=30).status_code for reply in warm] == [200] * 3
+        before = {user: ledger.balance(user) for user in BIDS}
+        assert _metric(url, "inference_auction_batches_dispatched_ahead_total") == 0
+
+        # 2. alice's and bob's holds are placed; the test locks them; carol's request closes
+        # the batch, which goes to the engine while its settlement blocks on those locks.
+        replies = {
+            user: pool.submit(_post, url, keys[user], "crash", BIDS[user])
+            for user in ("alice", "bob")
+        }
+        _wait_until(
+            lambda: all(get_hold(ledger, rids[u]) is not None for u in ("alice", "bob")),
+            10,
+            "holds of alice and bob",
+        )
+        with postgres_db.engine.connect() as lock:
+            transaction = lock.begin()
+            locked = lock.execute(
+                text("SELECT rid FROM holds WHERE rid IN (:a, :b) FOR UPDATE NOWAIT"),
+                {"a": rids["alice"], "b": rids["bob"]},
+            ).all()
+            assert len(locked) == 2
+            lock_pid = lock.scalar(text("SELECT pg_backend_pid()"))
+            replies["carol"] = pool.submit(_post, url, keys["carol"], "crash", BIDS["carol"])
+            _wait_until(
+                lambda: _blocked_statement(ledger, application_name, lock_pid),
+                15,
+                "the settlement blocked after its first writes",
+            )
+            assert _metric(url, "inference_auction_batches_dispatched_ahead_total") == 1
+            time.sleep(0.5)  # the engine (500x faster than real time) has long finished them
+
+            # 3. SIGKILL while the settlement transaction is open, then let go of the lock.
+            os.kill(process.pid, signal.SIGKILL)
+            assert process.wait(10) == -signal.SIGKILL
+            transaction.rollback()
+        for reply in replies.values():
+            with pytest.raises(httpx.TransportError):
+                reply.result(timeout=30)  # the engine had answered; the client got nothing
+
+    # 4. Nothing of the batch was settled or charged; every hold of it is still open.
+    _wait_until(
+        lambda: _server_backends(ledger, application_name) == 0, 15, "the server's sessions gone"
+    )
+    for user, bid in BIDS.items():
+        assert ledger.find_request(rids[user]) is None
+        hold = get_hold(ledger, rids[user])
+        assert hold is not None and str(hold.state) == "open" and hold.batch_id is None
+        after = ledger.balance(user)
+        assert after.balance_micros == before[user].balance_micros
+        assert after.held_micros == round(float(bid) * 1_000_000)
+    assert ledger.reconcile().ok
 
 
 @pytest.mark.postgres
