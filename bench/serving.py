@@ -31,6 +31,10 @@ Run (wrk is the Debian package; the first run installs LiteLLM, which takes minu
     python -m bench.serving --database sqlite --skip-litellm --markdown results/serving.md
 
 PostgreSQL: a database of its own is created on `--postgres-url` and dropped at the end.
+
+`--server-arg` passes an option to `inference-auction serve`; `--server-arg=--no-dispatch-ahead`
+measures the path where every batch waits for its settlement's commit before the engine sees
+it (docs/PERFORMANCE.md compares the two).
 """
 
 from __future__ import annotations
