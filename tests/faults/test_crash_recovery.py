@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -150,58 +150,79 @@ def _count(ledger: Ledger, table: str) -> int:
         return int(connection.scalar(text(f"SELECT count(*) FROM {table}")) or 0)
 
 
+def _tagged(database_url: str) -> tuple[str, str]:
+    """The URL with an application name of its own, so the server's sessions can be found."""
+    application_name = f"crash-{secrets.token_hex(4)}"
+    url = make_url(database_url).update_query_dict({"application_name": application_name})
+    return url.render_as_string(hide_password=False), application_name
+
+
+@contextmanager
+def _settlement_blocked(
+    db: MigratedDatabase,
+    application_name: str,
+    url: str,
+    keys: dict[str, str],
+    pool: ThreadPoolExecutor,
+) -> Iterator[tuple[dict[str, Future[httpx.Response]], int]]:
+    """alice's and bob's "crash" holds are placed; the test locks those two hold rows, and
+    carol's request closes the batch (of three), whose settlement then blocks on the locks.
+    Yields the three replies and the locking session's pid; the lock goes when the block ends."""
+    ledger = Ledger(db.engine)
+    replies = {
+        user: pool.submit(_post, url, keys[user], "crash", BIDS[user]) for user in ("alice", "bob")
+    }
+    _wait_until(
+        lambda: all(get_hold(ledger, f"{u}/crash") is not None for u in ("alice", "bob")),
+        10,
+        "holds of alice and bob",
+    )
+    with db.engine.connect() as lock:
+        transaction = lock.begin()
+        locked = lock.execute(
+            text("SELECT rid FROM holds WHERE rid IN (:a, :b) FOR UPDATE NOWAIT"),
+            {"a": "alice/crash", "b": "bob/crash"},
+        ).all()
+        assert len(locked) == 2
+        lock_pid = lock.scalar(text("SELECT pg_backend_pid()"))
+        replies["carol"] = pool.submit(_post, url, keys["carol"], "crash", BIDS["carol"])
+        _wait_until(
+            lambda: _blocked_statement(ledger, application_name, lock_pid),
+            15,
+            "the settlement blocked after its first writes",
+        )
+        try:
+            yield replies, lock_pid
+        finally:
+            transaction.rollback()
+
+
 @pytest.mark.postgres
 def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
     postgres_db: MigratedDatabase, tmp_path: Path
 ) -> None:
-    application_name = f"crash-{secrets.token_hex(4)}"
-    server_url = (
-        make_url(postgres_db.url)
-        .update_query_dict({"application_name": application_name})
-        .render_as_string(hide_password=False)
-    )
+    server_url, application_name = _tagged(postgres_db.url)
     ledger = Ledger(postgres_db.engine)
     keys = {user: ledger.create_user(user, budget_micros=GRANT).api_key for user in BIDS}
     rids = {user: f"{user}/crash" for user in BIDS}
     log = tmp_path / "server.log"
 
-    # 1. A batch closes at three requests. alice's and bob's holds are placed; then the test
-    # locks those two hold rows, and carol's request closes the batch.
+    # 1. A batch closes at three requests, its settlement blocked on two of its holds.
     env = _environment(server_url, free_port(), batch_size=3, max_wait_ms=60_000, run_jobs="false")
-    with _serve(env, log) as (url, process), ThreadPoolExecutor(3) as pool:
-        replies = {
-            user: pool.submit(_post, url, keys[user], "crash", BIDS[user])
-            for user in ("alice", "bob")
-        }
-        _wait_until(
-            lambda: all(get_hold(ledger, rids[u]) is not None for u in ("alice", "bob")),
-            10,
-            "holds of alice and bob",
-        )
-        with postgres_db.engine.connect() as lock:
-            transaction = lock.begin()
-            locked = lock.execute(
-                text("SELECT rid FROM holds WHERE rid IN (:a, :b) FOR UPDATE NOWAIT"),
-                {"a": rids["alice"], "b": rids["bob"]},
-            ).all()
-            assert len(locked) == 2
-            lock_pid = lock.scalar(text("SELECT pg_backend_pid()"))
-            replies["carol"] = pool.submit(_post, url, keys["carol"], "crash", BIDS["carol"])
-            _wait_until(
-                lambda: _blocked_statement(ledger, application_name, lock_pid),
-                15,
-                "the settlement blocked after its first writes",
-            )
-            # It has written the batch and its request rows, and waits to close the holds.
-            blocked = _blocked_statement(ledger, application_name, lock_pid)
-            assert blocked is not None and blocked.startswith("UPDATE holds"), blocked
-            written = _written_tables(ledger, application_name)
-            assert {"auction_batches", "auction_requests", "balances"} <= written, written
+    with (
+        _serve(env, log) as (url, process),
+        ThreadPoolExecutor(3) as pool,
+        _settlement_blocked(postgres_db, application_name, url, keys, pool) as (replies, lock_pid),
+    ):
+        # It has written the batch and its request rows, and waits to close the holds.
+        blocked = _blocked_statement(ledger, application_name, lock_pid)
+        assert blocked is not None and blocked.startswith("UPDATE holds"), blocked
+        written = _written_tables(ledger, application_name)
+        assert {"auction_batches", "auction_requests", "balances"} <= written, written
 
-            # 2. SIGKILL while the settlement transaction is open, then let go of the lock.
-            os.kill(process.pid, signal.SIGKILL)
-            assert process.wait(10) == -signal.SIGKILL
-            transaction.rollback()
+        # 2. SIGKILL while the settlement transaction is open (the lock goes with the block).
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait(10) == -signal.SIGKILL
         for user, reply in replies.items():
             with pytest.raises(httpx.TransportError):
                 reply.result(timeout=30)  # the connection dropped without an answer
@@ -295,12 +316,7 @@ def _metric(url: str, name: str) -> float:
 def test_sigkill_while_a_batch_sent_ahead_waits_for_its_commit_answers_and_charges_nothing(
     postgres_db: MigratedDatabase, tmp_path: Path
 ) -> None:
-    application_name = f"crash-{secrets.token_hex(4)}"
-    server_url = (
-        make_url(postgres_db.url)
-        .update_query_dict({"application_name": application_name})
-        .render_as_string(hide_password=False)
-    )
+    server_url, application_name = _tagged(postgres_db.url)
     ledger = Ledger(postgres_db.engine)
     keys = {user: ledger.create_user(user, budget_micros=GRANT).api_key for user in BIDS}
     rids = {user: f"{user}/crash" for user in BIDS}
@@ -312,38 +328,14 @@ def test_sigkill_while_a_batch_sent_ahead_waits_for_its_commit_answers_and_charg
         before = {user: ledger.balance(user) for user in BIDS}
         assert _metric(url, "inference_auction_batches_dispatched_ahead_total") == 0
 
-        # 2. alice's and bob's holds are placed; the test locks them; carol's request closes
-        # the batch, which goes to the engine while its settlement blocks on those locks.
-        replies = {
-            user: pool.submit(_post, url, keys[user], "crash", BIDS[user])
-            for user in ("alice", "bob")
-        }
-        _wait_until(
-            lambda: all(get_hold(ledger, rids[u]) is not None for u in ("alice", "bob")),
-            10,
-            "holds of alice and bob",
-        )
-        with postgres_db.engine.connect() as lock:
-            transaction = lock.begin()
-            locked = lock.execute(
-                text("SELECT rid FROM holds WHERE rid IN (:a, :b) FOR UPDATE NOWAIT"),
-                {"a": rids["alice"], "b": rids["bob"]},
-            ).all()
-            assert len(locked) == 2
-            lock_pid = lock.scalar(text("SELECT pg_backend_pid()"))
-            replies["carol"] = pool.submit(_post, url, keys["carol"], "crash", BIDS["carol"])
-            _wait_until(
-                lambda: _blocked_statement(ledger, application_name, lock_pid),
-                15,
-                "the settlement blocked after its first writes",
-            )
+        # 2. The next batch goes to the engine while its settlement blocks on the locks.
+        with _settlement_blocked(postgres_db, application_name, url, keys, pool) as (replies, _):
             assert _metric(url, "inference_auction_batches_dispatched_ahead_total") == 1
             time.sleep(0.5)  # the engine (500x faster than real time) has long finished them
 
-            # 3. SIGKILL while the settlement transaction is open, then let go of the lock.
+            # 3. SIGKILL while the settlement transaction is open (the lock goes with the block).
             os.kill(process.pid, signal.SIGKILL)
             assert process.wait(10) == -signal.SIGKILL
-            transaction.rollback()
         for reply in replies.values():
             with pytest.raises(httpx.TransportError):
                 reply.result(timeout=30)  # the engine had answered; the client got nothing
