@@ -12,51 +12,14 @@ charged, nothing is charged for it, nothing of anyone else's is touched.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
 
-import numpy as np
-
-from inference_auctions.billing import HoldRequest, HoldState, Ledger
-from inference_auctions.server.admission import ledger_rid, payload_fingerprint
-from inference_auctions.server.engine.factory import make_engine
+from inference_auctions.billing import HoldRequest, HoldState
+from inference_auctions.server.admission import ledger_rid
 from inference_auctions.server.errors import Conflict, PaymentRequired, ServiceError
 from inference_auctions.server.service import AuctionService
-from inference_auctions.server.settings import ServerSettings
 from inference_auctions.server.tickets import Ticket
 from tests.db_fixtures import MigratedDatabase
-from tests.server.harness import TEST_SETTINGS
-
-_SAMPLING = {"max_new_tokens": 2}
-
-
-@asynccontextmanager
-async def _service(db: MigratedDatabase) -> AsyncIterator[AuctionService]:
-    settings = ServerSettings(database_url=db.url, **{**TEST_SETTINGS, "max_wait_ms": 0})
-    engine = make_engine(None, time_scale=0.002, timeout=None)
-    await engine.start()
-    service = AuctionService(settings, Ledger(db.new_engine()), engine)
-    await service.start()
-    try:
-        yield service
-    finally:
-        await service.stop()
-        await engine.close()
-
-
-async def _admit(service: AuctionService, user: str, rid: str, bid: int) -> Ticket:
-    tokens = np.arange(1, 9, dtype=np.int32)
-    tokens.flags.writeable = False
-    payload: dict[str, Any] = {"rid": rid, "bid": bid}
-    return await service.admit(
-        user=user,
-        rid=rid,
-        tokens=tokens,
-        bid_micros=bid,
-        sampling_params=_SAMPLING,
-        fingerprint=payload_fingerprint(payload),
-    )
+from tests.server.in_process import admit, running_service
 
 
 def _commits_and_writes(service: AuctionService) -> list[float]:
@@ -73,9 +36,9 @@ def test_a_lone_request_is_held_and_settled_in_one_commit(ledger_db: MigratedDat
 
 
 async def _lone_request(ledger_db: MigratedDatabase) -> None:
-    async with _service(ledger_db) as service:
+    async with running_service(ledger_db) as service:
         service.ledger.create_user("ada", budget_micros=1_000_000)
-        ticket = await _admit(service, "ada", "r1", 5_000)
+        ticket = await admit(service, "ada", "r1", 5_000)
         clearance = await ticket.wait_cleared()
         await ticket.result()
         # Two commits in all: hold + claim together, then the served record.
@@ -92,14 +55,14 @@ def test_a_request_refused_in_its_batchs_commit_leaves_the_others_served(
 
 
 async def _refused_in_the_same_commit(ledger_db: MigratedDatabase) -> None:
-    async with _service(ledger_db) as service:
+    async with running_service(ledger_db) as service:
         ledger = service.ledger
         ledger.create_user("ada", budget_micros=6_000)  # one bid of 5,000, not two
         ledger.create_user("bob", budget_micros=1_000_000)
         outcomes = await asyncio.gather(
-            _admit(service, "ada", "a1", 5_000),
-            _admit(service, "ada", "a2", 5_000),
-            _admit(service, "bob", "b1", 4_000),
+            admit(service, "ada", "a1", 5_000),
+            admit(service, "ada", "a2", 5_000),
+            admit(service, "bob", "b1", 4_000),
             return_exceptions=True,
         )
         refused = [o for o in outcomes if isinstance(o, ServiceError)]
@@ -125,7 +88,7 @@ def test_a_rid_held_for_another_payload_is_not_claimed_for_this_one(
 
 
 async def _held_for_another_payload(ledger_db: MigratedDatabase) -> None:
-    async with _service(ledger_db) as service:
+    async with running_service(ledger_db) as service:
         ledger = service.ledger
         ledger.create_user("ada", budget_micros=1_000_000)
         ledger.create_user("bob", budget_micros=1_000_000)
@@ -134,8 +97,8 @@ async def _held_for_another_payload(ledger_db: MigratedDatabase) -> None:
         [placed] = ledger.place_holds([other])
         assert placed.state is HoldState.OPEN
         outcomes = await asyncio.gather(
-            _admit(service, "ada", "r1", 5_000),
-            _admit(service, "bob", "b1", 4_000),
+            admit(service, "ada", "r1", 5_000),
+            admit(service, "bob", "b1", 4_000),
             return_exceptions=True,
         )
         assert isinstance(outcomes[0], Conflict)

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
-import numpy as np
 import pytest
 from sqlalchemy.exc import OperationalError
 
@@ -36,46 +34,20 @@ from inference_auctions.billing import (
     Ledger,
     ServedRecord,
 )
-from inference_auctions.server.admission import ledger_rid, payload_fingerprint
-from inference_auctions.server.engine.factory import make_engine
+from inference_auctions.server.admission import ledger_rid
 from inference_auctions.server.errors import Conflict, PaymentRequired, Unavailable
 from inference_auctions.server.service import AuctionService
-from inference_auctions.server.settings import ServerSettings
 from inference_auctions.server.tickets import Chunk, Ticket
 from tests.db_fixtures import MigratedDatabase
-from tests.server.harness import TEST_SETTINGS
+from tests.server.in_process import admit, running_service
 
 _TOKENS = 8
-
-
-@asynccontextmanager
-async def _service(db: MigratedDatabase) -> AsyncIterator[AuctionService]:
-    settings = ServerSettings(database_url=db.url, **{**TEST_SETTINGS, "max_wait_ms": 0})
-    engine = make_engine(None, time_scale=0.002, timeout=None)
-    await engine.start()
-    service = AuctionService(settings, Ledger(db.new_engine()), engine)
-    await service.start()
-    try:
-        yield service
-    finally:
-        await service.stop()
-        await engine.close()
 
 
 async def _admit(
     service: AuctionService, user: str, rid: str, bid: int, prompt: list[int] | None = None
 ) -> Ticket:
-    tokens = np.array(prompt or range(1, 9), dtype=np.int32)
-    tokens.flags.writeable = False
-    payload: dict[str, Any] = {"rid": rid, "bid": bid, "prompt": prompt}
-    return await service.admit(
-        user=user,
-        rid=rid,
-        tokens=tokens,
-        bid_micros=bid,
-        sampling_params={"max_new_tokens": _TOKENS},
-        fingerprint=payload_fingerprint(payload),
-    )
+    return await admit(service, user, rid, bid, prompt=prompt, max_new_tokens=_TOKENS)
 
 
 async def _served(service: AuctionService, user: str, rid: str, bid: int) -> Ticket:
@@ -156,7 +128,7 @@ def test_a_batch_is_at_the_engine_before_its_commit_ends_and_answered_after_it(
 
 
 async def _ahead_of_the_commit(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with _service(db) as service:
+    async with running_service(db) as service:
         ledger = service.ledger
         # Unknown to the writer until a commit tells what ada can afford: the first batch
         # waits for its commit.
@@ -196,7 +168,7 @@ def test_a_batch_its_commit_cannot_settle_whole_is_cancelled_and_cleared_again(
 
 
 async def _voided(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with _service(db) as service:
+    async with running_service(db) as service:
         ledger = service.ledger
         await _known(service, "ada", "bob")
         bob_before = ledger.balance("bob").balance_micros
@@ -252,7 +224,7 @@ def test_a_failed_commit_leaves_a_batch_sent_ahead_uncharged_and_stopped(
 
 
 async def _failed_commit(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with _service(db) as service:
+    async with running_service(db) as service:
         ledger = service.ledger
         await _known(service, "ada")
         before = ledger.balance("ada")
@@ -283,7 +255,7 @@ def test_a_user_whose_request_could_not_be_claimed_waits_for_commits(
 
 
 async def _distrusted(db: MigratedDatabase) -> None:
-    async with _service(db) as service:
+    async with running_service(db) as service:
         ledger = service.ledger
         await _known(service, "ada", "bob")
         # Another replica holds ada's rid r1 for another payload.
@@ -316,7 +288,7 @@ def test_a_void_batch_drops_what_the_prefix_deferral_still_held_back(
 
 
 async def _voided_with_deferral(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with _service(db) as service:
+    async with running_service(db) as service:
         ledger = service.ledger
         await _known(service, "ada", "bob")
         _spend_elsewhere(ledger, "ada")
@@ -326,7 +298,7 @@ async def _voided_with_deferral(db: MigratedDatabase, monkeypatch: pytest.Monkey
 
         outcomes = await asyncio.gather(
             _admit(service, "ada", "a1", 5_000),
-            *(_admit(service, "bob", f"b{i}", 4_000, [*article, i]) for i in range(3)),
+            *(_admit(service, "bob", f"b{i}", 4_000, prompt=[*article, i]) for i in range(3)),
             return_exceptions=True,
         )
         assert isinstance(outcomes[0], PaymentRequired)
