@@ -33,10 +33,11 @@ from inference_auctions.billing.errors import (
     UnknownUser,
     UserDisabled,
 )
+from inference_auctions.billing.group_commit import GroupOutcome
 from inference_auctions.billing.jobs import start_scheduler
 from inference_auctions.billing.leadership import LedgerJobs
 from inference_auctions.billing.leadership import start_jobs as start_ledger_jobs
-from inference_auctions.billing.ledger import GroupOutcome, Ledger
+from inference_auctions.billing.ledger import Ledger
 from inference_auctions.billing.market import ClearingSample, SpendView
 from inference_auctions.billing.migrate import current_revision as schema_revision
 from inference_auctions.billing.migrate import downgrade as downgrade_schema

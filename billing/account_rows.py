@@ -26,7 +26,7 @@ from typing import Any, cast
 from sqlalchemy import Dialect, Table
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing.driver_sql import Columns, Conversion, driver_cursor
+from inference_auctions.billing.driver_sql import Columns, Conversion, Query, driver_cursor
 from inference_auctions.billing.errors import UnknownUser
 from inference_auctions.billing.grants import open_period, period_at
 from inference_auctions.billing.models import (
@@ -154,12 +154,25 @@ def _statements(dialect: Dialect) -> _Statements:
 
 def lock_rows(session: Session, names: Iterable[str]) -> dict[str, AccountRow]:
     """Lock the accounts of those of `names` that exist, in name order (names are valid)."""
+    query = lock_query(session, names)
+    if query is None:
+        return {}
+    rows = driver_cursor(session).execute(query.sql, query.params, query.listed)
+    return locked_accounts(session, rows)
+
+
+def lock_query(session: Session, names: Iterable[str]) -> Query | None:
+    """The statement of `lock_rows`, to send with others (`DriverCursor.read_together`);
+    its rows go to `locked_accounts`. None when there is nobody to lock."""
     wanted = sorted(set(names))
     if not wanted:
-        return {}
-    cursor = driver_cursor(session)
-    statements = _statements(cursor.dialect)
-    rows = cursor.execute(statements.lock, wanted, count=len(wanted))
+        return None
+    return Query(_statements(driver_cursor(session).dialect).lock, wanted, len(wanted))
+
+
+def locked_accounts(session: Session, rows: Iterable[Sequence[Any]]) -> dict[str, AccountRow]:
+    """The accounts in the rows of `lock_query`."""
+    statements = _statements(driver_cursor(session).dialect)
     accounts = {}
     for raw in rows:
         row = statements.lock_results(raw)

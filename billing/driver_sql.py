@@ -14,27 +14,66 @@ stored and read exactly as the ORM and Core paths store and read it; a driver er
 raised as SQLAlchemy's `DBAPIError` subclass, as `Connection.execute` would raise it, so the
 ledger's retry and "unavailable" handling applies unchanged (and a lost connection is
 invalidated, not returned to the pool).
+
+On PostgreSQL every statement is a round trip to the server, and on a busy two-core machine a
+round trip costs more than the statement. A group commit (`Ledger.commit_group`) therefore
+reads what it needs first, all in one round trip (`read_together`; psycopg waits for the
+`BEGIN` before it, one more), and then defers its writes (`defer_writes`): they are kept
+here and sent all together with the next read or, usually, just before the `COMMIT`, so
+that the whole transaction takes four round trips instead of seven. Three engine events
+keep that exact (`watch_engine`): any other statement on the connection (the ORM's, a
+savepoint's) first sends what is deferred, so statements still reach the server in the
+order they were issued; the commit sends them, and waits for every one to succeed, before
+its `COMMIT`; a rollback drops them unsent.
+
+The `COMMIT` is never sent together with the writes: a server blocked on a row lock in one
+of them would, once the lock is released, go on to the `COMMIT` already in its buffer even
+if the client had died meanwhile, and commit a transaction nobody is left to follow up on.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from operator import itemgetter
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Column, Dialect, Table
+from sqlalchemy import Column, Connection, Dialect, Engine, Table, event
 from sqlalchemy.engine.interfaces import DBAPIModule
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Session
 
-__all__ = ["Columns", "Conversion", "DriverCursor", "driver_cursor"]
+__all__ = ["Columns", "Conversion", "DriverCursor", "Query", "driver_cursor", "watch_engine"]
 
 Processor = Callable[[Any], Any]
 
 _CURSOR_KEY = "inference_auctions.driver_cursor"
+
+# The cursor whose writes are deferred, per SQLAlchemy connection (one per transaction of a
+# `Session`): what the engine events of `watch_engine` look at. Weak, so that a connection
+# that ends without a commit or a rollback (invalidated) takes its entry with it.
+_DEFERRING: weakref.WeakKeyDictionary[Connection, DriverCursor] = weakref.WeakKeyDictionary()
+
+
+class Query(NamedTuple):
+    """A read for `DriverCursor.read_together`: SQL, parameters, and how many values its
+    `{in}` lists."""
+
+    sql: str
+    params: Sequence[Any]
+    listed: int = 0
+
+
+class _Statement(NamedTuple):
+    """A statement rendered for the driver; `many`: `params` is a sequence of rows, the
+    statement runs once per row."""
+
+    statement: str
+    params: Any
+    many: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +176,7 @@ class DriverCursor:
 
     def __init__(self, session: Session) -> None:
         self._pipelined: Any = None  # the cursor of a `together` block, while one runs
+        self._deferred: list[_Statement] | None = None  # writes held back (`defer_writes`)
         connection = session.connection()
         self._connection = connection
         self.dialect = connection.dialect
@@ -146,13 +186,90 @@ class DriverCursor:
         self._placeholder = "?" if self.dialect.paramstyle == "qmark" else "%s"
         self._dbapi_error: type[DBAPIModule.Error] = self.dialect.loaded_dbapi.Error
 
+    @property
+    def _pipelines(self) -> bool:
+        """Whether statements can be sent without waiting for each answer (PostgreSQL)."""
+        return self.dialect.name == "postgresql"
+
+    def defer_writes(self) -> None:
+        """From now until the transaction ends, hold the writes back and send them with the
+        next read or before the `COMMIT` (see the module docstring). An error of a deferred
+        write is raised by that read or by the commit. Only on PostgreSQL, and only on an
+        engine that `watch_engine` watches; elsewhere writes run at once, as before."""
+        if not self._pipelines or self._deferred is not None:
+            return
+        if not event.contains(self._connection.engine, "commit", _send_with_commit):
+            return
+        self._deferred = []
+        _DEFERRING[self._connection] = self
+
+    def read_together(self, queries: Sequence[Query]) -> list[list[Any]]:
+        """Run reads (and any deferred writes before them) in one round trip: the rows of
+        each query, in order. On SQLite they simply run one by one."""
+        if not self._pipelines or self._pipelined is not None:
+            return [self.execute(query.sql, query.params, query.listed) for query in queries]
+        rendered = [
+            _Statement(self.render(query.sql, query.listed), query.params) for query in queries
+        ]
+        return self._send(rendered)
+
+    def send_deferred(self) -> None:
+        """Send the deferred writes now (one round trip), before a statement of another
+        path runs on the same connection."""
+        if self._deferred:
+            self._send([])
+
+    def commit_deferred(self) -> None:
+        """The transaction commits: send the deferred writes (one round trip) and return
+        once every one of them has succeeded; the driver's `COMMIT` follows."""
+        _DEFERRING.pop(self._connection, None)
+        if self._deferred:
+            self._send([])
+        self._deferred = None
+
+    def drop_deferred(self) -> None:
+        """The transaction rolls back: the deferred writes are never sent."""
+        _DEFERRING.pop(self._connection, None)
+        self._deferred = None
+
+    def _send(self, reads: Sequence[_Statement]) -> list[list[Any]]:
+        """Deferred writes, then `reads`, in one pipeline; the rows of each read (of every
+        run of a read with many rows of parameters)."""
+        writes = self._deferred or []
+        if self._deferred is not None:
+            self._deferred = []
+        connection = self._dbapi_connection
+        cursor = connection.cursor()
+        readers: list[Any] = [connection.cursor() for _ in reads]  # psycopg cursors
+        try:
+            with connection.pipeline():
+                for write in writes:
+                    if write.many:
+                        cursor.executemany(write.statement, write.params)
+                    else:
+                        cursor.execute(write.statement, write.params)
+                for reader, read in zip(readers, reads, strict=True):
+                    if read.many:
+                        reader.executemany(read.statement, read.params, returning=True)
+                    else:
+                        reader.execute(read.statement, read.params)
+            # The pipeline's sync at the end of the block received every result.
+            return [_all_rows(reader) for reader in readers]
+        except self._dbapi_error as error:
+            what = "(statements sent together)"
+            raise self._translated(error, what, None, cursor, many=True) from error
+        finally:
+            for each in (cursor, *readers):
+                each.close()
+
     @contextmanager
     def together(self) -> Iterator[None]:
         """Send the statements of the block without waiting for each one's answer: one round
         trip to the server for all of them (psycopg's pipeline mode). Only for statements
         whose rows are not read inside; an error of any of them is raised at the end of the
-        block. SQLite runs in this process, so there the statements simply run one by one."""
-        if self.dialect.name != "postgresql" or self._pipelined is not None:
+        block. SQLite runs in this process, so there the statements simply run one by one.
+        With writes deferred, the block adds nothing: they all wait for the next read."""
+        if not self._pipelines or self._pipelined is not None or self._deferred is not None:
             yield
             return
         cursor = self._dbapi_connection.cursor()
@@ -174,12 +291,43 @@ class DriverCursor:
         return _render(sql, self._placeholder, count)
 
     def execute(self, sql: str, params: Sequence[Any] = (), count: int = 0) -> list[Any]:
-        """Run one statement (rendered with `count` list placeholders); its rows, if any."""
+        """Run one statement (rendered with `count` list placeholders); its rows, if any.
+        Deferred writes are sent before it, in the same round trip."""
+        if self._deferred:
+            [rows] = self._send([_Statement(self.render(sql, count), params)])
+            return rows
         return self._run(self.render(sql, count), params, many=False)
 
+    def execute_many_returning(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
+        """Run a statement with RETURNING once per row of parameters; the rows all of them
+        returned. On PostgreSQL one round trip, deferred writes before it in the same one."""
+        if not rows:
+            return []
+        statement = _Statement(self.render(sql), rows, many=True)
+        if self._pipelines and self._pipelined is None:
+            [returned] = self._send([statement])
+            return returned
+        # SQLite's driver returns no rows from executemany; it runs in this process anyway.
+        return [
+            row for params in rows for row in self._run(statement.statement, params, many=False)
+        ]
+
+    def write(self, sql: str, params: Sequence[Any] = (), count: int = 0) -> None:
+        """Run one statement whose rows are not read (deferred while writes are)."""
+        statement = self.render(sql, count)
+        if self._deferred is not None:
+            self._deferred.append(_Statement(statement, params, many=False))
+        else:
+            self._run(statement, params, many=False)
+
     def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Run one statement once per row of parameters, as one driver call."""
-        if rows:
+        """Run one statement once per row of parameters, as one driver call (deferred while
+        writes are)."""
+        if not rows:
+            return
+        if self._deferred is not None:
+            self._deferred.append(_Statement(self.render(sql), rows, many=True))
+        else:
             self._run(self.render(sql), rows, many=True)
 
     def insert(self, columns: Columns, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -227,6 +375,15 @@ class DriverCursor:
         )
 
 
+def _all_rows(cursor: Any) -> list[Any]:
+    """Every row of every result the cursor holds (one per run of an executemany)."""
+    rows = list(cursor.fetchall()) if cursor.description is not None else []
+    while cursor.nextset():
+        if cursor.description is not None:
+            rows += cursor.fetchall()
+    return rows
+
+
 @cache
 def _insert_plan(
     columns: Columns, dialect: Dialect
@@ -259,3 +416,34 @@ def driver_cursor(session: Session) -> DriverCursor:
     cursor = DriverCursor(session)  # begins the transaction if none has begun
     session.info[_CURSOR_KEY] = (session.get_transaction(), cursor)
     return cursor
+
+
+def watch_engine(engine: Engine) -> None:
+    """Let transactions on `engine` defer their driver writes (`DriverCursor.defer_writes`):
+    the three events that keep deferred writes in order, sent with the commit and dropped by
+    a rollback. Idempotent."""
+    if event.contains(engine, "commit", _send_with_commit):
+        return
+    event.listen(engine, "before_cursor_execute", _send_before_statement)
+    event.listen(engine, "commit", _send_with_commit)
+    event.listen(engine, "rollback", _drop_on_rollback)
+
+
+def _send_before_statement(connection: Connection, *_: Any) -> None:
+    # Another path's statement (the ORM's, a savepoint's) must find the deferred writes done.
+    cursor = _DEFERRING.get(connection)
+    if cursor is not None:
+        cursor.send_deferred()
+
+
+def _send_with_commit(connection: Connection) -> None:
+    # Before the driver's COMMIT (the `commit` event fires first).
+    cursor = _DEFERRING.get(connection)
+    if cursor is not None:
+        cursor.commit_deferred()
+
+
+def _drop_on_rollback(connection: Connection) -> None:
+    cursor = _DEFERRING.get(connection)
+    if cursor is not None:
+        cursor.drop_deferred()

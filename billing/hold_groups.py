@@ -37,6 +37,7 @@ from inference_auctions.billing.errors import (
     UserDisabled,
 )
 from inference_auctions.billing.grants import period_at
+from inference_auctions.billing.hold_rows import HoldRow, KnownHolds
 from inference_auctions.billing.models import HOLDS, EntryKind, Hold, HoldState
 from inference_auctions.billing.money import check_micros
 from inference_auctions.billing.postings import check_id, check_name, insert_entries
@@ -64,7 +65,6 @@ _HOLD_COLUMNS = Columns(
         "attempt",
     ),
 )
-_EXISTING_RIDS = "SELECT rid FROM holds WHERE rid IN ({in})"
 
 
 def check_request(request: HoldRequest) -> None:
@@ -86,12 +86,14 @@ def place_holds(
     requests: Sequence[HoldRequest],
     now: datetime,
     locked: dict[str, AccountRow] | None = None,
+    known: KnownHolds | None = None,
 ) -> list[HoldResult]:
     """Place `requests` in order; each result is the hold's view or the error refusing it.
 
     `locked`: the accounts this transaction has already locked (`account_rows.lock_rows`),
     at least the requests' users that exist; they are moved in place, so the caller's rows
-    stay the truth. Without it, the requests' users are locked here."""
+    stay the truth. Without it, the requests' users are locked here. `known`: what this
+    transaction knows of holds already (`billing.hold_rows`), kept up to date."""
     results: list[HoldResult | None] = [None] * len(requests)
     valid: list[int] = []
     for index, request in enumerate(requests):
@@ -101,14 +103,14 @@ def place_holds(
             results[index] = error
         else:
             valid.append(index)
-    group = _Group(session, {requests[i].user for i in valid}, now, locked)
-    known = group.existing_rids([requests[i].rid for i in valid])
+    group = _Group(session, {requests[i].user for i in valid}, now, locked, known)
+    existing = group.existing_rids([requests[i].rid for i in valid])
     for index in valid:
         request = requests[index]
         account = group.accounts.get(request.user)
         if account is None:
             results[index] = UnknownUser(request.user)
-        elif request.rid in known or request.rid in group.placed or group.period_due(account):
+        elif request.rid in existing or request.rid in group.placed or group.period_due(account):
             results[index] = group.place_slowly(request)
         else:
             results[index] = group.place_new(request, account)
@@ -125,10 +127,12 @@ class _Group:
         names: set[str],
         now: datetime,
         locked: dict[str, AccountRow] | None = None,
+        known: KnownHolds | None = None,
     ) -> None:
         self.session = session
         self.now = now
         self.accounts = lock_rows(session, names) if locked is None else locked
+        self.known = KnownHolds() if known is None else known
         self.placed: set[str] = set()
         self._holds: list[dict[str, Any]] = []
         self._entries: list[dict[str, Any]] = []
@@ -138,12 +142,9 @@ class _Group:
         self._open_totals: dict[str, int] = {}
 
     def existing_rids(self, rids: list[str]) -> set[str]:
-        """Those of `rids` that already have a hold (read under the users' locks)."""
-        wanted = sorted(set(rids))
-        if not wanted:
-            return set()
-        rows = driver_cursor(self.session).execute(_EXISTING_RIDS, wanted, count=len(wanted))
-        return {row[0] for row in rows}
+        """Those of `rids` that already have a hold (read under the users' locks, unless
+        this transaction read them already)."""
+        return set(self.known.rows(self.session, rids))
 
     def place_new(self, request: HoldRequest, account: AccountRow) -> HoldResult:
         """Decide a hold for a rid that has none, as `holds.place_hold` does."""
@@ -160,6 +161,17 @@ class _Group:
         if account.available < amount:
             return InsufficientFunds(name, account.available, amount)
         period = budget.current_period_start
+        self.known.placed(
+            HoldRow(
+                rid=request.rid,
+                user_id=account.user_id,
+                amount_micros=amount,
+                state=HoldState.OPEN,
+                period_start=period,
+                attempt=1,
+                fingerprint=request.fingerprint,
+            )
+        )
         self._holds.append(
             {
                 "rid": request.rid,
@@ -204,6 +216,7 @@ class _Group:
         self.session.expire_all()
         # Whatever it decides, a later request for this rid must find what it wrote.
         self.placed.add(request.rid)
+        self.known.forget(request.rid)
         self._period_open.discard(request.user)
         self._open_totals.pop(request.user, None)
         result: HoldResult

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import TracebackType
@@ -23,9 +22,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import (
-    account_rows,
     activity,
     grants,
+    group_commit,
     hold_groups,
     holds,
     market,
@@ -39,6 +38,7 @@ from inference_auctions.billing import (
     users,
 )
 from inference_auctions.billing.database import READ_ONLY, create_ledger_engine, unavailable
+from inference_auctions.billing.driver_sql import watch_engine
 from inference_auctions.billing.errors import (
     InvalidInput,
     LedgerError,
@@ -46,6 +46,7 @@ from inference_auctions.billing.errors import (
     UnknownRequest,
 )
 from inference_auctions.billing.export import render
+from inference_auctions.billing.group_commit import ClaimFailed, GroupOutcome
 from inference_auctions.billing.models import EntryKind
 from inference_auctions.billing.periods import require_aware
 from inference_auctions.billing.records import (
@@ -92,37 +93,6 @@ def _retryable(exc: DBAPIError | PoolTimeout) -> bool:
     return isinstance(exc, IntegrityError) and "UNIQUE constraint failed" in str(orig)
 
 
-@dataclass(frozen=True, slots=True)
-class GroupOutcome:
-    """What one group commit decided, item by item in the order given."""
-
-    placed: list[HoldView | LedgerError]  # each hold's view, or the error refusing it
-    served: list[bool]  # whether each record moved its request to `served`
-    claimed: list[ClaimedBatch | Exception]  # each claim's batch, or the error that undid it
-    # What each user of the group had available once it committed, for those whose next hold
-    # depends on nothing else (enabled, no batch cap): a server's estimate of what it may
-    # dispatch before the next commit confirms it (`server.ledger_writer`).
-    available: dict[str, int] = field(default_factory=dict)
-
-
-def _available(locked: Mapping[str, account_rows.AccountRow]) -> dict[str, int]:
-    """Each locked user's available funds, where nothing but those funds decides a hold."""
-    return {
-        name: row.available
-        for name, row in locked.items()
-        if not row.disabled and row.budget.batch_cap_micros is None
-    }
-
-
-class _ClaimFailed(Exception):
-    """A claim of a group commit raised `error`: the group runs again without it."""
-
-    def __init__(self, index: int, error: Exception) -> None:
-        super().__init__(f"claim {index} failed: {error}")
-        self.index = index
-        self.error = error
-
-
 def _lost_before_commit(exc: DBAPIError | PoolTimeout, committing: bool) -> bool:
     """Whether the transaction failed on a connection found dead before it tried to commit."""
     return not committing and isinstance(exc, DBAPIError) and exc.connection_invalidated
@@ -141,6 +111,8 @@ class Ledger:
         self._engine = engine
         self._clock = clock
         self._owns_engine = owns_engine
+        if engine.dialect.name == "postgresql":
+            watch_engine(engine)  # group commits defer their writes to the COMMIT
         read_options: dict[str, object] = {READ_ONLY: True}
         if engine.dialect.name == "postgresql":
             # Reads of several rows should agree with each other, as of one snapshot.
@@ -355,51 +327,42 @@ class Ledger:
         records: Sequence[ServedRecord],
         claims: Sequence[settlement.BatchClaim] = (),
     ) -> GroupOutcome:
-        """What a group-commit writer collected since its last commit, in ONE transaction:
-        `place_holds(requests)`, then each batch of `claims` claimed, cleared and settled
-        (`settle_claimable`), then `record_served_many(records)`.
+        """What a group-commit writer collected since its last commit, in ONE transaction
+        (`billing.group_commit`): `place_holds(requests)`, then each batch of `claims`
+        claimed, cleared and settled (`settle_claimable`), then
+        `record_served_many(records)`.
 
-        Holds go first, so a batch closed while its requests' holds were still on their way
-        claims them in the same transaction. Every user involved is locked once, first, in
-        name order (so two replicas' groups never wait on each other in a cycle, and balance
-        rows are locked before request rows, in the order recovery takes them), and the
-        locked rows pass from one part to the next. A claim that fails (an invalid batch, a
-        bug in its clearing) gets its error as its result and the group runs again without
-        it, so nothing of it is written; no savepoint per claim, which would cost two more
-        round trips to the database on every commit. A database failure fails the whole
-        group (`LedgerUnavailable`, nothing written)."""
+        A claim that fails (an invalid batch, a bug in its clearing) gets its error as its
+        result and the group runs again without it, so nothing of it is written; no
+        savepoint per claim, which would cost two more round trips to the database on every
+        commit. A database failure fails the whole group (`LedgerUnavailable`, nothing
+        written). A constraint that only the database checks (a batch id settled before)
+        fails when the deferred writes reach it, at the commit, where it cannot tell which
+        claim it was: the group then runs again with each claim's writes sent as it makes
+        them, so that the failing claim is found and left out alone."""
         if not requests and not records and not claims:
             return GroupOutcome([], [], [])
         now = self._now()
         failed: dict[int, Exception] = {}
-
-        def work(session: Session) -> GroupOutcome:
-            users = {r.user for r in requests} | {u for c in claims for _, u in c.candidates}
-            locked = account_rows.lock_rows(session, users)
-            placed = hold_groups.place_holds(session, requests, now, locked) if requests else []
-            claimed: list[ClaimedBatch | Exception] = []
-            for index, claim in enumerate(claims):
-                if index in failed:
-                    claimed.append(failed[index])
-                    continue
-                try:
-                    claimed.append(
-                        settlement.settle_claimable(
-                            session, claim.candidates, claim.clear, now, claim.fingerprints, locked
-                        )
-                    )
-                except (OperationalError, PoolTimeout):
-                    raise  # the transaction itself is lost: the whole group fails
-                except Exception as error:
-                    raise _ClaimFailed(index, error) from error
-            served = request_log.serve_scheduled(session, records, now) if records else []
-            return GroupOutcome(placed, served, claimed, _available(locked))
-
+        defer = True
         while True:
+            work = partial(
+                group_commit.commit_group,
+                requests=requests,
+                records=records,
+                claims=claims,
+                now=now,
+                failed=failed,
+                defer=defer,
+            )
             try:
                 return self._write(work)
-            except _ClaimFailed as failure:  # rolled back: again, without that claim
+            except ClaimFailed as failure:  # rolled back: again, without that claim
                 failed[failure.index] = failure.error
+            except IntegrityError:
+                if not defer:
+                    raise
+                defer = False
 
     def release(self, rid: str, reason: str = "dropped before dispatch") -> HoldView:
         """Release the hold of a request that will not be settled. Idempotent."""

@@ -139,12 +139,10 @@ def finish_scheduled(
 
 
 # `serve_scheduled` runs for every served request (grouped), straight on the driver
-# (`billing.driver_sql`).
-_SCHEDULED_ROWS = "SELECT rid, status FROM auction_requests WHERE rid IN ({in}) ORDER BY rid"
-_STATUS = Columns(AUCTION_REQUESTS, ("rid", "status"))
+# (`billing.driver_sql`): one conditional UPDATE per request, each telling whether it moved.
 _SERVE = (
     "UPDATE auction_requests SET status = ?, cached_tokens = ?, ttft_ms = ?, updated_at = ? "
-    "WHERE rid = ? AND status = ?"
+    "WHERE rid = ? AND status = ? RETURNING rid"
 )
 _SERVED_BINDS = Columns(
     AUCTION_REQUESTS, ("status", "cached_tokens", "ttft_ms", "updated_at", "rid", "status")
@@ -153,48 +151,41 @@ _SERVED_BINDS = Columns(
 
 def serve_scheduled(session: Session, records: Sequence[ServedRecord], now: datetime) -> list[bool]:
     """Move each record's request from `scheduled` to `served`, only if it is still scheduled;
-    result i tells whether record i moved it (a repeated rid moves it at most once).
+    result i tells whether record i moved it (a repeated rid moves it at most once, with the
+    first record's values).
 
-    The rows are read under row locks (PostgreSQL; SQLite's `BEGIN IMMEDIATE` already holds the
-    write lock), so their status cannot change before this transaction commits, and the update
-    stays conditional on `scheduled` besides: served and failed remain exclusive.
+    Each update is conditional on `scheduled` and says whether it moved its row (RETURNING):
+    no read before it, so on a database server it costs one round trip. The rows are locked
+    by their updates, in rid order, so two of these never wait on each other in a cycle;
+    served and failed remain exclusive.
     """
     for record in records:
         check_id(record.rid, "rid")
         _check_ttft(record.ttft_ms)
         _check_cached(record.cached_tokens)
+    first: dict[str, int] = {}
+    for index, record in enumerate(records):
+        first.setdefault(record.rid, index)
     cursor = driver_cursor(session)
-    dialect = cursor.dialect
-    wanted = sorted({r.rid for r in records})
-    # Locked in rid order, so two of these never wait on each other in a cycle.
-    select_sql = _SCHEDULED_ROWS + (" FOR UPDATE" if dialect.name == "postgresql" else "")
-    statuses = _STATUS.result(dialect)
-    rows = cursor.execute(select_sql, wanted, count=len(wanted))
-    current = dict(statuses(row) for row in rows)
-    moved: list[bool] = []
-    served: list[list[object]] = []
-    binds = _SERVED_BINDS.bind(dialect)
-    for record in records:
-        if current.get(record.rid) is RequestStatus.SCHEDULED:
-            current[record.rid] = RequestStatus.SERVED
-            ttft = None if record.ttft_ms is None else float(record.ttft_ms)
-            served.append(
-                binds(
-                    (
-                        RequestStatus.SERVED,
-                        record.cached_tokens,
-                        ttft,
-                        now,
-                        record.rid,
-                        RequestStatus.SCHEDULED,
-                    )
+    binds = _SERVED_BINDS.bind(cursor.dialect)
+    updates = []
+    for rid in sorted(first):
+        record = records[first[rid]]
+        ttft = None if record.ttft_ms is None else float(record.ttft_ms)
+        updates.append(
+            binds(
+                (
+                    RequestStatus.SERVED,
+                    record.cached_tokens,
+                    ttft,
+                    now,
+                    rid,
+                    RequestStatus.SCHEDULED,
                 )
             )
-            moved.append(True)
-        else:
-            moved.append(False)
-    cursor.execute_many(_SERVE, served)
-    return moved
+        )
+    moved = {row[0] for row in cursor.execute_many_returning(_SERVE, updates)}
+    return [first[r.rid] == index and r.rid in moved for index, r in enumerate(records)]
 
 
 def _check_cached(cached_tokens: int | None) -> None:

@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
@@ -41,6 +41,7 @@ from inference_auctions.billing.errors import (
     InvalidBatch,
     UnknownRequest,
 )
+from inference_auctions.billing.hold_rows import HoldRow, KnownHolds
 from inference_auctions.billing.holds import entry_key
 from inference_auctions.billing.models import (
     AUCTION_REQUESTS,
@@ -70,18 +71,6 @@ Clearing = Callable[[list[str]], tuple[BatchRecord, Sequence[RequestRecord], Map
 BATCHES = cast(Table, AuctionBatch.__table__)
 
 
-class _HoldRow(NamedTuple):
-    """What settling reads of a hold."""
-
-    rid: str
-    user_id: int
-    amount_micros: int
-    state: HoldState
-    period_start: datetime | None
-    attempt: int
-    fingerprint: str | None
-
-
 @dataclass(frozen=True, slots=True)
 class BatchClaim:
     """A closed batch to claim, clear and settle (`settle_claimable`), as a group commit
@@ -95,8 +84,6 @@ class BatchClaim:
 
 
 # Each runs once per batch, straight on the driver (see `billing.account_rows`).
-_HOLD_READ = Columns(HOLDS, _HoldRow._fields)
-_HOLD_ROWS = f"SELECT {', '.join(_HoldRow._fields)} FROM holds WHERE rid IN ({{in}})"
 _SETTLE_HOLDS = "UPDATE holds SET state = ?, closed_at = ?, batch_id = ? WHERE rid IN ({in})"
 _SETTLE_BINDS = Columns(HOLDS, ("state", "closed_at", "batch_id"))
 _BATCH_COLUMNS = Columns(
@@ -164,7 +151,7 @@ def settle_batch(
                 requests=requests,
                 charges=charges,
                 accounts=accounts,
-                holds=_hold_rows(session, [r.rid for r in requests]),
+                holds=KnownHolds().rows(session, [r.rid for r in requests]),
                 fingerprint=fingerprint,
                 now=now,
             )
@@ -175,18 +162,6 @@ def _batch_exists(session: Session, batch_id: str) -> bool:
     return session.scalar(select(BATCHES.c.id).where(BATCHES.c.id == batch_id)) is not None
 
 
-def _hold_rows(session: Session, rids: Sequence[str]) -> dict[str, _HoldRow]:
-    """The holds of `rids` as plain rows (read under the users' locks: every hold's state
-    changes under its user's lock)."""
-    wanted = list(rids)
-    if not wanted:
-        return {}
-    cursor = driver_cursor(session)
-    results = _HOLD_READ.result(cursor.dialect)
-    rows = cursor.execute(_HOLD_ROWS, wanted, count=len(wanted))
-    return {row[0]: _HoldRow._make(results(row)) for row in rows}
-
-
 def settle_claimable(
     session: Session,
     candidates: Sequence[tuple[str, str]],
@@ -194,6 +169,7 @@ def settle_claimable(
     now: datetime,
     fingerprints: Mapping[str, str | None] | None = None,
     locked: Mapping[str, AccountRow] | None = None,
+    known: KnownHolds | None = None,
 ) -> ClaimedBatch:
     """Claim the open holds among `candidates` (rid, user), clear those, settle them at once.
 
@@ -201,10 +177,12 @@ def settle_claimable(
     `fingerprints`) another payload's leaves the batch before `clear` runs, so nobody else's
     request fails for it. `clear` gets the claimable rids in the candidates' order and returns
     the batch to settle; it runs under the locks. `locked`: the accounts this transaction
-    already locked (`account_rows.lock_rows`), moved in place.
+    already locked (`account_rows.lock_rows`), moved in place. `known`: what this
+    transaction knows of holds already (`billing.hold_rows`), kept up to date.
     """
     accounts = lock_known_rows(session, {user for _, user in candidates}, locked)
-    holds = _hold_rows(session, [rid for rid, _ in candidates])
+    known = KnownHolds() if known is None else known
+    holds = known.rows(session, [rid for rid, _ in candidates])
     claimable: list[str] = []
     refused: dict[str, str] = {}
     for rid, user in candidates:
@@ -234,6 +212,7 @@ def settle_claimable(
         fingerprint=_fingerprint(batch, requests, charges),
         now=now,
     )
+    known.settled(claimable)
     return ClaimedBatch(settled=settled, refused=refused)
 
 
@@ -324,7 +303,7 @@ def _settle(
     requests: Sequence[RequestRecord],
     charges: Mapping[str, int],
     accounts: dict[str, AccountRow],
-    holds: Mapping[str, _HoldRow],
+    holds: Mapping[str, HoldRow],
     fingerprint: str,
     now: datetime,
 ) -> SettleResult:
@@ -393,7 +372,7 @@ def _settle(
         # Every hold of the batch moves to the same state: one statement.
         rids = [request.rid for request in ordered]
         settled = _SETTLE_BINDS.bind(cursor.dialect)((HoldState.SETTLED, now, batch_id))
-        cursor.execute(_SETTLE_HOLDS, [*settled, *rids], count=len(rids))
+        cursor.write(_SETTLE_HOLDS, [*settled, *rids], count=len(rids))
     return SettleResult(
         batch_id=batch_id,
         charges_micros={name: charges.get(name, 0) for name in sorted(accounts)},
@@ -405,7 +384,7 @@ def _check_holds(
     batch_id: str,
     requests: Sequence[RequestRecord],
     accounts: Mapping[str, AccountRow],
-    holds: Mapping[str, _HoldRow],
+    holds: Mapping[str, HoldRow],
 ) -> None:
     for request in requests:
         hold = holds.get(request.rid)
@@ -426,7 +405,7 @@ def _check_holds(
 
 
 def _release_entry(
-    account: AccountRow, hold: _HoldRow, reason: str, batch_id: str, now: datetime
+    account: AccountRow, hold: HoldRow, reason: str, batch_id: str, now: datetime
 ) -> dict[str, Any]:
     return account.entry(
         EntryKind.RELEASE,
