@@ -57,7 +57,7 @@ class _LoneRequests:
         self.prefix = prefix
         self.count = 0
         self.users: dict[str, str] = {}  # rid -> user, for the clearing
-        self.clearing = _Clearing(self.users)
+        self.clearing = _Clearing(self.users, prefix)
 
     def settle(self) -> str:
         """Place a new request's hold and settle it alone, in one commit; its rid."""

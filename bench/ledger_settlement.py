@@ -68,8 +68,9 @@ class Row:
 class _Clearing:
     """A clearing with no auction in it: every request pays half its bid."""
 
-    def __init__(self, users: Mapping[str, str]) -> None:
+    def __init__(self, users: Mapping[str, str], prefix: str = "batch") -> None:
         self.users = users
+        self.prefix = prefix  # of the batch ids, with a counter
         self.batch_ids = count()
 
     def __call__(
@@ -92,7 +93,7 @@ class _Clearing:
         for request in requests:
             charges[request.user] = charges.get(request.user, 0) + BID_MICROS // 2
         batch = BatchRecord(
-            batch_id=f"batch-{next(self.batch_ids)}",
+            batch_id=f"{self.prefix}-{next(self.batch_ids)}",
             closed_at=datetime.now(UTC),
             n=len(requests),
             revenue_micros=sum(charges.values()),

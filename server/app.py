@@ -29,6 +29,7 @@ from inference_auctions.server.cluster.replica import rate_limit_share, replica_
 from inference_auctions.server.engine.base import Engine
 from inference_auctions.server.engine.factory import make_engine
 from inference_auctions.server.engine.local_tokenizer import ENGINE, load_tokenizer
+from inference_auctions.server.gc_tuning import tune_collector
 from inference_auctions.server.service import AuctionService
 from inference_auctions.server.settings import ServerSettings, without_password
 
@@ -66,6 +67,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
             election = settings.jobs_leader_election
             scheduler = start_ledger_jobs(ledger, settings, leader_election=election)
         await service.start()
+        tune_collector()
         ledger_url = without_password(settings.database_url)
         log.info("auction server ready: engine %s, ledger %s", backend.name, ledger_url)
         try:
