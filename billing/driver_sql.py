@@ -301,10 +301,12 @@ class DriverCursor:
     def execute_many_returning(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
         """Run a statement with RETURNING once per row of parameters; the rows all of them
         returned. On PostgreSQL one round trip, deferred writes before it in the same one."""
+        if self._pipelined is not None:
+            raise RuntimeError("a together() block reads no rows: run this outside it")
         if not rows:
             return []
         statement = _Statement(self.render(sql), rows, many=True)
-        if self._pipelines and self._pipelined is None:
+        if self._pipelines:
             [returned] = self._send([statement])
             return returned
         # SQLite's driver returns no rows from executemany; it runs in this process anyway.

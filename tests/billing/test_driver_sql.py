@@ -180,3 +180,23 @@ def test_a_conversion_converts_each_value_as_its_processor_does() -> None:
     assert conversion(("x", earlier, later)) == ["x", f"<{earlier}>", f"<{later}>"]
     assert conversion(("y", later, earlier)) == ["y", f"<{later}>", f"<{earlier}>"]
     assert calls == [earlier, later, later, earlier]  # each column remembers its own last value
+
+
+def test_a_statement_run_once_per_row_returns_what_every_run_returned(
+    ledger_db: MigratedDatabase,
+) -> None:
+    ledger = Ledger(ledger_db.engine, clock=Clock(_NOW))
+    ledger.create_user("ada", budget_micros=1_000)
+    ledger.create_user("bob", budget_micros=1_000)
+    with Session(ledger_db.engine) as session, session.begin():
+        cursor = driver_cursor(session)
+        renamed = cursor.execute_many_returning(
+            "UPDATE users SET name = ? WHERE name = ? RETURNING name",
+            [("ada2", "ada"), ("nobody2", "nobody"), ("bob2", "bob")],
+        )
+        assert sorted(row[0] for row in renamed) == ["ada2", "bob2"]  # none for "nobody"
+        if ledger_db.backend != "sqlite":  # SQLite's statements run at once, even there
+            # A pipeline answers at its end: rows read inside it would be missing, silently.
+            with pytest.raises(RuntimeError, match="together"), cursor.together():
+                cursor.execute_many_returning("SELECT ? AS x", [(1,)])
+        session.rollback()
