@@ -174,10 +174,9 @@ class DriverCursor:
     connection (SQLite then reports "bad parameter or other API misuse").
     """
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, connection: Connection) -> None:
         self._pipelined: Any = None  # the cursor of a `together` block, while one runs
         self._deferred: list[_Statement] | None = None  # writes held back (`defer_writes`)
-        connection = session.connection()
         self._connection = connection
         self.dialect = connection.dialect
         dbapi_connection = connection.connection.dbapi_connection
@@ -415,7 +414,7 @@ def driver_cursor(session: Session) -> DriverCursor:
     transaction = session.get_transaction()
     if cached is not None and transaction is not None and cached[0] is transaction:
         return cast(DriverCursor, cached[1])
-    cursor = DriverCursor(session)  # begins the transaction if none has begun
+    cursor = DriverCursor(session.connection())  # begins the transaction if none has begun
     session.info[_CURSOR_KEY] = (session.get_transaction(), cursor)
     return cursor
 

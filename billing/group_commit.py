@@ -13,9 +13,9 @@ The transaction reads everything it needs first, in one round trip to a database
 holds of every rid it places or claims. Its writes are then deferred and sent all together
 (`DriverCursor.defer_writes`), with the served records' updates, which say themselves
 whether they moved their requests, before the `COMMIT`: a group costs four round trips
-whatever it carries (seven for a lone request's hold and settlement before, four for its
-served record, now three). What it writes itself it keeps track of instead of reading
-back: a claim finds the holds its own group placed (`billing.hold_rows`).
+whatever it carries (seven for a lone request's hold and settlement before; a lone served
+record is one statement, `Ledger.commit_group`). What it writes itself it keeps track of
+instead of reading back: a claim finds the holds its own group placed (`billing.hold_rows`).
 """
 
 from __future__ import annotations

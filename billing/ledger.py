@@ -111,8 +111,11 @@ class Ledger:
         self._engine = engine
         self._clock = clock
         self._owns_engine = owns_engine
+        # A lone `served` record is one statement, committed by itself (`_serve_one`).
+        self._autocommit_engine: Engine | None = None
         if engine.dialect.name == "postgresql":
             watch_engine(engine)  # group commits defer their writes to the COMMIT
+            self._autocommit_engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         read_options: dict[str, object] = {READ_ONLY: True}
         if engine.dialect.name == "postgresql":
             # Reads of several rows should agree with each other, as of one snapshot.
@@ -171,6 +174,27 @@ class Ledger:
             except DBAPIError as exc:
                 last = attempt == _ATTEMPTS - 1
                 if last or not (_retryable(exc) or _lost_before_commit(exc, committing)):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _serve_one(self, record: ServedRecord, now: datetime) -> bool:
+        """`record_served_many([record])`. On PostgreSQL one statement in autocommit mode: no
+        BEGIN and no COMMIT, one round trip where a transaction takes three; it is all or
+        nothing by itself. A connection lost after the statement was sent leaves unknown
+        whether it committed, so the attempt after it asks (`request_log.serve_one`)."""
+        request_log.check_served(record)
+        if self._autocommit_engine is None:
+            return self._write(lambda s: request_log.serve_scheduled(s, [record], now))[0]
+        for attempt in range(_ATTEMPTS):
+            try:
+                with self._autocommit_engine.connect() as connection:
+                    return request_log.serve_one(connection, record, now, again=attempt > 0)
+            except (OperationalError, PoolTimeout) as exc:
+                lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
+                if attempt == _ATTEMPTS - 1 or not (_retryable(exc) or lost):
+                    raise unavailable(exc) from exc
+            except DBAPIError as exc:
+                if attempt == _ATTEMPTS - 1 or not _retryable(exc):
                     raise
         raise AssertionError("unreachable")
 
@@ -336,13 +360,17 @@ class Ledger:
         result and the group runs again without it, so nothing of it is written; no
         savepoint per claim, which would cost two more round trips to the database on every
         commit. A database failure fails the whole group (`LedgerUnavailable`, nothing
-        written). A constraint that only the database checks (a batch id settled before)
+        written). A group of one served record and nothing else (the common case of a lone
+        request) is one statement, committed by itself (`_serve_one`). A constraint that only
+        the database checks (a batch id settled before)
         fails when the deferred writes reach it, at the commit, where it cannot tell which
         claim it was: the group then runs again with each claim's writes sent as it makes
         them, so that the failing claim is found and left out alone."""
         if not requests and not records and not claims:
             return GroupOutcome([], [], [])
         now = self._now()
+        if len(records) == 1 and not requests and not claims:
+            return GroupOutcome([], [self._serve_one(records[0], now)], [])
         failed: dict[int, Exception] = {}
         defer = True
         while True:
@@ -480,6 +508,8 @@ class Ledger:
         if not records:
             return []
         now = self._now()
+        if len(records) == 1:
+            return [self._serve_one(records[0], now)]
         return self._write(lambda s: request_log.serve_scheduled(s, records, now))
 
     def record_failed(

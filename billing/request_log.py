@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import Connection, CursorResult, select, update
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing.driver_sql import Columns, driver_cursor
+from inference_auctions.billing.driver_sql import Columns, DriverCursor, driver_cursor
 from inference_auctions.billing.errors import InvalidInput, RequestNotScheduled, UnknownRequest
 from inference_auctions.billing.models import AUCTION_REQUESTS, BatchRequest, RequestStatus, User
 from inference_auctions.billing.postings import check_id
@@ -149,6 +150,39 @@ _SERVED_BINDS = Columns(
 )
 
 
+_STATUS_OF = "SELECT status FROM auction_requests WHERE rid = ?"
+_STATUS = Columns(AUCTION_REQUESTS, ("status",))
+
+
+def check_served(record: ServedRecord) -> None:
+    """Validate a served record's fields (`InvalidInput`)."""
+    check_id(record.rid, "rid")
+    _check_ttft(record.ttft_ms)
+    _check_cached(record.cached_tokens)
+
+
+def _served_row(cursor: DriverCursor, rid: str, record: ServedRecord, now: datetime) -> list[Any]:
+    ttft = None if record.ttft_ms is None else float(record.ttft_ms)
+    values = (RequestStatus.SERVED, record.cached_tokens, ttft, now, rid, RequestStatus.SCHEDULED)
+    return _SERVED_BINDS.bind(cursor.dialect)(values)
+
+
+def serve_one(
+    connection: Connection, record: ServedRecord, now: datetime, *, again: bool = False
+) -> bool:
+    """`serve_scheduled` of one record as one statement, on a connection in autocommit mode
+    (PostgreSQL): the statement commits itself, one round trip in all. `again`: an earlier
+    attempt's connection was lost after the statement may have reached the server; if the
+    request is served now, that attempt served it (nothing else records a request served
+    but the one path that serves it), and the answer may go."""
+    cursor = DriverCursor(connection)
+    moved = cursor.execute(_SERVE, _served_row(cursor, record.rid, record, now))
+    if moved or not again:
+        return bool(moved)
+    rows = cursor.execute(_STATUS_OF, [record.rid])
+    return bool(rows) and _STATUS.result(cursor.dialect)(rows[0])[0] is RequestStatus.SERVED
+
+
 def serve_scheduled(session: Session, records: Sequence[ServedRecord], now: datetime) -> list[bool]:
     """Move each record's request from `scheduled` to `served`, only if it is still scheduled;
     result i tells whether record i moved it (a repeated rid moves it at most once, with the
@@ -160,30 +194,12 @@ def serve_scheduled(session: Session, records: Sequence[ServedRecord], now: date
     served and failed remain exclusive.
     """
     for record in records:
-        check_id(record.rid, "rid")
-        _check_ttft(record.ttft_ms)
-        _check_cached(record.cached_tokens)
+        check_served(record)
     first: dict[str, int] = {}
     for index, record in enumerate(records):
         first.setdefault(record.rid, index)
     cursor = driver_cursor(session)
-    binds = _SERVED_BINDS.bind(cursor.dialect)
-    updates = []
-    for rid in sorted(first):
-        record = records[first[rid]]
-        ttft = None if record.ttft_ms is None else float(record.ttft_ms)
-        updates.append(
-            binds(
-                (
-                    RequestStatus.SERVED,
-                    record.cached_tokens,
-                    ttft,
-                    now,
-                    rid,
-                    RequestStatus.SCHEDULED,
-                )
-            )
-        )
+    updates = [_served_row(cursor, rid, records[first[rid]], now) for rid in sorted(first)]
     moved = {row[0] for row in cursor.execute_many_returning(_SERVE, updates)}
     return [first[r.rid] == index and r.rid in moved for index, r in enumerate(records)]
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing import BatchRecord, HoldView, Ledger, RequestRecord
+from inference_auctions.billing import BatchClaim, BatchRecord, HoldView, Ledger, RequestRecord
 from inference_auctions.billing.holds import find_hold
 
 TABLES = (
@@ -64,6 +64,17 @@ def batch_of(
         total_tokens=10 * n,
     )
     return batch, requests, dict(charges)
+
+
+def claim_of(batch_id: str, bids: Mapping[str, tuple[str, int]], charge: int) -> BatchClaim:
+    """A claim of the holds of `bids` (rid -> (user, bid)) for `Ledger.commit_group`, whose
+    clearing charges each user `charge` for the claimable ones (`batch_of`)."""
+
+    def clear(rids: list[str]) -> tuple[BatchRecord, Sequence[RequestRecord], dict[str, int]]:
+        users = {bids[rid][0] for rid in rids}
+        return batch_of(batch_id, [(rid, *bids[rid]) for rid in rids], dict.fromkeys(users, charge))
+
+    return BatchClaim([(rid, user) for rid, (user, _) in bids.items()], clear)
 
 
 def hold_and_settle(

@@ -8,7 +8,7 @@ served records commit as if it had not been there.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -22,18 +22,7 @@ from inference_auctions.billing import (
     Ledger,
     RequestRecord,
 )
-from tests.billing.helpers import batch_of
-
-
-def _clearing(batch_id: str, bids: Mapping[str, tuple[str, int]], charge: int) -> BatchClaim:
-    def clear(rids: list[str]) -> tuple[BatchRecord, Sequence[RequestRecord], dict[str, int]]:
-        users = {bids[rid][0] for rid in rids}
-        batch, requests, charges = batch_of(
-            batch_id, [(rid, *bids[rid]) for rid in rids], dict.fromkeys(users, charge)
-        )
-        return batch, requests, dict(charges)
-
-    return BatchClaim([(rid, user) for rid, (user, _) in bids.items()], clear)
+from tests.billing.helpers import claim_of
 
 
 def _broken(rid: str, user: str) -> BatchClaim:
@@ -52,8 +41,8 @@ def test_a_failing_claim_is_undone_alone(ledger: Ledger) -> None:
         [],
         [
             _broken("a1", "ada"),
-            _clearing("good", {"b1": ("bob", 1_000), "b2": ("bob", 3_000)}, 1_500),
-            _clearing("invalid", {"a2": ("ada", 2_000)}, 5_000),  # charges above the hold
+            claim_of("good", {"b1": ("bob", 1_000), "b2": ("bob", 3_000)}, 1_500),
+            claim_of("invalid", {"a2": ("ada", 2_000)}, 5_000),  # charges above the hold
         ],
     )
     assert [type(p) for p in outcome.placed] == [HoldView, HoldView]
@@ -75,7 +64,7 @@ def test_a_claim_sees_the_holds_its_group_placed_before_it(ledger: Ledger) -> No
     outcome = ledger.commit_group(
         [HoldRequest("ada", "a1", 2_000), HoldRequest("ada", "a2", 4_000)],  # a2: too much
         [],
-        [_clearing("b", {"a1": ("ada", 2_000), "a2": ("ada", 4_000)}, 700)],
+        [claim_of("b", {"a1": ("ada", 2_000), "a2": ("ada", 4_000)}, 700)],
     )
     assert [type(p).__name__ for p in outcome.placed] == ["HoldView", "InsufficientFunds"]
     [claimed] = outcome.claimed
@@ -92,7 +81,7 @@ def test_the_group_runs_once_per_failed_claim_at_most(ledger: Ledger, failing: i
     ledger.create_user("ada", budget_micros=10_000)
     ledger.place_holds([HoldRequest("ada", "a1", 1_000), HoldRequest("ada", "a2", 1_000)])
     runs: list[str] = []
-    good = _clearing("g", {"a2": ("ada", 1_000)}, 100)
+    good = claim_of("g", {"a2": ("ada", 1_000)}, 100)
     original = good.clear
 
     def counted(rids: list[str]) -> tuple[BatchRecord, Sequence[RequestRecord], dict[str, int]]:
@@ -122,7 +111,7 @@ def test_a_group_reports_what_its_users_have_available_after_it(ledger: Ledger) 
         HoldRequest("cap", "c1", 5_000),
         HoldRequest("off", "o1", 5_000),
     ]
-    settle = _clearing("g1", {"b1": ("bob", 20_000)}, 7_000)
+    settle = claim_of("g1", {"b1": ("bob", 20_000)}, 7_000)
     outcome = ledger.commit_group(holds, [], [settle])
     # bob's hold is claimed and settled in the same group: charged 7,000, nothing held.
     assert outcome.available == {"ada": 70_000, "bob": 93_000}

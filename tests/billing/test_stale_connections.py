@@ -9,13 +9,23 @@ PostgreSQL only: SQLite has no server to lose. The backends are terminated with
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, event, text
 
-from inference_auctions.billing import HoldRequest, Ledger, LedgerUnavailable
+from inference_auctions.billing import (
+    ClaimedBatch,
+    HoldRequest,
+    Ledger,
+    LedgerUnavailable,
+    RequestStatus,
+    ServedRecord,
+)
+from inference_auctions.billing.request_log import serve_one
+from tests.billing.helpers import claim_of
 from tests.db_fixtures import MigratedDatabase, migrated_database
 
 pytestmark = pytest.mark.postgres
@@ -80,3 +90,46 @@ def test_a_connection_lost_while_committing_is_not_run_again(
         event.remove(postgres_db.engine, "commit", die_before_commit)
     assert commits == 1
     assert ledger.balance("ada").held_micros == 0  # the server rolled it back
+
+
+def test_a_lone_served_record_on_a_dead_pooled_connection_is_recorded_once(
+    postgres_db: MigratedDatabase,
+) -> None:
+    ledger = Ledger(postgres_db.engine)
+    ledger.create_user("ada", budget_micros=1_000)
+    outcome = ledger.commit_group(
+        [HoldRequest("ada", "r1", 300)], [], [claim_of("b1", {"r1": ("ada", 300)}, 100)]
+    )
+    assert isinstance(outcome.claimed[0], ClaimedBatch)
+    assert _terminate_pooled(postgres_db, postgres_db.engine) >= 1
+    # One statement in autocommit mode: its retry asks whether the lost attempt served it.
+    assert ledger.commit_group([], [ServedRecord("r1", None, 2.0)], []).served == [True]
+    found = ledger.find_request("r1")
+    assert found is not None and found.status is RequestStatus.SERVED
+    assert ledger.record_served_many([ServedRecord("r1", None, 2.0)]) == [False]  # once
+    assert ledger.reconcile().ok
+
+
+def test_a_served_statement_tried_again_finds_what_the_lost_attempt_did(
+    postgres_db: MigratedDatabase,
+) -> None:
+    ledger = Ledger(postgres_db.engine)
+    ledger.create_user("ada", budget_micros=1_000)
+    for rid in ("served", "failed", "waiting"):
+        ledger.commit_group(
+            [HoldRequest("ada", rid, 300)], [], [claim_of(f"b-{rid}", {rid: ("ada", 300)}, 0)]
+        )
+    assert ledger.record_served_many([ServedRecord("served", None, None)]) == [True]
+    ledger.record_failed("failed", "b-failed", "ada", target_micros=0, reason="engine: down")
+    now = datetime.now(UTC)
+    engine = postgres_db.engine.execution_options(isolation_level="AUTOCOMMIT")
+    with engine.connect() as connection:
+        again = [
+            serve_one(connection, ServedRecord(rid, None, None), now, again=True)
+            for rid in ("served", "failed", "waiting")
+        ]
+        first_try = serve_one(connection, ServedRecord("served", None, None), now)
+    # Served before: by the lost attempt, so the answer may go; failed: recovery was first;
+    # still scheduled: served now. A first attempt that finds it served did not serve it.
+    assert again == [True, False, True]
+    assert first_try is False
