@@ -173,8 +173,9 @@ def serve_one(
     """`serve_scheduled` of one record as one statement, on a connection in autocommit mode
     (PostgreSQL): the statement commits itself, one round trip in all. `again`: an earlier
     attempt's connection was lost after the statement may have reached the server; if the
-    request is served now, that attempt served it (nothing else records a request served
-    but the one path that serves it), and the answer may go."""
+    request is served now, that attempt served it (the serving path is the only one that
+    records a request served as it answers), and either way the ledger counts it served,
+    so the answer may go."""
     cursor = DriverCursor(connection)
     moved = cursor.execute(_SERVE, _served_row(cursor, record.rid, record, now))
     if moved or not again:
