@@ -52,8 +52,14 @@ class AuctionOutcome:
 
     @property
     def welfare(self) -> Fraction:
-        """W = sum of bid * fractional priority, exactly, in micro-credits."""
-        return sum((self.bids[rid] * self.priority(rid) for rid in self.order), Fraction(0))
+        """W = sum of bid * fractional priority, exactly, in micro-credits. Every priority
+        has the denominator n - 1, so the sum is taken over integers and divided once
+        (`reference.welfare` sums the fractions; the property tests compare the two)."""
+        if self.size <= 1:
+            return Fraction(sum(self.bids[rid] for rid in self.order))
+        last = self.size - 1
+        weighted = sum(self.bids[rid] * (last - self.positions[rid]) for rid in self.order)
+        return Fraction(weighted, last)
 
     @property
     def revenue(self) -> int:
