@@ -75,6 +75,10 @@ _REMEMBERED_TICKETS = 10_000
 # dispatch: each such request sent ahead voids its whole batch, other users' requests included,
 # and the writer's estimate of what a user can afford cannot see another replica's spending.
 _DISTRUST_SECONDS = 60.0
+# Distrusted users remembered before the expired ones are swept out. The next sweep waits
+# for twice as many as the last one kept, so a flood of refusals naming many users costs
+# amortized constant time per refusal.
+_DISTRUSTED_SWEEP = 10_000
 
 
 class Load(NamedTuple):
@@ -126,6 +130,7 @@ class AuctionService:
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
         # User -> when they may be dispatched ahead of a commit again (`_may_dispatch_ahead`).
         self._distrusted: dict[str, float] = {}
+        self._distrusted_sweep_at = _DISTRUSTED_SWEEP
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
         # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
@@ -447,8 +452,9 @@ class AuctionService:
     def _distrust(self, user: str) -> None:
         """The user's next batches wait for their commits before the engine sees them."""
         now = time.monotonic()
-        if len(self._distrusted) >= _REMEMBERED_TICKETS:
+        if len(self._distrusted) >= self._distrusted_sweep_at:
             self._distrusted = {u: t for u, t in self._distrusted.items() if t > now}
+            self._distrusted_sweep_at = max(_DISTRUSTED_SWEEP, 2 * len(self._distrusted))
         self._distrusted[user] = now + _DISTRUST_SECONDS
 
     def _clearance(self, batch: ClearedBatch, ticket: Ticket) -> Clearance:

@@ -127,7 +127,7 @@ def test_a_group_decides_as_one_hold_after_another(
 ) -> None:
     ledger = Ledger(ledger_db.engine, clock=clock)
     n = next(_examples)
-    one, many = f"s{n}-", f"g{n}-"
+    one, many, committed = f"s{n}-", f"g{n}-", f"c{n}-"
     _set_up(ledger, clock, one)
     singly: list[HoldView | LedgerError] = []
     for fields in requests:
@@ -142,6 +142,12 @@ def test_a_group_decides_as_one_hold_after_another(
     grouped = ledger.place_holds([_request(many, *fields) for fields in requests])
     assert [_outcome(many, r) for r in grouped] == [_outcome(one, r) for r in singly]
     assert _state(ledger, many) == _state(ledger, one)
+    # The server's writer places them as part of a group commit: reads first, writes
+    # deferred to the commit on PostgreSQL (`billing.group_commit`). The same decisions.
+    _set_up(ledger, clock, committed)
+    outcome = ledger.commit_group([_request(committed, *fields) for fields in requests], [])
+    assert [_outcome(committed, r) for r in outcome.placed] == [_outcome(one, r) for r in singly]
+    assert _state(ledger, committed) == _state(ledger, one)
     assert ledger.reconcile().ok
 
 
