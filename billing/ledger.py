@@ -362,10 +362,10 @@ class Ledger:
         commit. A database failure fails the whole group (`LedgerUnavailable`, nothing
         written). A group of one served record and nothing else (the common case of a lone
         request) is one statement, committed by itself (`_serve_one`). A constraint that
-        only the database checks (a batch id settled before) fails when the deferred writes
-        reach it, at the commit, where it cannot tell which claim it was: the group then
-        runs again with each claim's writes sent as it makes them, so that the failing claim
-        is found and left out alone."""
+        only the database checks (a batch id settled before), or a value it refuses, fails
+        when the deferred writes reach it, at the commit, where it cannot tell which claim
+        it was: the group then runs again with each claim's writes sent as it makes them,
+        so that the failing claim is found and left out alone."""
         if not requests and not records and not claims:
             return GroupOutcome([], [], [])
         now = self._now()
@@ -387,7 +387,7 @@ class Ledger:
                 return self._write(work)
             except ClaimFailed as failure:  # rolled back: again, without that claim
                 failed[failure.index] = failure.error
-            except IntegrityError:
+            except DBAPIError:  # a constraint or a value the database refused (not a loss)
                 if not defer:
                     raise
                 defer = False
