@@ -70,10 +70,6 @@ class KnownHolds:
             self.learn(query, found, session)
         return {rid: row for rid in wanted if (row := self._rows[rid]) is not None}
 
-    def exists(self, rid: str) -> bool:
-        """Whether `rid` is known to have a hold (ask `query` for the unknown first)."""
-        return self._rows.get(rid) is not None
-
     def placed(self, row: HoldRow) -> None:
         """This transaction wrote a new hold."""
         self._rows[row.rid] = row
