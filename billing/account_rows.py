@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from functools import cache
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 from sqlalchemy import Dialect, Table
 from sqlalchemy.orm import Session
@@ -36,7 +36,13 @@ from inference_auctions.billing.models import (
     User,
 )
 from inference_auctions.billing.periods import Period
-from inference_auctions.billing.postings import Account, balance_moves, check_name, entry_values
+from inference_auctions.billing.postings import (
+    Account,
+    EntryDetails,
+    balance_moves,
+    check_name,
+    entry_values,
+)
 
 BALANCES = cast(Table, Balance.__table__)
 BUDGETS = cast(Table, Budget.__table__)
@@ -83,27 +89,14 @@ class AccountRow:
         *,
         key: str,
         now: datetime,
-        reason: str | None = None,
-        batch_id: str | None = None,
-        request_id: str | None = None,
-        period_start: datetime | None = None,
+        **details: Unpack[EntryDetails],
     ) -> dict[str, Any]:
         """Move the balance by one entry and return the entry as a row to insert."""
         balance_delta, held_delta = balance_moves(kind, amount_micros)
         self.balance_micros += balance_delta
         self.held_micros += held_delta
         self.changed = True
-        return entry_values(
-            self.user_id,
-            kind,
-            amount_micros,
-            key=key,
-            now=now,
-            reason=reason,
-            batch_id=batch_id,
-            request_id=request_id,
-            period_start=period_start,
-        )
+        return entry_values(self.user_id, kind, amount_micros, key=key, now=now, **details)
 
 
 _BUDGET_FIELDS = [field.name for field in fields(BudgetRow)]

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -174,6 +174,16 @@ def post(
     return entry
 
 
+class EntryDetails(TypedDict, total=False):
+    """What an entry may say besides its user, kind, amount, key and time (each None if not
+    given): the keyword arguments of `entry_values`, `entry_row` and `AccountRow.entry`."""
+
+    reason: str | None
+    batch_id: str | None
+    request_id: str | None
+    period_start: datetime | None
+
+
 def entry_row(
     account: Account,
     kind: EntryKind,
@@ -181,10 +191,7 @@ def entry_row(
     *,
     key: str,
     now: datetime,
-    reason: str | None = None,
-    batch_id: str | None = None,
-    request_id: str | None = None,
-    period_start: datetime | None = None,
+    **details: Unpack[EntryDetails],
 ) -> dict[str, Any]:
     """Move the locked balance row by one entry and return the entry as a row to insert.
 
@@ -195,17 +202,7 @@ def entry_row(
     account.balance.balance_micros += balance_delta
     account.balance.held_micros += held_delta
     account.balance.updated_at = now
-    return entry_values(
-        account.user.id,
-        kind,
-        amount_micros,
-        key=key,
-        now=now,
-        reason=reason,
-        batch_id=batch_id,
-        request_id=request_id,
-        period_start=period_start,
-    )
+    return entry_values(account.user.id, kind, amount_micros, key=key, now=now, **details)
 
 
 def balance_moves(kind: EntryKind, amount_micros: int) -> tuple[int, int]:
@@ -225,22 +222,19 @@ def entry_values(
     *,
     key: str,
     now: datetime,
-    reason: str | None = None,
-    batch_id: str | None = None,
-    request_id: str | None = None,
-    period_start: datetime | None = None,
+    **details: Unpack[EntryDetails],
 ) -> dict[str, Any]:
     """An entry as a row to insert, moving nothing (the caller moves the balance)."""
     return {
         "user_id": user_id,
         "kind": kind,
         "amount_micros": amount_micros,
-        "batch_id": batch_id,
-        "request_id": request_id,
-        "reason": reason,
+        "batch_id": details.get("batch_id"),
+        "request_id": details.get("request_id"),
+        "reason": details.get("reason"),
         "idempotency_key": key,
         "created_at": now,
-        "period_start": period_start,
+        "period_start": details.get("period_start"),
     }
 
 
