@@ -205,6 +205,8 @@ class DriverCursor:
     def read_together(self, queries: Sequence[Query]) -> list[list[Any]]:
         """Run reads (and any deferred writes before them) in one round trip: the rows of
         each query, in order. On SQLite they simply run one by one."""
+        if not queries:
+            return []
         if not self._pipelines or self._pipelined is not None:
             return [self.execute(query.sql, query.params, query.listed) for query in queries]
         rendered = [

@@ -84,7 +84,7 @@ def commit_group(
     holds = known.query(_usable_ids(rids))
     # In this order: the users' rows are locked before their holds are read.
     wanted = [query for query in (lock, holds) if query is not None]
-    rows = iter(cursor.read_together(wanted) if wanted else [])
+    rows = iter(cursor.read_together(wanted))
     locked = {} if lock is None else account_rows.locked_accounts(session, next(rows))
     if holds is not None:
         known.learn(holds, next(rows), session)

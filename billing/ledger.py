@@ -114,7 +114,7 @@ class Ledger:
         # A lone `served` record is one statement, committed by itself (`_serve_one`).
         self._autocommit_engine: Engine | None = None
         if engine.dialect.name == "postgresql":
-            watch_engine(engine)  # group commits defer their writes to the COMMIT
+            watch_engine(engine)  # group commits send their writes together, before the COMMIT
             self._autocommit_engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         read_options: dict[str, object] = {READ_ONLY: True}
         if engine.dialect.name == "postgresql":
@@ -369,8 +369,8 @@ class Ledger:
         if not requests and not records and not claims:
             return GroupOutcome([], [], [])
         now = self._now()
-        if len(records) == 1 and not requests and not claims:
-            return GroupOutcome([], [self._serve_one(records[0], now)], [])
+        if not requests and not claims:  # served records only: see `record_served_many`
+            return GroupOutcome([], self._record_served(records, now), [])
         failed: dict[int, Exception] = {}
         defer = True
         while True:
@@ -507,7 +507,10 @@ class Ledger:
         malformed record."""
         if not records:
             return []
-        now = self._now()
+        return self._record_served(records, self._now())
+
+    def _record_served(self, records: Sequence[ServedRecord], now: datetime) -> list[bool]:
+        """`record_served_many`: one record alone is one statement (`_serve_one`)."""
         if len(records) == 1:
             return [self._serve_one(records[0], now)]
         return self._write(lambda s: request_log.serve_scheduled(s, records, now))

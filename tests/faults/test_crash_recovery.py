@@ -157,6 +157,18 @@ def _tagged(database_url: str) -> tuple[str, str]:
     return url.render_as_string(hide_password=False), application_name
 
 
+def _crash_set_up(
+    db: MigratedDatabase,
+) -> tuple[str, str, Ledger, dict[str, str], dict[str, str]]:
+    """A tagged server URL and its application name (`_tagged`), the ledger, and each user of
+    `BIDS` created with `GRANT`: their API keys and their "crash" requests' ledger rids."""
+    server_url, application_name = _tagged(db.url)
+    ledger = Ledger(db.engine)
+    keys = {user: ledger.create_user(user, budget_micros=GRANT).api_key for user in BIDS}
+    rids = {user: f"{user}/crash" for user in BIDS}
+    return server_url, application_name, ledger, keys, rids
+
+
 @contextmanager
 def _settlement_blocked(
     db: MigratedDatabase,
@@ -201,10 +213,7 @@ def _settlement_blocked(
 def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
     postgres_db: MigratedDatabase, tmp_path: Path
 ) -> None:
-    server_url, application_name = _tagged(postgres_db.url)
-    ledger = Ledger(postgres_db.engine)
-    keys = {user: ledger.create_user(user, budget_micros=GRANT).api_key for user in BIDS}
-    rids = {user: f"{user}/crash" for user in BIDS}
+    server_url, application_name, ledger, keys, rids = _crash_set_up(postgres_db)
     log = tmp_path / "server.log"
 
     # 1. A batch closes at three requests, its settlement blocked on two of its holds.
@@ -316,10 +325,7 @@ def _metric(url: str, name: str) -> float:
 def test_sigkill_while_a_batch_sent_ahead_waits_for_its_commit_answers_and_charges_nothing(
     postgres_db: MigratedDatabase, tmp_path: Path
 ) -> None:
-    server_url, application_name = _tagged(postgres_db.url)
-    ledger = Ledger(postgres_db.engine)
-    keys = {user: ledger.create_user(user, budget_micros=GRANT).api_key for user in BIDS}
-    rids = {user: f"{user}/crash" for user in BIDS}
+    server_url, application_name, ledger, keys, rids = _crash_set_up(postgres_db)
     env = _environment(server_url, free_port(), batch_size=3, max_wait_ms=60_000, run_jobs="false")
     with _serve(env, tmp_path / "server.log") as (url, process), ThreadPoolExecutor(3) as pool:
         # 1. One batch served, so that a commit has told the server what each user can afford.
