@@ -7,6 +7,7 @@ counted twice, and the writes really are grouped.
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -181,3 +182,56 @@ def test_the_writer_knows_what_each_user_can_afford_between_commits(ledger: Ledg
         return seen
 
     assert asyncio.run(run()) == [False, True, True, False, True, False]
+
+
+@pytest.mark.parametrize("served_apart", [True, False])
+def test_served_records_have_a_lane_of_their_own_where_asked(
+    ledger: Ledger, served_apart: bool
+) -> None:
+    """With a lane of their own, `served` records commit while the main lane is busy (a slow
+    settlement, a refund); without, they wait for it. Either way each is recorded once."""
+    ledger.create_user("lanes", budget_micros=BUDGET)
+    tickets = [_ticket("lanes", f"l{i}", 1_000 + i) for i in range(3)]
+    now = datetime.now(UTC)
+    release = threading.Event()
+
+    async def run() -> tuple[bool, list[bool]]:
+        writer = LedgerWriter(ledger, served_apart=served_apart)
+        try:
+            for ticket in tickets:
+                await writer.queue_hold(
+                    HoldRequest(ticket.user, ticket.ledger_rid, ticket.bid_micros, "f")
+                )
+            clearing = BatchClearing(tickets, "batch-lanes", lambda: now)
+            assert clearing.cleared(await writer.claim(clearing.claim)).batch is not None
+            busy = asyncio.ensure_future(writer.call(release.wait, 30))
+            served = asyncio.gather(
+                *(writer.served(ServedRecord(t.ledger_rid, 0, 1.0)) for t in tickets)
+            )
+            done, _ = await asyncio.wait([served], timeout=0.5 if not served_apart else 30)
+            recorded_while_busy = served in done and not busy.done()
+            release.set()
+            await busy
+            return recorded_while_busy, await served
+        finally:
+            release.set()
+            await writer.close()
+
+    recorded_while_busy, outcomes = asyncio.run(run())
+    assert recorded_while_busy is served_apart
+    assert outcomes == [True, True, True]
+    for ticket in tickets:
+        view = ledger.find_request(ticket.ledger_rid)
+        assert view is not None and view.status is RequestStatus.SERVED
+    assert ledger.reconcile().ok
+
+
+def test_the_served_lane_is_the_default_on_a_database_server_only(ledger: Ledger) -> None:
+    async def lanes() -> bool:
+        writer = LedgerWriter(ledger)
+        try:
+            return writer.serves_apart
+        finally:
+            await writer.close()
+
+    assert asyncio.run(lanes()) is (ledger.engine.dialect.name == "postgresql")
