@@ -13,7 +13,9 @@ the last transactions before a power failure or operating-system crash may be ro
 path commits two or three times per request, fewer under load thanks to group commit).
 Production deployments that need every commit on disk run PostgreSQL.
 
-PostgreSQL: the service layer locks balance rows with `SELECT ... FOR UPDATE`.
+PostgreSQL: the service layer locks balance rows with `SELECT ... FOR UPDATE`; connections are
+psycopg's, opened as `LedgerConnection` (`billing.postgres_connection`), which sends a
+transaction's `BEGIN` together with the statements after it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from inference_auctions.billing.errors import InvalidInput, LedgerUnavailable
+from inference_auctions.billing.postgres_connection import LedgerConnection
 
 # Passed as an execution option by read-only operations: a deferred BEGIN takes no write lock.
 READ_ONLY = "ledger_read_only"
@@ -65,7 +68,10 @@ def create_ledger_engine(url: str | URL, **kwargs: Any) -> Engine:
         # No `pool_pre_ping`: the ledger runs a transaction again when its pooled connection
         # turns out dead before the commit (`Ledger._write`), instead of paying a round trip
         # on every checkout to find out first.
-        return create_engine(parsed, **kwargs)
+        engine = create_engine(parsed, **kwargs)
+        if engine.dialect.driver == "psycopg":
+            _open_ledger_connections(engine)
+        return engine
     synchronous = parsed.query.get("synchronous", "normal")
     if synchronous not in SQLITE_SYNCHRONOUS:
         raise InvalidInput(
@@ -78,6 +84,17 @@ def create_ledger_engine(url: str | URL, **kwargs: Any) -> Engine:
     engine = create_engine(parsed, connect_args=connect_args, **kwargs)
     _set_up_sqlite(engine, str(synchronous))
     return engine
+
+
+def _open_ledger_connections(engine: Engine) -> None:
+    """Connect with `LedgerConnection` (see `billing.postgres_connection`), with the same
+    arguments SQLAlchemy would pass to psycopg."""
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(
+        _dialect: Any, _record: ConnectionPoolEntry, cargs: list[Any], cparams: dict[str, Any]
+    ) -> LedgerConnection:
+        return LedgerConnection.connect(*cargs, **cparams)
 
 
 def _set_up_sqlite(engine: Engine, synchronous: str) -> None:

@@ -17,10 +17,10 @@ invalidated, not returned to the pool).
 
 On PostgreSQL every statement is a round trip to the server, and on a busy two-core machine a
 round trip costs more than the statement. A group commit (`Ledger.commit_group`) therefore
-reads what it needs first, all in one round trip (`read_together`; psycopg waits for the
-`BEGIN` before it, one more), and then defers its writes (`defer_writes`): they are kept
+reads what it needs first, all in one round trip with the `BEGIN` (`read_together`;
+`billing.postgres_connection`), and then defers its writes (`defer_writes`): they are kept
 here and sent all together with the next read or, usually, just before the `COMMIT`, so
-that the whole transaction takes four round trips instead of seven. Three engine events
+that the whole transaction takes three round trips instead of seven. Three engine events
 keep that exact (`watch_engine`): any other statement on the connection (the ORM's, a
 savepoint's) first sends what is deferred, so statements still reach the server in the
 order they were issued; the commit sends them, and waits for every one to succeed, before

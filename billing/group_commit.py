@@ -9,10 +9,11 @@ groups never wait on each other in a cycle, and balance rows are locked before r
 in the order recovery takes them), and the locked rows pass from one part to the next.
 
 The transaction reads everything it needs first, in one round trip to a database server
-(`DriverCursor.read_together`; one more for the `BEGIN`): the users' locked rows and the
-holds of every rid it places or claims. Its writes are then deferred and sent all together
-(`DriverCursor.defer_writes`), with the served records' updates, which say themselves
-whether they moved their requests, before the `COMMIT`: a group costs four round trips
+(`DriverCursor.read_together`, with the `BEGIN`: `billing.postgres_connection`): the users'
+locked rows and the holds of every rid it places or claims. Its writes are then deferred and
+sent all together (`DriverCursor.defer_writes`), with the served records' updates, which say
+themselves whether they moved their requests, before the `COMMIT`: a group costs three round
+trips
 whatever it carries (seven for a lone request's hold and settlement before; a lone served
 record is one statement, `Ledger.commit_group`). What it writes itself it keeps track of
 instead of reading back: a claim finds the holds its own group placed (`billing.hold_rows`).

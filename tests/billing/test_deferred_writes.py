@@ -132,7 +132,7 @@ def relayed_ledger(ledger_db: MigratedDatabase) -> Iterator[tuple[Ledger, RoundT
         relay.close()
 
 
-def test_a_lone_request_costs_four_round_trips_to_settle_and_one_to_serve(
+def test_a_lone_request_costs_three_round_trips_to_settle_and_one_to_serve(
     relayed_ledger: tuple[Ledger, RoundTrips],
 ) -> None:
     ledger, relay = relayed_ledger
@@ -145,11 +145,11 @@ def test_a_lone_request_costs_four_round_trips_to_settle_and_one_to_serve(
     assert isinstance(outcome.claimed[0], ClaimedBatch)
     with relay.counting() as serving:
         assert ledger.commit_group([], [ServedRecord("r1", None, 5.0)], []).served == [True]
-    # Settling: BEGIN (psycopg waits for it even in a pipeline), the locks and reads
-    # together, every write together, COMMIT. Serving: one statement that commits itself and
-    # says whether it moved the request. With a read before each write and each statement
-    # on its own: 7 and 4.
-    assert (settling, serving) == ([4], [1])
+    # Settling: BEGIN with the locks and reads (`billing.postgres_connection`), every write
+    # together, COMMIT. Serving: one statement that commits itself and says whether it moved
+    # the request. With a read before each write and each statement on its own: 7 and 4;
+    # with psycopg's own wait for the BEGIN: 4 and 1.
+    assert (settling, serving) == ([3], [1])
     assert _status(ledger, "r1") == "served"
     assert ledger.reconcile().ok
 

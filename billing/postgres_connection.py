@@ -1,0 +1,43 @@
+"""The psycopg connection the ledger opens to PostgreSQL: a transaction's `BEGIN` travels with
+the statements after it.
+
+psycopg starts a transaction implicitly, with a `BEGIN` before the first statement; in
+pipeline mode it then sends a Sync and waits for the server's answer before anything else, so
+that its view of the transaction status stays right even when a result is fetched before the
+pipeline ends. A group commit (`billing.group_commit`) begins with all its reads in one
+pipeline and fetches nothing before that pipeline's end, so the wait buys it nothing and costs
+a round trip to the server on every commit: a quarter of a lone request's settlement.
+
+`LedgerConnection` leaves the Sync out inside a pipeline. The statements queued after the
+`BEGIN` see the connection busy (libpq reports a transaction in progress while results are
+due), so none of them begins again; the pipeline's own Sync at its end makes the status
+right. Were a result fetched in the middle of a pipeline, the next statement could send a
+second `BEGIN`, which PostgreSQL answers with a warning and ignores: nothing is lost either
+way. Outside a pipeline, and in autocommit mode, nothing changes.
+
+This overrides psycopg's private `_start_query`; `tests/billing/test_deferred_writes.py`
+counts a settlement's round trips, so a psycopg release that changes it fails there rather
+than quietly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import pq
+from psycopg.abc import PQGen
+
+__all__ = ["LedgerConnection"]
+
+
+class LedgerConnection(psycopg.Connection[Any]):
+    """psycopg's connection, without the wait after an implicit `BEGIN` in a pipeline."""
+
+    def _start_query(self) -> PQGen[None]:
+        if self._pipeline is None:
+            yield from super()._start_query()
+            return
+        if self._autocommit or self.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            return
+        yield from self._exec_command(self._get_tx_start_command())
