@@ -1,10 +1,11 @@
-"""Group commit: the thread through which the serving path writes to the ledger.
+"""Group commit: how the serving path writes to the ledger, from one thread (two on PostgreSQL).
 
 A request used to cost two write transactions of its own (its hold, then its `served` record),
 each started from a thread of the shared pool. On SQLite they queued on the database's single
 write lock and spent more time waiting for it, and in the ORM around it, than writing.
 
-Now every write of the serving path goes through one thread, in order:
+Now every write of the serving path goes through one thread (on PostgreSQL the `served`
+records through a second one, below), in order:
 
 * holds that arrive while a commit is running are placed together in the next one
   (`Ledger.commit_group`: one transaction, each hold still decided against what its user has
@@ -84,8 +85,8 @@ class LedgerWriter:
         self._claims: list[tuple[BatchClaim, asyncio.Future[ClaimedBatch]]] = []
         self._served: list[tuple[ServedRecord, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
-        # On a database server, `served` records go through a lane of their own (see the
-        # module docstring); None: there exactly.
+        # `served` records in a lane of their own (see the module docstring); by default on
+        # PostgreSQL, and only there.
         if served_apart is None:
             served_apart = ledger.engine.dialect.name == "postgresql"
         self._served_thread = (
@@ -143,10 +144,8 @@ class LedgerWriter:
         self._served.append((record, future))
         if self._served_thread is None:
             self._kick()
-        elif self._served_flusher is None:
-            self._served_flusher = asyncio.get_running_loop().create_task(
-                self._flush_served(self._served_thread), name="ledger-served-commit"
-            )
+        else:
+            self._kick_served(self._served_thread)
         return await future
 
     async def call(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -156,7 +155,7 @@ class LedgerWriter:
         )
 
     async def close(self) -> None:
-        """Commit what is queued, then stop the thread."""
+        """Commit what is queued, then stop the threads."""
         while self._flusher is not None or self._served_flusher is not None:
             await asyncio.shield(next(f for f in (self._flusher, self._served_flusher) if f))
         self._thread.shutdown(wait=True)
@@ -167,6 +166,12 @@ class LedgerWriter:
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(
                 self._flush(), name="ledger-group-commit"
+            )
+
+    def _kick_served(self, thread: ThreadPoolExecutor) -> None:
+        if self._served_flusher is None:
+            self._served_flusher = asyncio.get_running_loop().create_task(
+                self._flush_served(thread), name="ledger-served-commit"
             )
 
     def _pending(self) -> bool:
@@ -209,6 +214,7 @@ class LedgerWriter:
                 self._kick()
 
     async def _flush_served(self, thread: ThreadPoolExecutor) -> None:
+        """The `served` lane: what `_flush` does, for the records alone, on `thread`."""
         loop = asyncio.get_running_loop()
         try:
             while True:
@@ -225,10 +231,8 @@ class LedgerWriter:
                     _settle(served, outcome.served)
         finally:
             self._served_flusher = None
-            if self._served:
-                self._served_flusher = loop.create_task(
-                    self._flush_served(thread), name="ledger-served-commit"
-                )
+            if self._served:  # arrived after the last check: never stranded
+                self._kick_served(thread)
 
     def _account(
         self,
