@@ -16,7 +16,7 @@ from functools import partial
 from types import TracebackType
 from typing import Self, TypeVar
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
@@ -75,6 +75,18 @@ from inference_auctions.billing.users import UNSET, _Unset
 T = TypeVar("T")
 
 _ATTEMPTS = 3
+
+
+class _Attempt:
+    """One attempt at a write transaction: whether it got as far as committing (a failure
+    from then on may have committed, so the attempt is not run again)."""
+
+    __slots__ = ("committing",)
+
+    def __init__(self) -> None:
+        self.committing = False
+
+
 # Unique violation (a concurrent insert of the same key), serialization failure, deadlock.
 _RETRY_SQLSTATES = {"23505", "40001", "40P01"}
 
@@ -159,32 +171,53 @@ class Ledger:
     # per transaction) unnecessary.
 
     def _write(self, work: Callable[[Session], T]) -> T:
-        for attempt in range(_ATTEMPTS):
-            committing = False
+        def once(attempt: _Attempt) -> T:
+            with Session(self._engine, expire_on_commit=False) as session:
+                with session.begin():
+                    result = work(session)
+                    attempt.committing = True  # what fails from here on may have committed
+                return result
+
+        return self._retrying(once)
+
+    def _write_statements(self, work: Callable[[Connection], T]) -> T:
+        """`_write` for work of driver statements alone (`billing.driver_sql`), on a plain
+        connection's transaction: no ORM session around it, which would cost more than a
+        statement on SQLite."""
+
+        def once(attempt: _Attempt) -> T:
+            with self._engine.connect() as connection, connection.begin():
+                result = work(connection)
+                attempt.committing = True
+            return result
+
+        return self._retrying(once)
+
+    @staticmethod
+    def _retrying(once: Callable[[_Attempt], T]) -> T:
+        for number in range(_ATTEMPTS):
+            attempt = _Attempt()
             try:
-                with Session(self._engine, expire_on_commit=False) as session:
-                    with session.begin():
-                        result = work(session)
-                        committing = True  # what fails from here on may have committed
-                    return result
+                return once(attempt)
             except (OperationalError, PoolTimeout) as exc:
-                last = attempt == _ATTEMPTS - 1
-                if last or not (_retryable(exc) or _lost_before_commit(exc, committing)):
+                last = number == _ATTEMPTS - 1
+                if last or not (_retryable(exc) or _lost_before_commit(exc, attempt.committing)):
                     raise unavailable(exc) from exc
             except DBAPIError as exc:
-                last = attempt == _ATTEMPTS - 1
-                if last or not (_retryable(exc) or _lost_before_commit(exc, committing)):
+                last = number == _ATTEMPTS - 1
+                if last or not (_retryable(exc) or _lost_before_commit(exc, attempt.committing)):
                     raise
         raise AssertionError("unreachable")
 
     def _serve_one(self, record: ServedRecord, now: datetime) -> bool:
-        """`record_served_many([record])`. On PostgreSQL one statement in autocommit mode: no
-        BEGIN and no COMMIT, one round trip where a transaction takes three; it is all or
-        nothing by itself. A connection lost after the statement was sent leaves unknown
-        whether it committed, so the attempt after it asks (`request_log.serve_one`)."""
+        """`record_served_many([record])`: one statement. On SQLite in a transaction without an
+        ORM session (`_write_statements`). On PostgreSQL in autocommit mode: no BEGIN and no
+        COMMIT, one round trip where a transaction takes three; it is all or nothing by
+        itself. A connection lost after the statement was sent leaves unknown whether it
+        committed, so the attempt after it asks (`request_log.serve_one`)."""
         request_log.check_served(record)
-        if self._autocommit_engine is None:
-            return self._write(lambda s: request_log.serve_scheduled(s, [record], now))[0]
+        if self._autocommit_engine is None:  # SQLite: in process, no connection is lost midway
+            return self._write_statements(lambda c: request_log.serve_one(c, record, now))
         for attempt in range(_ATTEMPTS):
             try:
                 with self._autocommit_engine.connect() as connection:

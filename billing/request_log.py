@@ -170,8 +170,9 @@ def _served_row(cursor: DriverCursor, rid: str, record: ServedRecord, now: datet
 def serve_one(
     connection: Connection, record: ServedRecord, now: datetime, *, again: bool = False
 ) -> bool:
-    """`serve_scheduled` of one record as one statement, on a connection in autocommit mode
-    (PostgreSQL): the statement commits itself, one round trip in all. `again`: an earlier
+    """`serve_scheduled` of one record as one statement: on PostgreSQL on a connection in
+    autocommit mode, where the statement commits itself, one round trip in all; on SQLite in
+    the connection's transaction. `again`: an earlier
     attempt's connection was lost after the statement may have reached the server; if the
     request is served now, that attempt served it (the serving path is the only one that
     records a request served as it answers), and either way the ledger counts it served,

@@ -123,8 +123,8 @@ def lexicographic_order(
     the tokens that are actually shared.
     """
     n = len(prompts)
-    if n == 0:
-        return [], []
+    if n < 2:  # a lone request's batch, the most common one below saturation: nothing to sort
+        return list(range(n)), [0] * n
     lengths = np.array(sizes, dtype=np.int64)
     head_lengths = np.minimum(lengths, _SHORT_TOKENS)
     heads = np.zeros((n, _SHORT_TOKENS + 1), dtype=">u8")
