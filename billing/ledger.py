@@ -75,6 +75,8 @@ from inference_auctions.billing.users import UNSET, _Unset
 T = TypeVar("T")
 
 _ATTEMPTS = 3
+# Unique violation (a concurrent insert of the same key), serialization failure, deadlock.
+_RETRY_SQLSTATES = {"23505", "40001", "40P01"}
 
 
 class _Attempt:
@@ -85,10 +87,6 @@ class _Attempt:
 
     def __init__(self) -> None:
         self.committing = False
-
-
-# Unique violation (a concurrent insert of the same key), serialization failure, deadlock.
-_RETRY_SQLSTATES = {"23505", "40001", "40P01"}
 
 
 def _utc_now() -> datetime:
