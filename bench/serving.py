@@ -32,6 +32,12 @@ Run (wrk is the Debian package; the first run installs LiteLLM, which takes minu
 
 PostgreSQL: a database of its own is created on `--postgres-url` and dropped at the end.
 
+`--repeat N` measures every connection count N times, the paths alternating, each time on a
+fresh auction server: the machines this runs on are shared and their speed drifts by tens of
+percent within minutes, so a single run can fall in a slow stretch. Every run is a row of the
+table; the notes give, per connection count, the median and the range of what the targets
+in docs/PERFORMANCE.md are about.
+
 `--server-arg` passes an option to `inference-auction serve`; `--server-arg=--no-dispatch-ahead`
 measures the path where every batch waits for its settlement's commit before the engine sees
 it (docs/PERFORMANCE.md compares the two).
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -107,6 +114,7 @@ class Settings:
     server_args: list[str]
     tokenizer: str
     output_tokens: int
+    repeat: int
 
 
 class Bench:
@@ -125,7 +133,7 @@ class Bench:
     def _steps(self) -> int:
         paths = 3 if self.settings.litellm else 2
         per_database = paths * len(self.settings.connections) + (2 if self.settings.single else 0)
-        return per_database * len(self.settings.databases)
+        return per_database * len(self.settings.databases) * self.settings.repeat
 
     def _service(
         self, name: str, command: Sequence[str], url: str, health: str, **env: str
@@ -241,7 +249,7 @@ class Bench:
         with fresh_database(kind, self.folder, self.settings.postgres_url) as url:
             users = create_users(url, USERS)
             levels = ([1] if self.settings.single else []) + self.settings.connections
-            for connections in levels:
+            for connections in [level for level in levels for _ in range(self.settings.repeat)]:
                 direct, _ = self._measure("direct", "emulator_generate.lua", None, connections)
                 rows = [
                     direct,
@@ -305,12 +313,53 @@ def _cells(row: Row) -> list[str]:
     ]
 
 
+def _spread(values: Sequence[float], digits: int) -> str:
+    """One value as it is; several as their median and range."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:,.{digits}f}"
+    low, middle, high = min(values), statistics.median(values), max(values)
+    return f"{middle:,.{digits}f} ({low:,.{digits}f} to {high:,.{digits}f})"
+
+
+def _runs(report: Report, connections: int, path: str) -> list[Row]:
+    return [r for r in report.rows if r.connections == connections and r.path == path]
+
+
+def _level_note(report: Report, connections: int) -> str | None:
+    """What the targets are about at one connection count, over its runs (`--repeat`)."""
+    runs = [r for r in _runs(report, connections, "auction") if r.result.requests]
+    if len(runs) < 2:
+        return None
+    parts = [
+        f"req/s {_spread([r.result.rate for r in runs], 0)}",
+        f"throughput vs direct {_spread([r.ratio for r in runs if r.ratio is not None], 2)}",
+        f"front CPU {_spread([r.front_cpu_ms for r in runs if r.front_cpu_ms is not None], 2)}"
+        " ms/req",
+    ]
+    timed = [r.timings for r in runs if r.timings]
+    if timed:
+        p50 = _spread([t["overhead"]["p50_ms"] for t in timed], 2)
+        p99 = _spread([t["overhead"]["p99_ms"] for t in timed], 2)
+        parts.append(f"overhead p50 {p50} ms, p99 {p99} ms")
+    return f"{connections} connections, auction over {len(runs)} runs: " + "; ".join(parts) + "."
+
+
 def _notes(report: Report) -> list[str]:
     notes = []
-    single = {row.path: row for row in report.rows if row.connections == 1}
-    if "direct" in single and "auction" in single:
-        added = single["auction"].result.p50_ms - single["direct"].result.p50_ms
-        notes.append(f"1 connection: the auction layer adds {added:.2f} ms to the p50.")
+    # Each run's lone request against the direct run just before it.
+    pairs = zip(_runs(report, 1, "direct"), _runs(report, 1, "auction"), strict=False)
+    added = [auction.result.p50_ms - direct.result.p50_ms for direct, auction in pairs]
+    if added:
+        notes.append(
+            f"1 connection: the auction layer adds {_spread(added, 2)} ms to the p50"
+            + (f" ({len(added)} runs)." if len(added) > 1 else ".")
+        )
+    for connections in sorted({r.connections for r in report.rows if r.connections > 1}):
+        note = _level_note(report, connections)
+        if note is not None:
+            notes.append(note)
     a = report.audit
     if a is not None:
         verdict = "clean" if a.clean else "NOT CLEAN"
@@ -404,8 +453,17 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         help="max_new_tokens (max_tokens for LiteLLM) of every request on every path; the "
         "emulator produces exactly that many (default: 4)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure every connection count this many times, the paths alternating; the "
+        "notes give the median and range (default: 1)",
+    )
     parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     databases = ["sqlite", "postgresql"] if args.database == "both" else [args.database]
     return Settings(
         connections=args.connections,
@@ -420,6 +478,7 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         server_args=args.server_arg,
         tokenizer=args.tokenizer,
         output_tokens=args.output_tokens,
+        repeat=args.repeat,
     )
 
 
