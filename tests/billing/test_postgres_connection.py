@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from bench.round_trips import RoundTrips
 from inference_auctions.billing import create_ledger_engine
@@ -28,6 +29,15 @@ def relayed() -> Iterator[tuple[Engine, RoundTrips]]:
         relay.close()
 
 
+@contextmanager
+def _raw(engine: Engine) -> Iterator[tuple[Connection, LedgerConnection]]:
+    """A pooled connection of `engine`, and the psycopg connection under it."""
+    with engine.connect() as connection:
+        raw = connection.connection.dbapi_connection
+        assert isinstance(raw, LedgerConnection)
+        yield connection, raw
+
+
 def _pipelined(connection: psycopg.Connection[object], *numbers: int) -> None:
     with connection.pipeline():
         cursor = connection.cursor()
@@ -38,8 +48,7 @@ def _pipelined(connection: psycopg.Connection[object], *numbers: int) -> None:
 def test_the_ledger_engine_opens_ledger_connections(
     relayed: tuple[Engine, RoundTrips],
 ) -> None:
-    engine, _ = relayed
-    with engine.connect() as connection:
+    with relayed[0].connect() as connection:
         assert isinstance(connection.connection.dbapi_connection, LedgerConnection)
 
 
@@ -48,9 +57,7 @@ def test_begin_travels_with_the_first_pipeline_and_is_sent_once(
 ) -> None:
     engine, relay = relayed
     notices: list[str] = []
-    with engine.connect() as connection:
-        raw = connection.connection.dbapi_connection
-        assert isinstance(raw, LedgerConnection)
+    with _raw(engine) as (connection, raw):
         raw.add_notice_handler(lambda notice: notices.append(str(notice.message_primary)))
         with relay.counting() as trips:
             _pipelined(raw, 1, 2, 3)
@@ -67,10 +74,7 @@ def test_begin_travels_with_the_first_pipeline_and_is_sent_once(
 def test_a_transaction_begun_in_a_pipeline_commits_and_rolls_back_as_one(
     relayed: tuple[Engine, RoundTrips],
 ) -> None:
-    engine, _ = relayed
-    with engine.connect() as connection:
-        raw = connection.connection.dbapi_connection
-        assert isinstance(raw, LedgerConnection)
+    with _raw(relayed[0]) as (connection, raw):
         _pipelined(raw, 1, 2)
         raw.commit()
         _pipelined(raw, 3)
@@ -83,10 +87,7 @@ def test_a_transaction_begun_in_a_pipeline_commits_and_rolls_back_as_one(
 def test_outside_a_pipeline_and_in_autocommit_nothing_changes(
     relayed: tuple[Engine, RoundTrips],
 ) -> None:
-    engine, _ = relayed
-    with engine.connect() as connection:
-        raw = connection.connection.dbapi_connection
-        assert isinstance(raw, LedgerConnection)
+    with _raw(relayed[0]) as (_, raw):
         raw.execute("INSERT INTO probe VALUES (7)")
         assert raw.info.transaction_status is psycopg.pq.TransactionStatus.INTRANS
         raw.rollback()
