@@ -208,7 +208,7 @@ def test_served_records_have_a_lane_of_their_own_where_asked(
             served = asyncio.gather(
                 *(writer.served(ServedRecord(t.ledger_rid, 0, 1.0)) for t in tickets)
             )
-            done, _ = await asyncio.wait([served], timeout=0.5 if not served_apart else 30)
+            done, _ = await asyncio.wait([served], timeout=30 if served_apart else 0.5)
             recorded_while_busy = served in done and not busy.done()
             release.set()
             await busy
