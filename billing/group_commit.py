@@ -13,9 +13,8 @@ The transaction reads everything it needs first, in one round trip to a database
 locked rows and the holds of every rid it places or claims. Its writes are then deferred and
 sent all together (`DriverCursor.defer_writes`), with the served records' updates, which say
 themselves whether they moved their requests, before the `COMMIT`: a group costs three round
-trips
-whatever it carries (seven for a lone request's hold and settlement before; a lone served
-record is one statement, `Ledger.commit_group`). What it writes itself it keeps track of
+trips whatever it carries (seven for a lone request's hold and settlement before; a lone
+served record is one statement, `Ledger.commit_group`). What it writes itself it keeps track of
 instead of reading back: a claim finds the holds its own group placed (`billing.hold_rows`).
 """
 

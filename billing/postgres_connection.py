@@ -15,9 +15,10 @@ right. Were a result fetched in the middle of a pipeline, the next statement cou
 second `BEGIN`, which PostgreSQL answers with a warning and ignores: nothing is lost either
 way. Outside a pipeline, and in autocommit mode, nothing changes.
 
-This overrides psycopg's private `_start_query`; `tests/billing/test_deferred_writes.py`
-counts a settlement's round trips, so a psycopg release that changes it fails there rather
-than quietly.
+This overrides psycopg's private `_start_query`: `tests/billing/test_postgres_connection.py`
+counts the round trips of a transaction's first pipeline and its `BEGIN`s, and
+`tests/billing/test_deferred_writes.py` a settlement's, so a psycopg release that changes it
+fails there rather than quietly.
 """
 
 from __future__ import annotations

@@ -172,11 +172,10 @@ def serve_one(
 ) -> bool:
     """`serve_scheduled` of one record as one statement: on PostgreSQL on a connection in
     autocommit mode, where the statement commits itself, one round trip in all; on SQLite in
-    the connection's transaction. `again`: an earlier
-    attempt's connection was lost after the statement may have reached the server; if the
-    request is served now, that attempt served it (the serving path is the only one that
-    records a request served as it answers), and either way the ledger counts it served,
-    so the answer may go."""
+    the connection's transaction. `again`: an earlier attempt's connection was lost after the
+    statement may have reached the server; if the request is served now, that attempt served
+    it (the serving path is the only one that records a request served as it answers), and
+    either way the ledger counts it served, so the answer may go."""
     cursor = DriverCursor(connection)
     moved = cursor.execute(_SERVE, _served_row(cursor, record.rid, record, now))
     if moved or not again:
