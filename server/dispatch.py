@@ -9,7 +9,7 @@ engine is recorded `failed` together with its refund, in one transaction.
 A request sent to the engine ahead of its batch's commit (`server.speculation`) is streamed
 the same way, but its follower writes nothing about it (`served`, a refund, its end) before
 that commit settled the batch; if it did not, the follower lets the request go untouched, and
-the service clears it again.
+it is cleared again (`server.batch_closing`).
 
 Two deadlines: the stall deadline (no token for `engine_stall_timeout_seconds`) fails the
 request, refunded; the operator's total cap (`engine_max_seconds`) ends it *served*, with the
@@ -102,7 +102,7 @@ class Serving:
         finally:
             self.freed(ticket.engine_rid)
         if settled is not None and not await settled:
-            return  # the batch is void: the service clears this request again
+            return  # the batch is void: it is cleared again (`server.batch_closing`)
         if error is None and not streamed.streamed:
             error = EngineFailed(f"the engine returned nothing for request {ticket.rid!r}")
         if error is not None:

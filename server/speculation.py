@@ -2,7 +2,7 @@
 
 A lone request used to wait for two things in turn before the engine saw it: the commit that
 places its hold and settles its batch, then the engine. When every user of a closed batch could
-afford their queued bids as of the ledger's last commit (`LedgerWriter.covers`), the service
+afford their queued bids as of the ledger's last commit (`LedgerWriter.covers`), the server
 clears the batch on the event loop and sends it to the engine at once, while the same commit
 runs; the engine's work and the commit overlap.
 
@@ -17,10 +17,11 @@ What makes that safe for money is what waits for the commit (`settled`):
 
 If the commit does not settle it, the batch is void: its generations are cancelled, what the
 prefix deferral still held back is dropped, and once every follower has let go of its request
-the service either clears the requests again, from the ledger, as if the batch had just closed
-(a hold refused after all, or settled by another replica), or, if the commit itself failed,
-fails them as any batch that cannot be settled (503, nothing charged). A server that crashes
-meanwhile has charged nothing and answered nothing; the holds expire as any do.
+the requests are either cleared again, from the ledger, as if the batch had just closed (a
+hold refused after all, or settled by another replica), or, if the commit itself failed,
+failed as any batch that cannot be settled (503, nothing charged; `server.batch_closing`). A
+server that crashes meanwhile has charged nothing and answered nothing; the holds expire as
+any do.
 """
 
 from __future__ import annotations

@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from inference_auctions.server.auction import AuctionRequest, run_auction
+from inference_auctions.server.batch_dispatch import deferral_settings
 from inference_auctions.server.deferral import (
     BatchPrefixes,
     DeferralSettings,
     PrefixDeferral,
     Release,
 )
-from inference_auctions.server.service import _deferral_settings
 from inference_auctions.server.settings import ServerSettings
 
 PREFIX = list(range(1000, 1100))  # 100 tokens
@@ -216,11 +216,11 @@ def test_the_rule_agrees_with_comparing_prompts(
 
 
 def test_the_server_settings_turn_the_rule_off_and_refuse_bad_values() -> None:
-    on = _deferral_settings(ServerSettings(deferral_tokens=64, deferral_max_hold_ms=1500))
+    on = deferral_settings(ServerSettings(deferral_tokens=64, deferral_max_hold_ms=1500))
     assert on == DeferralSettings(threshold_tokens=64, max_hold_seconds=1.5)
-    assert _deferral_settings(ServerSettings(deferral=False)) is None
+    assert deferral_settings(ServerSettings(deferral=False)) is None
     # Ordered mode never admits two requests into one prefill step: nothing to hold back.
-    assert _deferral_settings(ServerSettings(engine_mode="ordered")) is None
+    assert deferral_settings(ServerSettings(engine_mode="ordered")) is None
     with pytest.raises(ValidationError, match="deferral_tokens"):
         ServerSettings(deferral_tokens=0)
     with pytest.raises(ValidationError, match="deferral_max_hold_ms"):

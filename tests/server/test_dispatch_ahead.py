@@ -315,23 +315,3 @@ async def _voided_with_deferral(db: MigratedDatabase, monkeypatch: pytest.Monkey
         assert service.load().inflight == 0
         assert ledger.balance("bob").held_micros == 0
         assert ledger.reconcile().ok
-
-
-def test_distrusted_users_are_swept_in_amortized_constant_time(
-    ledger_db: MigratedDatabase,
-) -> None:
-    asyncio.run(_swept(ledger_db))
-
-
-async def _swept(db: MigratedDatabase) -> None:
-    async with running_service(db) as service:
-        # Expired entries go at the next sweep.
-        service._distrusted = {f"old{i}": 0.0 for i in range(10_000)}
-        service._distrust("fresh")
-        assert set(service._distrusted) == {"fresh"}
-        # A flood of refusals for distinct users within the window: nobody is forgotten early,
-        # and each sweep waits for twice what the last one kept, not for every refusal.
-        for i in range(25_000):
-            service._distrust(f"user{i}")
-        assert len(service._distrusted) == 25_001
-        assert service._distrusted_sweep_at == 2 * 20_000
