@@ -80,12 +80,14 @@ _RETRY_SQLSTATES = {"23505", "40001", "40P01"}
 
 
 class _Attempt:
-    """One attempt at a write transaction: whether it got as far as committing (a failure
-    from then on may have committed, so the attempt is not run again)."""
+    """One attempt at a write transaction: which one (0 for the first), and whether it got as
+    far as committing (a failure from then on may have committed, so the attempt is not run
+    again)."""
 
-    __slots__ = ("committing",)
+    __slots__ = ("committing", "number")
 
-    def __init__(self) -> None:
+    def __init__(self, number: int) -> None:
+        self.number = number
         self.committing = False
 
 
@@ -194,7 +196,7 @@ class Ledger:
     @staticmethod
     def _retrying(once: Callable[[_Attempt], T]) -> T:
         for number in range(_ATTEMPTS):
-            attempt = _Attempt()
+            attempt = _Attempt(number)
             try:
                 return once(attempt)
             except (OperationalError, PoolTimeout) as exc:
@@ -212,22 +214,18 @@ class Ledger:
         ORM session (`_write_statements`). On PostgreSQL in autocommit mode: no BEGIN and no
         COMMIT, one round trip where a transaction takes three; it is all or nothing by
         itself. A connection lost after the statement was sent leaves unknown whether it
-        committed, so the attempt after it asks (`request_log.serve_one`)."""
+        committed, so such an attempt is never marked committing (it runs again) and the
+        attempt after it asks (`request_log.serve_one`)."""
         request_log.check_served(record)
-        if self._autocommit_engine is None:  # SQLite: in process, no connection is lost midway
+        autocommit = self._autocommit_engine
+        if autocommit is None:  # SQLite: in process, no connection is lost midway
             return self._write_statements(lambda c: request_log.serve_one(c, record, now))
-        for attempt in range(_ATTEMPTS):
-            try:
-                with self._autocommit_engine.connect() as connection:
-                    return request_log.serve_one(connection, record, now, again=attempt > 0)
-            except (OperationalError, PoolTimeout) as exc:
-                lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
-                if attempt == _ATTEMPTS - 1 or not (_retryable(exc) or lost):
-                    raise unavailable(exc) from exc
-            except DBAPIError as exc:
-                if attempt == _ATTEMPTS - 1 or not _retryable(exc):
-                    raise
-        raise AssertionError("unreachable")
+
+        def once(attempt: _Attempt) -> bool:
+            with autocommit.connect() as connection:
+                return request_log.serve_one(connection, record, now, again=attempt.number > 0)
+
+        return self._retrying(once)
 
     def _read(self, work: Callable[[Session], T]) -> T:
         for attempt in range(_ATTEMPTS):
