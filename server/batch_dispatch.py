@@ -51,7 +51,7 @@ class BatchDispatch:
         self._metrics = metrics
         self._wake = wake
         # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
-        self.dispatcher = DeferredDispatch(engine, deferral_settings(settings), metrics)
+        self._deferral = DeferredDispatch(engine, deferral_settings(settings), metrics)
         self._serving = Serving(
             settings, ledger, writer, metrics, self.freed, started=self._started
         )
@@ -100,11 +100,11 @@ class BatchDispatch:
             if speculation is not None:
                 speculation.follow(generation, task)
 
-        self.dispatcher.dispatch(batch.outcome, requests, follow)
+        self._deferral.dispatch(batch.outcome, requests, follow)
 
     async def void(self, speculation: Speculation) -> None:
         """Take a batch sent ahead back from the engine, its requests no longer in flight."""
-        for engine_rid in await speculation.void(self.dispatcher):
+        for engine_rid in await speculation.void(self._deferral):
             self.freed(engine_rid)
 
     def saturated(self) -> bool:
@@ -117,7 +117,7 @@ class BatchDispatch:
     def freed(self, engine_rid: str) -> None:
         """A request left the engine (or failed before it started)."""
         self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)
-        self.dispatcher.ended(engine_rid)  # a request held back for this one's prefix may go
+        self._deferral.ended(engine_rid)  # a request held back for this one's prefix may go
         self.inflight -= 1
         self._wake()
 
@@ -132,11 +132,11 @@ class BatchDispatch:
 
     def close(self) -> None:
         """Stop the deferral's timer; nothing is dispatched afterwards."""
-        self.dispatcher.close()
+        self._deferral.close()
 
     def _started(self, engine_rid: str) -> None:
         self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)
-        self.dispatcher.first_token(engine_rid)  # a request held back for its prefix may go
+        self._deferral.first_token(engine_rid)  # a request held back for its prefix may go
         self._wake()
 
     def _follow(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
