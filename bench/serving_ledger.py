@@ -41,23 +41,30 @@ class Users:
 @contextmanager
 def fresh_database(kind: str, folder: Path, postgres_url: str) -> Iterator[str]:
     """A migrated, empty ledger database of `kind` (sqlite or postgresql); yields its URL."""
-    if kind == "sqlite":
-        url = f"sqlite:///{folder / 'ledger.db'}"
+    with empty_database(kind, folder, postgres_url) as url:
         migrate.upgrade(url)
         yield url
+
+
+@contextmanager
+def empty_database(
+    kind: str, folder: Path, postgres_url: str, name: str = "ledger"
+) -> Iterator[str]:
+    """A database of `kind` with no tables yet, for whoever migrates it; yields its URL. SQLite:
+    `folder/<name>.db`; PostgreSQL: a scratch database, dropped afterwards."""
+    if kind == "sqlite":
+        yield f"sqlite:///{folder / f'{name}.db'}"
         return
     server = make_url(postgres_url)
-    name = f"bench_serving_{secrets.token_hex(4)}"
+    database = f"bench_serving_{secrets.token_hex(4)}"
     admin = server.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
+        connection.execute(f'CREATE DATABASE "{database}"')
     try:
-        url = server.set(database=name).render_as_string(hide_password=False)
-        migrate.upgrade(url)
-        yield url
+        yield server.set(database=database).render_as_string(hide_password=False)
     finally:
         with psycopg.connect(admin, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            connection.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def create_users(url: str, count: int) -> Users:

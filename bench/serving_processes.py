@@ -79,14 +79,16 @@ def start_service(
     log_dir: Path,
     env: Mapping[str, str] | None = None,
     timeout: float = 120,
+    cwd: Path | None = None,
 ) -> Service:
-    """Start `command` and return once `url + health_path` answers 200; raise (with the tail of
-    its log) if it exits or time runs out."""
+    """Start `command` (in `cwd`, by default this process's) and return once `url +
+    health_path` answers 200; raise (with the tail of its log) if it exits or time runs out."""
     log = log_dir / f"{name}.log"
     with log.open("ab") as sink:
         process = subprocess.Popen(
             list(command),
             env={**os.environ, **(env or {})},
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,406 @@
+"""Two versions of the auction server against each other, alternated on the same processes.
+
+`bench.serving` measures one version, and on a shared machine the same code measures tens of
+percent apart from one minute to the next. A change worth a tenth of the server's CPU only
+shows against the code before it, measured in the same minutes. This runs both:
+
+* the baseline: the server at a git ref (`--baseline`, default HEAD), checked out into a
+  temporary worktree and run from there (`PYTHONPATH`, ahead of this checkout's editable
+  install; checked at start);
+* the candidate: this checkout as it is on disk, uncommitted changes included (or another
+  ref, `--candidate`).
+
+Both sit in front of one SGLang emulator (`emulate-sglang --time-scale 0.001`), each over a
+ledger of its own that its own code migrated, with the same 8 users. For every round and
+connection count, each version gets a fresh server, a `wrk` warm-up and a measured `wrk` run
+(bench/wrk/auction_generate.lua, as in `bench.serving`); the order of the two alternates from
+one round to the next, so a drift of the machine's speed falls on both alike.
+`--baseline-arg`/`--candidate-arg` pass options to one side's `inference-auction serve`, to
+compare settings of the same code.
+
+Per connection count it prints each version's median and range of req/s, the server's CPU
+per request (user + system of its process tree, from /proc, during the measured run), the
+emulator's CPU per request, the p50 latency and the mean batch size (the server's metrics),
+then the candidate against the baseline round by round: the median of the per-round ratios
+and in how many rounds the candidate was ahead. Ratios near 1.00 with the wins split are noise.
+
+Run: `python -m bench.serving_ab --baseline HEAD --connections 1 20 200 --rounds 4`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import Progress
+
+from bench.serving_ledger import BUDGET_MICROS, empty_database
+from bench.serving_processes import Service, free_port, settle, start_service
+from bench.serving_wrk import run_wrk
+
+ROOT = Path(__file__).resolve().parent.parent
+USERS = 8
+_CLI = ["-m", "inference_auctions.server.cli"]
+
+# Run by each version's own code (PYTHONPATH), so each ledger has that version's schema: the
+# calls are ones every version of the ledger has had.
+_SETUP = """
+import sys
+from inference_auctions.billing import Ledger, migrate
+url, count, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+migrate.upgrade(url)
+with Ledger.from_url(url) as ledger:
+    print(" ".join(
+        ledger.create_user(f"bench{u}", budget_micros=budget).api_key for u in range(count)
+    ))
+"""
+_WHERE = "import inference_auctions.server as s, os; print(os.path.realpath(s.__file__))"
+
+
+@dataclass
+class Version:
+    """One side of the comparison: where its code is and what its server is told."""
+
+    label: str
+    root: Path  # the checkout whose `inference_auctions` the server imports
+    server_args: list[str]
+    url: str = ""
+    keys: list[str] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment that makes Python import this version's package."""
+        if self.root == ROOT:
+            return {}
+        return {"PYTHONPATH": os.pathsep.join(filter(None, [str(self.root), _pythonpath()]))}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured `wrk` run of one version at one connection count."""
+
+    rate: float
+    cpu_ms: float
+    emulator_cpu_ms: float
+    p50_ms: float
+    batch_size: float | None
+    not_ok: int
+
+
+def _pythonpath() -> str:
+    return os.environ.get("PYTHONPATH", "")
+
+
+def _python(version: Version, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, *args],
+        env={**os.environ, **version.env},
+        cwd=version.root,  # `inference_auctions` is a namespace package: the first on the path wins
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{version.label}: {' '.join(args[:2])} failed:\n{done.stderr}")
+    return done.stdout.strip()
+
+
+def check_imports(version: Version) -> None:
+    """Fail unless Python, with this version's environment, imports its own package."""
+    found = Path(_python(version, "-c", _WHERE))
+    if not found.is_relative_to(version.root.resolve()):
+        raise RuntimeError(
+            f"{version.label}: Python imports inference_auctions.server from {found}, not from "
+            f"{version.root}; is the package installed somewhere that wins over PYTHONPATH?"
+        )
+
+
+@contextmanager
+def worktree(ref: str, folder: Path) -> Iterator[Path]:
+    """A detached checkout of `ref` in `folder`, removed afterwards."""
+    path = folder / f"worktree-{ref.replace('/', '-')}"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(path), ref],
+        check=True,
+    )
+    try:
+        yield path
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], check=False
+        )
+
+
+def _batch_size(metrics: str) -> float | None:
+    """The mean batch size since the server started, from its Prometheus text."""
+    values = {}
+    for line in metrics.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("inference_auction_batch_size_sum", "inference_auction_batch_size_count"):
+            values[name.rsplit("_", 1)[1]] = float(value)
+    count = values.get("count")
+    return values["sum"] / count if count else None
+
+
+class Comparison:
+    """The emulator, both versions' ledgers, and the runs."""
+
+    def __init__(self, args: argparse.Namespace, stack: ExitStack, folder: Path) -> None:
+        self.args = args
+        self.stack = stack
+        self.folder = folder
+        port = free_port()
+        command = [sys.executable, *_CLI, "emulate-sglang", "--port", str(port)]
+        command += ["--log-level", "warning", "--time-scale", args.time_scale]
+        self.emulator = self._start("emulator", command, f"http://127.0.0.1:{port}", {})
+
+    def _start(self, name: str, command: list[str], url: str, env: dict[str, str]) -> Service:
+        service = start_service(
+            name, command, url=url, health_path="/health", log_dir=self.folder, env=env
+        )
+        self.stack.callback(service.stop)
+        return service
+
+    def prepare(self, version: Version, index: int) -> None:
+        """The version's ledger, migrated and with its users, by its own code."""
+        check_imports(version)
+        version.url = self.stack.enter_context(
+            empty_database(self.args.database, self.folder, self.args.postgres_url, f"v{index}")
+        )
+        version.keys = _python(
+            version, "-c", _SETUP, version.url, str(USERS), str(BUDGET_MICROS)
+        ).split()
+
+    def measure(self, version: Version, connections: int) -> Run:
+        """A fresh server of `version`, warmed up, then one measured run."""
+        port = free_port()
+        command = [sys.executable, *_CLI, "serve", "--port", str(port)]
+        command += ["--engine-url", self.emulator.url, "--database-url", version.url]
+        command += ["--log-level", "warning", "--tokenizer", "builtin", *version.server_args]
+        env = {
+            **version.env,
+            "INFERENCE_AUCTION_RATE_LIMIT_PER_SECOND": "1000000",
+            "INFERENCE_AUCTION_RATE_LIMIT_BURST": "1000000",
+        }
+        server = start_service(
+            f"auction-{version.label}",
+            command,
+            url=f"http://127.0.0.1:{port}",
+            health_path="/health",
+            log_dir=self.folder,
+            env=env,
+            cwd=version.root,
+        )
+        try:
+            script, keys = "auction_generate.lua", version.keys
+            run_wrk(script, server.url, connections, self.args.warmup, keys)
+            settle([self.emulator, server])
+            before = server.cpu_seconds(), self.emulator.cpu_seconds()
+            result = run_wrk(script, server.url, connections, self.args.seconds, keys)
+            spent = server.cpu_seconds() - before[0], self.emulator.cpu_seconds() - before[1]
+            metrics = httpx.get(server.url + "/metrics", timeout=30).text
+        finally:
+            server.stop()
+        requests = max(result.requests, 1)
+        return Run(
+            rate=result.rate,
+            cpu_ms=1000 * spent[0] / requests,
+            emulator_cpu_ms=1000 * spent[1] / requests,
+            p50_ms=result.p50_ms,
+            batch_size=_batch_size(metrics),
+            not_ok=result.not_ok,
+        )
+
+
+def _spread(values: Sequence[float], digits: int) -> str:
+    middle = statistics.median(values)
+    if len(values) == 1:
+        return f"{middle:,.{digits}f}"
+    return f"{middle:,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+
+
+def _paired(candidate: list[float], baseline: list[float], higher_is_better: bool) -> str:
+    ratios = [c / b for c, b in zip(candidate, baseline, strict=True) if b]
+    if not ratios:
+        return "-"
+    wins = sum(1 for r in ratios if (r > 1) == higher_is_better and r != 1)
+    return f"{statistics.median(ratios):.2f}x, ahead in {wins} of {len(ratios)}"
+
+
+HEADERS = [
+    "version",
+    "req/s",
+    "server CPU ms/req",
+    "emulator CPU ms/req",
+    "p50 ms",
+    "batch size",
+    "non-2xx",
+]
+
+
+def table(connections: int, versions: list[Version], runs: dict[str, list[Run]]) -> str:
+    """One connection count as markdown: each version's median (range), then the candidate
+    against the baseline round by round."""
+    rounds = len(runs[versions[0].label])
+    lines = [f"{connections} connections, {rounds} rounds:", ""]
+    lines.append("| " + " | ".join(HEADERS) + " |")
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(HEADERS) - 1)) + "|")
+    for version in versions:
+        mine = runs[version.label]
+        sizes = [run.batch_size for run in mine if run.batch_size is not None]
+        cells = [
+            version.label,
+            _spread([run.rate for run in mine], 0),
+            _spread([run.cpu_ms for run in mine], 3),
+            _spread([run.emulator_cpu_ms for run in mine], 3),
+            _spread([run.p50_ms for run in mine], 2),
+            _spread(sizes, 1) if sizes else "-",
+            str(sum(run.not_ok for run in mine)),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    base, cand = runs[versions[0].label], runs[versions[1].label]
+    lines += [
+        "",
+        "candidate / baseline, the median of the per-round ratios: "
+        f"req/s {_paired([r.rate for r in cand], [r.rate for r in base], True)}; "
+        f"server CPU {_paired([r.cpu_ms for r in cand], [r.cpu_ms for r in base], False)}; "
+        f"p50 {_paired([r.p50_ms for r in cand], [r.p50_ms for r in base], False)}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _label(side: str, code: str, server_args: list[str]) -> str:
+    return f"{side}: {code}" + (f" {' '.join(server_args)}" if server_args else "")
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.serving_ab",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--baseline", default="HEAD", help="git ref of the baseline (default: HEAD)"
+    )
+    parser.add_argument(
+        "--candidate",
+        help="git ref of the candidate (default: this checkout as it is, uncommitted changes "
+        "included)",
+    )
+    for side in ("baseline", "candidate"):
+        parser.add_argument(
+            f"--{side}-arg",
+            action="append",
+            default=[],
+            metavar="ARG",
+            help=f"an extra argument for the {side}'s `inference-auction serve` (repeat: "
+            f"--{side}-arg=--saturation-requests --{side}-arg=4)",
+        )
+    parser.add_argument(
+        "--connections",
+        type=int,
+        nargs="+",
+        default=[20, 200],
+        help="wrk connection counts (default: 20 200)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="runs of each version per count (default: 3)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=8.0, help="length of each measured run (default: 8)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=2.0, help="length of the warm-up before each (default: 2)"
+    )
+    parser.add_argument(
+        "--database",
+        choices=["sqlite", "postgresql"],
+        default="sqlite",
+        help="the servers' ledgers (default: sqlite)",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
+        help="a PostgreSQL server on which scratch databases are created and dropped",
+    )
+    parser.add_argument(
+        "--time-scale", default="0.001", help="the emulator's --time-scale (default: 0.001)"
+    )
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if any(count < 1 for count in args.connections):
+        parser.error("--connections must all be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Compare the two versions and print one table per connection count."""
+    args = _parse(argv)
+    started = time.monotonic()
+    console = Console()
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-serving-ab-") as scratch,
+        ExitStack() as stack,
+    ):
+        folder = Path(scratch)
+        baseline_root = stack.enter_context(worktree(args.baseline, folder))
+        candidate_root = (
+            ROOT
+            if args.candidate is None
+            else stack.enter_context(worktree(args.candidate, folder))
+        )
+        versions = [
+            Version(
+                _label("baseline", args.baseline, args.baseline_arg),
+                baseline_root,
+                args.baseline_arg,
+            ),
+            Version(
+                _label("candidate", args.candidate or "this checkout", args.candidate_arg),
+                candidate_root,
+                args.candidate_arg,
+            ),
+        ]
+        comparison = Comparison(args, stack, folder)
+        for index, version in enumerate(versions):
+            comparison.prepare(version, index)
+        steps = len(args.connections) * args.rounds * len(versions)
+        with Progress(transient=True, console=console) as progress:
+            task = progress.add_task("measuring", total=steps)
+            for connections in args.connections:
+                runs: dict[str, list[Run]] = {version.label: [] for version in versions}
+                for round_number in range(args.rounds):
+                    order = versions if round_number % 2 == 0 else versions[::-1]
+                    for version in order:
+                        progress.update(
+                            task,
+                            description=f"{connections} connections, round {round_number + 1}, "
+                            f"{version.label}",
+                        )
+                        runs[version.label].append(comparison.measure(version, connections))
+                        progress.advance(task)
+                progress.console.print(
+                    table(connections, versions, runs),
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
+                )
+    console.print(f"({time.monotonic() - started:.0f} s in all)")
+
+
+if __name__ == "__main__":
+    main()
