@@ -11,6 +11,12 @@ duration, a short warm-up before each measured run), on this machine, in one run
   tokenizer, which is the emulator's own (checked against its `/tokenize` at start), as a
   production deployment would with `--tokenizer` pointing at its model's tokenizer.json;
   `--tokenizer engine` measures the round trip to the engine's `/tokenize` per prompt instead;
+* direct streamed (`--direct-streamed`): `wrk` -> the emulator, each request streamed with the
+  `stream_interval` the auction server asks for when its client waits for the whole answer
+  (`engine_stream_interval`, 64: a chunk at the first token and one at the end). The server
+  streams every request from the engine to see its first token, so this is what the engine
+  spends on the requests the auction path sends it, against what it spends on the direct
+  path's unstreamed ones;
 * litellm: `wrk` -> LiteLLM's proxy (1 worker, no database, in `.bench-venvs/litellm`, created
   on first use) -> the emulator's OpenAI-compatible `/v1/chat/completions`.
 
@@ -66,6 +72,7 @@ from bench.serving_ledger import Audit, audit, create_users, fresh_database
 from bench.serving_processes import Service, free_port, settle, start_service
 from bench.serving_wrk import WrkResult, run_wrk
 from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME
+from inference_auctions.server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 USERS = 8
@@ -115,6 +122,7 @@ class Settings:
     tokenizer: str
     output_tokens: int
     repeat: int
+    direct_streamed: bool = False
 
 
 class Bench:
@@ -131,7 +139,7 @@ class Bench:
         self.litellm_key = litellm.master_key()
 
     def _steps(self) -> int:
-        paths = 3 if self.settings.litellm else 2
+        paths = 2 + self.settings.litellm + self.settings.direct_streamed
         per_database = paths * len(self.settings.connections) + (2 if self.settings.single else 0)
         return per_database * len(self.settings.databases) * self.settings.repeat
 
@@ -255,6 +263,13 @@ class Bench:
                     direct,
                     self._auction(url, users.keys, users.admin_key, connections, report),
                 ]
+                if self.settings.direct_streamed and connections > 1:
+                    interval = [str(ServerSettings().engine_stream_interval)]
+                    rows.append(
+                        self._measure(
+                            "direct streamed", "emulator_generate.lua", None, connections, interval
+                        )[0]
+                    )
                 if self.litellm is not None and connections > 1:
                     args = [self.litellm_key, litellm.MODEL_NAME]
                     rows.append(
@@ -425,6 +440,13 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         "--skip-litellm", action="store_true", help="leave out the LiteLLM path (and its install)"
     )
     parser.add_argument(
+        "--direct-streamed",
+        action="store_true",
+        help="also run wrk straight to the emulator with each request streamed as the auction "
+        "server streams it from the engine (stream_interval 64), to show what the engine "
+        "spends on those requests",
+    )
+    parser.add_argument(
         "--no-single", action="store_true", help="leave out the 1-connection direct/auction run"
     )
     parser.add_argument(
@@ -479,6 +501,7 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         tokenizer=args.tokenizer,
         output_tokens=args.output_tokens,
         repeat=args.repeat,
+        direct_streamed=args.direct_streamed,
     )
 
 
