@@ -443,8 +443,8 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         "--direct-streamed",
         action="store_true",
         help="also run wrk straight to the emulator with each request streamed as the auction "
-        "server streams it from the engine (stream_interval 64), to show what the engine "
-        "spends on those requests",
+        "server streams it from the engine (its engine_stream_interval, 64 by default), to show "
+        "what the engine spends on those requests",
     )
     parser.add_argument(
         "--no-single", action="store_true", help="leave out the 1-connection direct/auction run"

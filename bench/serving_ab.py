@@ -72,6 +72,7 @@ _WHERE = "import inference_auctions.server as s, os; print(os.path.realpath(s.__
 class Version:
     """One side of the comparison: where its code is and what its server is told."""
 
+    side: str  # "baseline" or "candidate"
     label: str
     root: Path  # the checkout whose `inference_auctions` the server imports
     server_args: list[str]
@@ -83,7 +84,8 @@ class Version:
         """The environment that makes Python import this version's package."""
         if self.root == ROOT:
             return {}
-        return {"PYTHONPATH": os.pathsep.join(filter(None, [str(self.root), _pythonpath()]))}
+        inherited = os.environ.get("PYTHONPATH", "")
+        return {"PYTHONPATH": os.pathsep.join(filter(None, [str(self.root), inherited]))}
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,6 @@ class Run:
     p50_ms: float
     batch_size: float | None
     not_ok: int
-
-
-def _pythonpath() -> str:
-    return os.environ.get("PYTHONPATH", "")
 
 
 def _python(version: Version, *args: str) -> str:
@@ -130,11 +128,15 @@ def check_imports(version: Version) -> None:
 @contextmanager
 def worktree(ref: str, folder: Path) -> Iterator[Path]:
     """A detached checkout of `ref` in `folder`, removed afterwards."""
-    path = folder / f"worktree-{ref.replace('/', '-')}"
-    subprocess.run(
+    path = folder / f"worktree-{len(list(folder.glob('worktree-*')))}"
+    added = subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(path), ref],
-        check=True,
+        capture_output=True,
+        text=True,
+        check=False,
     )
+    if added.returncode != 0:
+        raise RuntimeError(f"cannot check out {ref!r}: {added.stderr.strip()}")
     try:
         yield path
     finally:
@@ -173,11 +175,11 @@ class Comparison:
         self.stack.callback(service.stop)
         return service
 
-    def prepare(self, version: Version, index: int) -> None:
+    def prepare(self, version: Version) -> None:
         """The version's ledger, migrated and with its users, by its own code."""
         check_imports(version)
         version.url = self.stack.enter_context(
-            empty_database(self.args.database, self.folder, self.args.postgres_url, f"v{index}")
+            empty_database(self.args.database, self.folder, self.args.postgres_url, version.side)
         )
         version.keys = _python(
             version, "-c", _SETUP, version.url, str(USERS), str(BUDGET_MICROS)
@@ -195,7 +197,7 @@ class Comparison:
             "INFERENCE_AUCTION_RATE_LIMIT_BURST": "1000000",
         }
         server = start_service(
-            f"auction-{version.label}",
+            f"auction-{version.side}",
             command,
             url=f"http://127.0.0.1:{port}",
             health_path="/health",
@@ -352,6 +354,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(argv)
     started = time.monotonic()
     console = Console()
+    try:
+        _compare(args, console)
+    except RuntimeError as error:  # a ref that is not there, a version that would not start
+        raise SystemExit(f"bench.serving_ab: {error}") from None
+    console.print(f"({time.monotonic() - started:.0f} s in all)")
+
+
+def _compare(args: argparse.Namespace, console: Console) -> None:
     with (
         tempfile.TemporaryDirectory(prefix="bench-serving-ab-") as scratch,
         ExitStack() as stack,
@@ -365,19 +375,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         versions = [
             Version(
+                "baseline",
                 _label("baseline", args.baseline, args.baseline_arg),
                 baseline_root,
                 args.baseline_arg,
             ),
             Version(
+                "candidate",
                 _label("candidate", args.candidate or "this checkout", args.candidate_arg),
                 candidate_root,
                 args.candidate_arg,
             ),
         ]
         comparison = Comparison(args, stack, folder)
-        for index, version in enumerate(versions):
-            comparison.prepare(version, index)
+        for version in versions:
+            comparison.prepare(version)
         steps = len(args.connections) * args.rounds * len(versions)
         with Progress(transient=True, console=console) as progress:
             task = progress.add_task("measuring", total=steps)
@@ -399,7 +411,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                     highlight=False,
                     soft_wrap=True,
                 )
-    console.print(f"({time.monotonic() - started:.0f} s in all)")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ def test_a_worktree_version_imports_its_own_code(tmp_path: Path) -> None:
     # without the worktree first on the path (and as the working directory), the "baseline"
     # would silently run this checkout's code.
     with worktree("HEAD", tmp_path) as root:
-        version = Version("baseline", root, [])
+        version = Version("baseline", "baseline", root, [])
         check_imports(version)
         where = Path(
             _python(version, "-c", "import inference_auctions.server as s; print(s.__file__)")
@@ -24,13 +24,21 @@ def test_a_worktree_version_imports_its_own_code(tmp_path: Path) -> None:
     assert not root.exists()  # the worktree is removed afterwards
 
 
+def test_a_ref_that_does_not_exist_is_a_clear_error(tmp_path: Path) -> None:
+    with (
+        pytest.raises(RuntimeError, match="cannot check out 'no-such-ref'"),
+        worktree("no-such-ref", tmp_path),
+    ):
+        pass
+
+
 def test_a_version_whose_code_is_not_found_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"imports inference_auctions\.server from"):
-        check_imports(Version("baseline", tmp_path, []))
+        check_imports(Version("baseline", "baseline", tmp_path, []))
 
 
 def test_this_checkout_imports_itself() -> None:
-    check_imports(Version("candidate", ROOT, []))
+    check_imports(Version("candidate", "candidate", ROOT, []))
 
 
 def test_paired_ratios_count_wins_in_the_right_direction() -> None:
