@@ -19,10 +19,12 @@ one round to the next, so a drift of the machine's speed falls on both alike.
 compare settings of the same code.
 
 Per connection count it prints each version's median and range of req/s, the server's CPU
-per request (user + system of its process tree, from /proc, during the measured run), the
-emulator's CPU per request, the p50 latency and the mean batch size (the server's metrics),
-then the candidate against the baseline round by round: the median of the per-round ratios
-and in how many rounds the candidate was ahead. Ratios near 1.00 with the wins split are noise.
+per request (user + system of its process tree, from /proc, during the measured run) and the
+part of it its main thread spent (the event loop; the rest is the ledger writer's threads and
+any helpers), the emulator's CPU per request, the p50 latency and the mean batch size (the
+server's metrics), then the candidate against the baseline round by round: the median of the
+per-round ratios and in how many rounds the candidate was ahead. Ratios near 1.00 with the
+wins split are noise.
 
 Run: `python -m bench.serving_ab --baseline HEAD --connections 1 20 200 --rounds 4`.
 """
@@ -46,7 +48,13 @@ from rich.console import Console
 from rich.progress import Progress
 
 from bench.serving_ledger import BUDGET_MICROS, empty_database
-from bench.serving_processes import Service, free_port, settle, start_service
+from bench.serving_processes import (
+    Service,
+    free_port,
+    main_thread_cpu_seconds,
+    settle,
+    start_service,
+)
 from bench.serving_wrk import run_wrk
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,6 +102,7 @@ class Run:
 
     rate: float
     cpu_ms: float
+    loop_cpu_ms: float  # the server's main thread (its event loop); the rest is other threads
     emulator_cpu_ms: float
     p50_ms: float
     batch_size: float | None
@@ -209,9 +218,12 @@ class Comparison:
             script, keys = "auction_generate.lua", version.keys
             run_wrk(script, server.url, connections, self.args.warmup, keys)
             settle([self.emulator, server])
-            before = server.cpu_seconds(), self.emulator.cpu_seconds()
+            pid = server.process.pid
+            before = server.cpu_seconds(), main_thread_cpu_seconds(pid)
+            emulator_before = self.emulator.cpu_seconds()
             result = run_wrk(script, server.url, connections, self.args.seconds, keys)
-            spent = server.cpu_seconds() - before[0], self.emulator.cpu_seconds() - before[1]
+            spent = server.cpu_seconds() - before[0], main_thread_cpu_seconds(pid) - before[1]
+            emulator_spent = self.emulator.cpu_seconds() - emulator_before
             metrics = httpx.get(server.url + "/metrics", timeout=30).text
         finally:
             server.stop()
@@ -219,7 +231,8 @@ class Comparison:
         return Run(
             rate=result.rate,
             cpu_ms=1000 * spent[0] / requests,
-            emulator_cpu_ms=1000 * spent[1] / requests,
+            loop_cpu_ms=1000 * spent[1] / requests,
+            emulator_cpu_ms=1000 * emulator_spent / requests,
             p50_ms=result.p50_ms,
             batch_size=_batch_size(metrics),
             not_ok=result.not_ok,
@@ -245,6 +258,7 @@ HEADERS = [
     "version",
     "req/s",
     "server CPU ms/req",
+    "of it, the loop's",
     "emulator CPU ms/req",
     "p50 ms",
     "batch size",
@@ -266,6 +280,7 @@ def table(connections: int, versions: list[Version], runs: dict[str, list[Run]])
             version.label,
             _spread([run.rate for run in mine], 0),
             _spread([run.cpu_ms for run in mine], 3),
+            _spread([run.loop_cpu_ms for run in mine], 3),
             _spread([run.emulator_cpu_ms for run in mine], 3),
             _spread([run.p50_ms for run in mine], 2),
             _spread(sizes, 1) if sizes else "-",

@@ -142,3 +142,14 @@ def tree_cpu_seconds(root: int) -> float:
         ticks += sum(int(value) for value in fields[11:15])
         pending += tree.get(pid, [])
     return ticks / _TICKS
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """utime + stime of the process's main thread alone (for the auction server: its event
+    loop), from /proc, in seconds; 0 once the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = text[text.rindex(")") + 2 :].split()
+    return sum(int(value) for value in fields[11:13]) / _TICKS
