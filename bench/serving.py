@@ -70,7 +70,7 @@ from rich.progress import Progress
 from bench import serving_litellm as litellm
 from bench.serving_ledger import Audit, audit, create_users, fresh_database
 from bench.serving_processes import Service, free_port, settle, start_service
-from bench.serving_wrk import WrkResult, run_wrk
+from bench.serving_wrk import WrkResult, add_load_options, run_wrk
 from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME
 from inference_auctions.server.settings import ServerSettings
 
@@ -412,19 +412,7 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--connections",
-        type=int,
-        nargs="+",
-        default=[20, 200],
-        help="wrk connection counts, each measured on every path (default: 20 200)",
-    )
-    parser.add_argument(
-        "--seconds", type=float, default=10.0, help="length of each measured run (default: 10)"
-    )
-    parser.add_argument(
-        "--warmup", type=float, default=2.0, help="length of the warm-up before each (default: 2)"
-    )
+    add_load_options(parser, seconds=10)
     parser.add_argument(
         "--database",
         choices=["sqlite", "postgresql", "both"],

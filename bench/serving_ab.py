@@ -55,7 +55,7 @@ from bench.serving_processes import (
     settle,
     start_service,
 )
-from bench.serving_wrk import run_wrk
+from bench.serving_wrk import add_load_options, run_wrk
 
 ROOT = Path(__file__).resolve().parent.parent
 USERS = 8
@@ -326,22 +326,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
             help=f"an extra argument for the {side}'s `inference-auction serve` (repeat: "
             f"--{side}-arg=--saturation-requests --{side}-arg=4)",
         )
-    parser.add_argument(
-        "--connections",
-        type=int,
-        nargs="+",
-        default=[20, 200],
-        help="wrk connection counts (default: 20 200)",
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=3, help="runs of each version per count (default: 3)"
-    )
-    parser.add_argument(
-        "--seconds", type=float, default=8.0, help="length of each measured run (default: 8)"
-    )
-    parser.add_argument(
-        "--warmup", type=float, default=2.0, help="length of the warm-up before each (default: 2)"
-    )
+    add_load_options(parser, seconds=8)
     parser.add_argument(
         "--database",
         choices=["sqlite", "postgresql"],

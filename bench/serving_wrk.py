@@ -1,7 +1,9 @@
-"""One `wrk` run with a script of bench/wrk, read back from the line its Lua `done()` prints."""
+"""One `wrk` run with a script of bench/wrk, read back from the line its Lua `done()` prints;
+and the command-line options of the benchmarks that drive it."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -81,4 +83,25 @@ def run_wrk(
         p50_ms=latency["p50"] / 1e3,
         p90_ms=latency["p90"] / 1e3,
         p99_ms=latency["p99"] / 1e3,
+    )
+
+
+def add_load_options(parser: argparse.ArgumentParser, *, seconds: float) -> None:
+    """`--connections`, `--seconds` (default `seconds`) and `--warmup`: the wrk runs of a
+    serving benchmark."""
+    parser.add_argument(
+        "--connections",
+        type=int,
+        nargs="+",
+        default=[20, 200],
+        help="wrk connection counts (default: 20 200)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=seconds,
+        help=f"length of each measured run (default: {seconds:g})",
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=2.0, help="length of the warm-up before each (default: 2)"
     )
