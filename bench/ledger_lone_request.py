@@ -4,10 +4,14 @@ A request that meets no other costs two transactions of the server's ledger writ
 (`Ledger.commit_group`): one places its hold and settles its batch of one, the other records
 it served before its last byte. This runs that pair `--n` times on a fresh ledger per backend,
 from one thread, with a trivial clearing (`bench.ledger_settlement`), and reports per commit
-the median and 90th percentile of its wall time, its CPU (this process's, so not PostgreSQL's
-own), and on PostgreSQL its round trips to the server, counted in a separate pass through a
-relay that reads the protocol (`bench.round_trips`; the relay's own delay stays out of the
-timed pass).
+the median and 90th percentile of its wall time, its CPU (the committing thread's, so not
+PostgreSQL's own), and on PostgreSQL its round trips to the server, counted in a separate pass
+through a relay that reads the protocol (`bench.round_trips`; the relay's own delay stays out
+of the timed pass).
+
+`--beside idle|half|busy` runs the commits on a thread of their own, as the server's ledger
+thread runs them beside its event loop, while the main thread does nothing, runs Python half
+the time or runs it throughout: what sharing the interpreter's lock costs the commits.
 
 Run: `python -m bench.ledger_lone_request` (see --help). To compare with an earlier version of
 the ledger, run this file from this checkout with `PYTHONPATH` set to the other checkout: it
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
@@ -80,15 +85,40 @@ Timing = tuple[float, float]  # wall seconds, CPU seconds
 
 
 def _pairs(lone: _LoneRequests, n: int) -> list[tuple[Timing, Timing]]:
-    """The timings of both commits of `n` lone requests."""
+    """The timings of both commits of `n` lone requests (CPU: the calling thread's)."""
     timed: list[tuple[Timing, Timing]] = []
     for _ in range(n):
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu = time.perf_counter(), time.thread_time()
         rid = lone.settle()
-        settled = (time.perf_counter() - wall, time.process_time() - cpu)
-        wall, cpu = time.perf_counter(), time.process_time()
+        settled = (time.perf_counter() - wall, time.thread_time() - cpu)
+        wall, cpu = time.perf_counter(), time.thread_time()
         lone.serve(rid)
-        timed.append((settled, (time.perf_counter() - wall, time.process_time() - cpu)))
+        timed.append((settled, (time.perf_counter() - wall, time.thread_time() - cpu)))
+    return timed
+
+
+# What the main thread does while `--beside` runs the commits on a thread of their own, as the
+# server's ledger thread runs them beside its event loop: nothing, Python half the time (bursts
+# of 0.2 ms, each followed by 0.2 ms asleep, which lets go of the interpreter's lock, as an
+# event loop at half load does), or Python throughout.
+BESIDE = ("idle", "half", "busy")
+
+
+def _pairs_beside(lone: _LoneRequests, n: int, main_thread: str) -> list[tuple[Timing, Timing]]:
+    """`_pairs` on a thread of its own, the main thread doing `main_thread` meanwhile."""
+    timed: list[tuple[Timing, Timing]] = []
+    worker = threading.Thread(target=lambda: timed.extend(_pairs(lone, n)))
+    worker.start()
+    while worker.is_alive():
+        if main_thread == "idle":
+            worker.join()
+            break
+        burst_ends = time.perf_counter() + 0.0002
+        while time.perf_counter() < burst_ends:
+            pass
+        if main_thread == "half":
+            time.sleep(0.0002)
+    worker.join()
     return timed
 
 
@@ -121,7 +151,10 @@ def measure(backend: str, args: argparse.Namespace) -> list[Row]:
             ledger.create_user(USER, budget_micros=10**12)
             lone = _LoneRequests(ledger, "timed")
             _pairs(lone, args.warmup)  # the pool and the statement caches
-            timed = _pairs(lone, args.n)
+            if args.beside is None:
+                timed = _pairs(lone, args.n)
+            else:
+                timed = _pairs_beside(lone, args.n, args.beside)
             assert ledger.reconcile().ok
         finally:
             ledger.close()
@@ -143,8 +176,16 @@ def main(argv: list[str] | None = None) -> None:
         "--postgres-url", default=DEFAULT_POSTGRES_URL, help="a PostgreSQL server to use"
     )
     parser.add_argument("--backends", default="sqlite,postgres", help="sqlite,postgres")
+    parser.add_argument(
+        "--beside",
+        choices=BESIDE,
+        help="run the commits on a thread of their own, the main thread meanwhile idle, "
+        "running Python half the time (like an event loop at half load) or all the time: "
+        "what sharing the interpreter's lock costs the server's ledger thread",
+    )
     args = parser.parse_args(argv)
-    table = Table(title=f"A lone request's two group commits ({args.n:,} requests)")
+    beside = "" if args.beside is None else f", main thread {args.beside}"
+    table = Table(title=f"A lone request's two group commits ({args.n:,} requests{beside})")
     for column in ("backend", "commit", "p50 ms", "p90 ms", "CPU µs", "round trips"):
         table.add_column(column, justify="left" if column in ("backend", "commit") else "right")
     console = Console()
