@@ -5,13 +5,13 @@ percent apart from one minute to the next. A change worth a tenth of the server'
 shows against the code before it, measured in the same minutes. This runs both:
 
 * the baseline: the server at a git ref (`--baseline`, default HEAD), checked out into a
-  temporary worktree and run from there (`PYTHONPATH`, ahead of this checkout's editable
-  install; checked at start);
+  temporary worktree and run from there (its directory and `PYTHONPATH`, ahead of this
+  checkout's editable install; checked at start);
 * the candidate: this checkout as it is on disk, uncommitted changes included (or another
   ref, `--candidate`).
 
 Both sit in front of one SGLang emulator (`emulate-sglang --time-scale 0.001`), each over a
-ledger of its own that its own code migrated, with the same 8 users. For every round and
+ledger of its own that its own code migrated, with 8 users each. For every round and
 connection count, each version gets a fresh server, a `wrk` warm-up and a measured `wrk` run
 (bench/wrk/auction_generate.lua, as in `bench.serving`); the order of the two alternates from
 one round to the next, so a drift of the machine's speed falls on both alike.
