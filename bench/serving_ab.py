@@ -328,6 +328,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         )
     add_load_options(parser, seconds=8)
     parser.add_argument(
+        "--rounds", type=int, default=3, help="runs of each version per count (default: 3)"
+    )
+    parser.add_argument(
         "--database",
         choices=["sqlite", "postgresql"],
         default="sqlite",

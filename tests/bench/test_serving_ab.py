@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving_ab import ROOT, Version, _batch_size, _paired, _python, check_imports, worktree
+from bench.serving_ab import (
+    ROOT,
+    Version,
+    _batch_size,
+    _paired,
+    _parse,
+    _python,
+    check_imports,
+    worktree,
+)
 
 
 def test_a_worktree_version_imports_its_own_code(tmp_path: Path) -> None:
@@ -61,3 +70,11 @@ def test_batch_size_is_the_mean_from_the_metrics() -> None:
     )
     assert _batch_size(metrics) == 5.0
     assert _batch_size("inference_auction_batch_size_count 0.0") is None
+
+
+def test_the_command_line_has_every_option_the_run_reads() -> None:
+    args = _parse([])
+    assert (args.rounds, args.seconds, args.warmup, args.connections) == (3, 8.0, 2.0, [20, 200])
+    assert args.baseline == "HEAD" and args.candidate is None and args.database == "sqlite"
+    with pytest.raises(SystemExit):
+        _parse(["--rounds", "0"])
