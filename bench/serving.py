@@ -68,7 +68,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from bench import serving_litellm as litellm
-from bench.serving_ledger import Audit, audit, create_users, fresh_database
+from bench.serving_ledger import Audit, add_postgres_option, audit, create_users, fresh_database
 from bench.serving_processes import Service, free_port, settle, start_service
 from bench.serving_wrk import WrkResult, add_load_options, run_wrk
 from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME
@@ -419,11 +419,7 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         default="sqlite",
         help="the auction server's ledger; one table each (default: sqlite)",
     )
-    parser.add_argument(
-        "--postgres-url",
-        default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
-        help="a PostgreSQL server on which a scratch database is created and dropped",
-    )
+    add_postgres_option(parser)
     parser.add_argument(
         "--skip-litellm", action="store_true", help="leave out the LiteLLM path (and its install)"
     )

@@ -47,7 +47,7 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress
 
-from bench.serving_ledger import BUDGET_MICROS, empty_database
+from bench.serving_ledger import BUDGET_MICROS, add_postgres_option, empty_database
 from bench.serving_processes import (
     Service,
     free_port,
@@ -336,11 +336,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default="sqlite",
         help="the servers' ledgers (default: sqlite)",
     )
-    parser.add_argument(
-        "--postgres-url",
-        default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
-        help="a PostgreSQL server on which scratch databases are created and dropped",
-    )
+    add_postgres_option(parser)
     parser.add_argument(
         "--time-scale", default="0.001", help="the emulator's --time-scale (default: 0.001)"
     )

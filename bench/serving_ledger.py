@@ -7,6 +7,7 @@ dropped at the end, so nothing of an earlier run is counted.
 
 from __future__ import annotations
 
+import argparse
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ import psycopg
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.engine import make_url
 
+from bench.ledger_group_commit import DEFAULT_POSTGRES_URL
 from inference_auctions.billing import Ledger, migrate
 from inference_auctions.billing.models import (
     BatchRequest,
@@ -36,6 +38,15 @@ class Users:
 
     keys: list[str]
     admin_key: str
+
+
+def add_postgres_option(parser: argparse.ArgumentParser) -> None:
+    """`--postgres-url`: where a serving benchmark creates its scratch PostgreSQL databases."""
+    parser.add_argument(
+        "--postgres-url",
+        default=DEFAULT_POSTGRES_URL,
+        help="a PostgreSQL server on which scratch databases are created and dropped",
+    )
 
 
 @contextmanager
