@@ -109,10 +109,7 @@ def _pairs_beside(lone: _LoneRequests, n: int, main_thread: str) -> list[tuple[T
     timed: list[tuple[Timing, Timing]] = []
     worker = threading.Thread(target=lambda: timed.extend(_pairs(lone, n)))
     worker.start()
-    while worker.is_alive():
-        if main_thread == "idle":
-            worker.join()
-            break
+    while main_thread != "idle" and worker.is_alive():
         burst_ends = time.perf_counter() + 0.0002
         while time.perf_counter() < burst_ends:
             pass
