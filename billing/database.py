@@ -74,8 +74,13 @@ def unavailable(error: Exception) -> LedgerUnavailable:
     return LedgerUnavailable(first_line[0] if first_line else type(cause).__name__)
 
 
-def create_ledger_engine(url: str | URL, **kwargs: Any) -> Engine:
-    """An engine for `url` with the ledger's locking set up; kwargs go to `create_engine`."""
+def create_ledger_engine(
+    url: str | URL, *, wal_autocheckpoint: int | None = None, **kwargs: Any
+) -> Engine:
+    """An engine for `url` with the ledger's locking set up; kwargs go to `create_engine`.
+    `wal_autocheckpoint` (SQLite only): the WAL's size in pages past which a connection that
+    commits checkpoints (SQLite's default, 1,000, where None), for a server that checkpoints
+    from a thread of its own (`billing.wal_checkpoints`)."""
     parsed = normalize_url(url)
     dialect = cast("type[DefaultDialect]", parsed.get_dialect())
     poolclass = kwargs.get("poolclass") or dialect.get_pool_class(parsed)
@@ -99,7 +104,7 @@ def create_ledger_engine(url: str | URL, **kwargs: Any) -> Engine:
     connect_args = dict(kwargs.pop("connect_args", {}))
     connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_S)
     engine = create_engine(parsed, connect_args=connect_args, **kwargs)
-    _set_up_sqlite(engine, str(synchronous))
+    _set_up_sqlite(engine, str(synchronous), wal_autocheckpoint)
     return engine
 
 
@@ -114,7 +119,7 @@ def _open_ledger_connections(engine: Engine) -> None:
         return LedgerConnection.connect(*cargs, **cparams)
 
 
-def _set_up_sqlite(engine: Engine, synchronous: str) -> None:
+def _set_up_sqlite(engine: Engine, synchronous: str, wal_autocheckpoint: int | None) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
         # None hands transaction control to the BEGIN emitted below.
@@ -125,6 +130,8 @@ def _set_up_sqlite(engine: Engine, synchronous: str) -> None:
             if engine.url.database not in (None, "", ":memory:"):
                 cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+            if wal_autocheckpoint is not None:
+                cursor.execute(f"PRAGMA wal_autocheckpoint = {int(wal_autocheckpoint)}")
         finally:
             cursor.close()
 

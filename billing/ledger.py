@@ -71,6 +71,11 @@ from inference_auctions.billing.records import (
     UserInfo,
 )
 from inference_auctions.billing.users import UNSET, _Unset
+from inference_auctions.billing.wal_checkpoints import (
+    BACKSTOP_PAGES,
+    WalCheckpointer,
+    checkpoints_apply,
+)
 
 T = TypeVar("T")
 
@@ -123,6 +128,7 @@ class Ledger:
         self._engine = engine
         self._clock = clock
         self._owns_engine = owns_engine
+        self._checkpointer: WalCheckpointer | None = None  # `from_url(checkpoint_in_background)`
         # A lone `served` record is one statement, committed by itself (`_serve_one`).
         self._autocommit_engine: Engine | None = None
         if engine.dialect.name == "postgresql":
@@ -135,9 +141,24 @@ class Ledger:
         self._read_engine = engine.execution_options(**read_options)
 
     @classmethod
-    def from_url(cls, url: str, *, clock: Callable[[], datetime] = _utc_now) -> Self:
-        """A ledger on a new engine for `url`; `close()` disposes of the engine."""
-        return cls(create_ledger_engine(url), clock=clock, owns_engine=True)
+    def from_url(
+        cls,
+        url: str,
+        *,
+        clock: Callable[[], datetime] = _utc_now,
+        checkpoint_in_background: bool = False,
+    ) -> Self:
+        """A ledger on a new engine for `url`; `close()` disposes of the engine. With
+        `checkpoint_in_background`, a SQLite file's WAL is checkpointed by a thread of its
+        own, not by the connections that commit (`billing.wal_checkpoints`); a server's ledger,
+        whose commits requests wait on."""
+        if not checkpoint_in_background:
+            return cls(create_ledger_engine(url), clock=clock, owns_engine=True)
+        engine = create_ledger_engine(url, wal_autocheckpoint=BACKSTOP_PAGES)
+        ledger = cls(engine, clock=clock, owns_engine=True)
+        if checkpoints_apply(engine):
+            ledger._checkpointer = WalCheckpointer(engine).start()
+        return ledger
 
     @property
     def engine(self) -> Engine:
@@ -145,7 +166,11 @@ class Ledger:
         return self._engine
 
     def close(self) -> None:
-        """Dispose of the engine if the ledger created it."""
+        """Stop its WAL checkpoints, if it runs them; dispose of the engine if the ledger
+        created it."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
         if self._owns_engine:
             self._engine.dispose()
 

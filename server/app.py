@@ -50,7 +50,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # An empty database gets the schema; a current one is kept.
         upgrade_schema(settings.database_url)
-        ledger = Ledger.from_url(settings.database_url)
+        ledger = Ledger.from_url(settings.database_url, checkpoint_in_background=True)
         backend = engine or make_engine_from(settings)
         await backend.start()
         service = AuctionService(settings, ledger, backend)
