@@ -89,8 +89,11 @@ class WalCheckpointer:
 
     def checkpoint(self) -> CheckpointResult | None:
         """One passive checkpoint now; None if it could not run (another connection was
-        checkpointing, or the file could not be opened: logged, and tried again next time)."""
+        checkpointing, or the file could not be opened: logged, and tried again next time),
+        or once `close()` was called."""
         with self._lock:
+            if self._stopping.is_set():
+                return None  # closed: never open a connection that nothing would close
             try:
                 busy, wal_pages, copied_pages = (
                     self._connected().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()

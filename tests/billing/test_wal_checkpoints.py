@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,17 @@ from inference_auctions.billing.wal_checkpoints import (
     checkpoints_apply,
 )
 from tests.db_fixtures import require_postgres
+
+StartedThreads = Callable[[], int]
+
+
+@pytest.fixture
+def started_threads() -> StartedThreads:
+    """The checkpoint threads alive now, less those alive when the test began: one that another
+    test left running (a server whose shutdown never ran) must not decide this one."""
+    before = _checkpoint_threads()
+    return lambda: _checkpoint_threads() - before
+
 
 _ROW = "x" * 1_000  # about four rows to a page
 
@@ -66,7 +78,9 @@ def test_writers_leave_the_wal_to_the_checkpointer(tmp_path: Path) -> None:
     engine.dispose()
 
 
-def test_the_thread_checkpoints_every_interval_and_stops(tmp_path: Path) -> None:
+def test_the_thread_checkpoints_every_interval_and_stops(
+    tmp_path: Path, started_threads: StartedThreads
+) -> None:
     path = tmp_path / "ledger.db"
     engine = create_ledger_engine(f"sqlite:///{path}", wal_autocheckpoint=BACKSTOP_PAGES)
     _table(engine)
@@ -77,11 +91,12 @@ def test_the_thread_checkpoints_every_interval_and_stops(tmp_path: Path) -> None
         while _pages_in_file(path) < 250 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _pages_in_file(path) >= 250
-        assert _checkpoint_threads() == 1
+        assert started_threads() == 1
     finally:
         checkpointer.close()
         engine.dispose()
-    assert _checkpoint_threads() == 0
+    assert started_threads() == 0
+    assert checkpointer.checkpoint() is None  # closed for good
 
 
 def test_the_wal_stays_bounded_under_constant_writes(tmp_path: Path) -> None:
@@ -169,40 +184,42 @@ def _reads_per_hold(path: Path, *, checkpoint_between: bool) -> float:
     return reads / 40
 
 
-def test_ledger_from_url_checkpoints_a_sqlite_file_in_the_background(tmp_path: Path) -> None:
+def test_ledger_from_url_checkpoints_a_sqlite_file_in_the_background(
+    tmp_path: Path, started_threads: StartedThreads
+) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     upgrade_schema(url)
     ledger = Ledger.from_url(url, checkpoint_in_background=True)
     try:
-        assert _checkpoint_threads() == 1
+        assert started_threads() == 1
         with ledger.engine.connect() as connection:
             pragma = connection.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar()
         assert pragma == BACKSTOP_PAGES
     finally:
         ledger.close()
-    assert _checkpoint_threads() == 0
+    assert started_threads() == 0
     # Without the option, SQLite's own checkpoints, and no thread.
     with Ledger.from_url(url) as plain, plain.engine.connect() as connection:
         assert connection.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 1_000
-        assert _checkpoint_threads() == 0
+        assert started_threads() == 0
 
 
-def test_nothing_to_checkpoint_in_memory_or_on_postgres(tmp_path: Path) -> None:
+def test_nothing_to_checkpoint_in_memory(started_threads: StartedThreads) -> None:
     memory = create_ledger_engine("sqlite://")
     assert not checkpoints_apply(memory)
     with pytest.raises(ValueError, match="not a SQLite database file"):
         WalCheckpointer(memory)
     with Ledger.from_url("sqlite://", checkpoint_in_background=True):
-        assert _checkpoint_threads() == 0
+        assert started_threads() == 0
     memory.dispose()
 
 
 @pytest.mark.postgres
-def test_postgres_ledgers_run_no_checkpoint_thread() -> None:
+def test_postgres_ledgers_run_no_checkpoint_thread(started_threads: StartedThreads) -> None:
     url = require_postgres()
     with Ledger.from_url(url, checkpoint_in_background=True) as ledger:
         assert not checkpoints_apply(ledger.engine)
-        assert _checkpoint_threads() == 0
+        assert started_threads() == 0
 
 
 def _hold(ledger: Ledger, rid: str) -> None:
