@@ -16,7 +16,9 @@ connection count, each version gets a fresh server, a `wrk` warm-up and a measur
 (bench/wrk/auction_generate.lua, as in `bench.serving`); the order of the two alternates from
 one round to the next, so a drift of the machine's speed falls on both alike.
 `--baseline-arg`/`--candidate-arg` pass options to one side's `inference-auction serve`, to
-compare settings of the same code.
+compare settings of the same code; `--baseline-python`/`--candidate-python` run one side's
+server (and its ledger's setup) with another Python interpreter, one that has the project's
+dependencies installed, to compare interpreters (the emulator and `wrk` stay the same).
 
 Per connection count it prints each version's median and range of req/s, the server's CPU
 per request (user + system of its process tree, from /proc, during the measured run) and the
@@ -84,6 +86,7 @@ class Version:
     label: str
     root: Path  # the checkout whose `inference_auctions` the server imports
     server_args: list[str]
+    python: str = sys.executable  # the interpreter that runs its server and its setup
     url: str = ""
     keys: list[str] = field(default_factory=list)
 
@@ -111,7 +114,7 @@ class Run:
 
 def _python(version: Version, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, *args],
+        [version.python, *args],
         env={**os.environ, **version.env},
         cwd=version.root,  # `inference_auctions` is a namespace package: the first on the path wins
         capture_output=True,
@@ -197,7 +200,7 @@ class Comparison:
     def measure(self, version: Version, connections: int) -> Run:
         """A fresh server of `version`, warmed up, then one measured run."""
         port = free_port()
-        command = [sys.executable, *_CLI, "serve", "--port", str(port)]
+        command = [version.python, *_CLI, "serve", "--port", str(port)]
         command += ["--engine-url", self.emulator.url, "--database-url", version.url]
         command += ["--log-level", "warning", "--tokenizer", "builtin", *version.server_args]
         env = {
@@ -299,8 +302,9 @@ def table(connections: int, versions: list[Version], runs: dict[str, list[Run]])
     return "\n".join(lines)
 
 
-def _label(side: str, code: str, server_args: list[str]) -> str:
-    return f"{side}: {code}" + (f" {' '.join(server_args)}" if server_args else "")
+def _label(side: str, code: str, server_args: list[str], python: str | None = None) -> str:
+    label = f"{side}: {code}" + (f" {' '.join(server_args)}" if server_args else "")
+    return label + (f" ({python})" if python else "")
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -318,6 +322,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "included)",
     )
     for side in ("baseline", "candidate"):
+        parser.add_argument(
+            f"--{side}-python",
+            metavar="PATH",
+            help=f"the Python interpreter of the {side}'s server (default: this one, "
+            f"{sys.executable}); it needs the project's dependencies",
+        )
         parser.add_argument(
             f"--{side}-arg",
             action="append",
@@ -345,6 +355,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if any(count < 1 for count in args.connections):
         parser.error("--connections must all be at least 1")
+    for side in ("baseline", "candidate"):
+        python = getattr(args, f"{side}_python")
+        if python is not None and not os.access(python, os.X_OK):
+            parser.error(f"--{side}-python {python!r} is not an executable file")
     return args
 
 
@@ -375,15 +389,22 @@ def _compare(args: argparse.Namespace, console: Console) -> None:
         versions = [
             Version(
                 "baseline",
-                _label("baseline", args.baseline, args.baseline_arg),
+                _label("baseline", args.baseline, args.baseline_arg, args.baseline_python),
                 baseline_root,
                 args.baseline_arg,
+                args.baseline_python or sys.executable,
             ),
             Version(
                 "candidate",
-                _label("candidate", args.candidate or "this checkout", args.candidate_arg),
+                _label(
+                    "candidate",
+                    args.candidate or "this checkout",
+                    args.candidate_arg,
+                    args.candidate_python,
+                ),
                 candidate_root,
                 args.candidate_arg,
+                args.candidate_python or sys.executable,
             ),
         ]
         comparison = Comparison(args, stack, folder)

@@ -76,5 +76,18 @@ def test_the_command_line_has_every_option_the_run_reads() -> None:
     args = _parse([])
     assert (args.rounds, args.seconds, args.warmup, args.connections) == (3, 8.0, 2.0, [20, 200])
     assert args.baseline == "HEAD" and args.candidate is None and args.database == "sqlite"
+    assert args.baseline_python is None and args.candidate_python is None
     with pytest.raises(SystemExit):
         _parse(["--rounds", "0"])
+    with pytest.raises(SystemExit):
+        _parse(["--candidate-python", "/no/such/python"])
+
+
+def test_a_version_runs_with_the_interpreter_it_names(tmp_path: Path) -> None:
+    # A stand-in interpreter that says who it is, whatever it is asked to run.
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho stand-in\n")
+    python.chmod(0o755)
+    version = Version("candidate", "candidate", ROOT, [], str(python))
+    assert _python(version, "-c", "print('real')") == "stand-in"
+    assert _python(Version("candidate", "candidate", ROOT, []), "-c", "print('real')") == "real"
