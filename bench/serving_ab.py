@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -324,9 +325,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     for side in ("baseline", "candidate"):
         parser.add_argument(
             f"--{side}-python",
-            metavar="PATH",
-            help=f"the Python interpreter of the {side}'s server (default: this one, "
-            f"{sys.executable}); it needs the project's dependencies",
+            metavar="PYTHON",
+            help=f"the Python interpreter of the {side}'s server, a path or a name on PATH "
+            f"(default: this one, {sys.executable}); it needs the project's dependencies",
         )
         parser.add_argument(
             f"--{side}-arg",
@@ -357,8 +358,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--connections must all be at least 1")
     for side in ("baseline", "candidate"):
         python = getattr(args, f"{side}_python")
-        if python is not None and not os.access(python, os.X_OK):
+        if python is None:
+            continue
+        found = shutil.which(python)  # a path, or a name on PATH such as python3.12
+        if found is None:
             parser.error(f"--{side}-python {python!r} is not an executable file")
+        setattr(args, f"{side}_python", found)
     return args
 
 

@@ -81,6 +81,9 @@ def test_the_command_line_has_every_option_the_run_reads() -> None:
         _parse(["--rounds", "0"])
     with pytest.raises(SystemExit):
         _parse(["--candidate-python", "/no/such/python"])
+    with pytest.raises(SystemExit):  # a folder is not an interpreter
+        _parse(["--baseline-python", str(ROOT)])
+    assert Path(_parse(["--candidate-python", "sh"]).candidate_python).is_absolute()
 
 
 def test_a_version_runs_with_the_interpreter_it_names(tmp_path: Path) -> None:
