@@ -41,7 +41,8 @@ __all__ = ["BACKSTOP_PAGES", "CheckpointResult", "WalCheckpointer", "checkpoints
 log = logging.getLogger(__name__)
 
 # How often the thread checkpoints. Under the busiest load measured the WAL grows by about
-# 3,000 pages (12 MB) a second, which a passive checkpoint copies in tens of milliseconds.
+# 3,000 pages (12 MB) a second; a longer interval copied less often but was no better overall
+# (docs/PERFORMANCE.md).
 INTERVAL_SECONDS = 1.0
 # The WAL's size in pages past which a writing connection checkpoints after all (above).
 BACKSTOP_PAGES = 10_000
