@@ -104,10 +104,10 @@ def test_the_wal_stays_bounded_under_constant_writes(tmp_path: Path) -> None:
     backstop = 200
     engine = create_ledger_engine(f"sqlite:///{path}", wal_autocheckpoint=backstop)
     _table(engine)
-    checkpointer = WalCheckpointer(engine, interval=0.01).start()
+    checkpointer = WalCheckpointer(engine, interval=0.05).start()
     largest = 0
     try:
-        for _ in range(300):  # about 3,000 pages, fifteen times the backstop
+        for _ in range(600):  # about 6,000 pages, thirty times the backstop
             _write_pages(engine, 10)
             largest = max(largest, Path(f"{path}-wal").stat().st_size)
     finally:
@@ -115,9 +115,11 @@ def test_the_wal_stays_bounded_under_constant_writes(tmp_path: Path) -> None:
         engine.dispose()
     # A WAL page is a 4 KiB page and a 24-byte header. A commit that crosses the backstop
     # skips its checkpoint while the thread is copying, and the next one tries again, so the
-    # WAL may pass the backstop by what is committed during one of the thread's checkpoints.
-    assert largest <= 2 * backstop * (4096 + 24), largest
-    assert _pages_in_file(path) > 2_000
+    # WAL passes the backstop by what is committed during the thread's checkpoints: up to about
+    # twice the backstop with both cores busy elsewhere. A WAL that never started over would
+    # hold all 6,000 pages.
+    assert largest <= 5 * backstop * (4096 + 24), largest
+    assert _pages_in_file(path) > 4_000
 
 
 def test_two_servers_checkpoint_one_file_without_errors(tmp_path: Path) -> None:
