@@ -303,9 +303,13 @@ def table(connections: int, versions: list[Version], runs: dict[str, list[Run]])
     return "\n".join(lines)
 
 
-def _label(side: str, code: str, server_args: list[str], python: str | None = None) -> str:
+def _version(args: argparse.Namespace, side: str, code: str, root: Path) -> Version:
+    """One side as the command line sets it, labelled with what differs from the defaults."""
+    server_args: list[str] = getattr(args, f"{side}_arg")
+    python: str | None = getattr(args, f"{side}_python")
     label = f"{side}: {code}" + (f" {' '.join(server_args)}" if server_args else "")
-    return label + (f" ({python})" if python else "")
+    label += f" ({python})" if python else ""
+    return Version(side, label, root, server_args, python or sys.executable)
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -392,25 +396,8 @@ def _compare(args: argparse.Namespace, console: Console) -> None:
             else stack.enter_context(worktree(args.candidate, folder))
         )
         versions = [
-            Version(
-                "baseline",
-                _label("baseline", args.baseline, args.baseline_arg, args.baseline_python),
-                baseline_root,
-                args.baseline_arg,
-                args.baseline_python or sys.executable,
-            ),
-            Version(
-                "candidate",
-                _label(
-                    "candidate",
-                    args.candidate or "this checkout",
-                    args.candidate_arg,
-                    args.candidate_python,
-                ),
-                candidate_root,
-                args.candidate_arg,
-                args.candidate_python or sys.executable,
-            ),
+            _version(args, "baseline", args.baseline, baseline_root),
+            _version(args, "candidate", args.candidate or "this checkout", candidate_root),
         ]
         comparison = Comparison(args, stack, folder)
         for version in versions:

@@ -109,9 +109,11 @@ def start_service(
         time.sleep(0.2)
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def _stat_fields(pid: int, thread: int | None = None) -> list[str] | None:
+    """The fields after the command name of a process's stat (or of one of its threads')."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(path).read_text()
     except OSError:
         return None
     # The command name, field 2, is in parentheses and may hold spaces: split after it.
@@ -147,9 +149,7 @@ def tree_cpu_seconds(root: int) -> float:
 def main_thread_cpu_seconds(pid: int) -> float:
     """utime + stime of the process's main thread alone (for the auction server: its event
     loop), from /proc, in seconds; 0 once the process is gone."""
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
-    except OSError:
+    fields = _stat_fields(pid, thread=pid)  # the main thread's id is the process's
+    if fields is None:
         return 0.0
-    fields = text[text.rindex(")") + 2 :].split()
     return sum(int(value) for value in fields[11:13]) / _TICKS
