@@ -108,6 +108,11 @@ def create_ledger_engine(
     return engine
 
 
+def in_a_file(engine: Engine) -> bool:
+    """Whether `engine`'s SQLite database is a file (not in memory): one with a WAL."""
+    return engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:")
+
+
 def _open_ledger_connections(engine: Engine) -> None:
     """Connect with `LedgerConnection` (see `billing.postgres_connection`), with the same
     arguments SQLAlchemy would pass to psycopg."""
@@ -127,7 +132,7 @@ def _set_up_sqlite(engine: Engine, synchronous: str, wal_autocheckpoint: int | N
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute("PRAGMA foreign_keys = ON")
-            if engine.url.database not in (None, "", ":memory:"):
+            if in_a_file(engine):
                 cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute(f"PRAGMA synchronous = {synchronous.upper()}")
             if wal_autocheckpoint is not None:

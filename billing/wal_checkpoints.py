@@ -36,6 +36,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from inference_auctions.billing.database import in_a_file
+
 __all__ = ["BACKSTOP_PAGES", "CheckpointResult", "WalCheckpointer", "checkpoints_apply"]
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,7 @@ class CheckpointResult:
 
 def checkpoints_apply(engine: Engine) -> bool:
     """Whether `engine` is a SQLite database in a file: the only kind with a WAL to copy."""
-    return engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:")
+    return in_a_file(engine)
 
 
 class WalCheckpointer:
