@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from inference_auctions.billing import HoldRequest, Ledger, create_ledger_engine, upgrade_schema
+from tests.billing.helpers import read_calls
 from tests.db_fixtures import MigratedDatabase
 
 _POOLED = 3  # connections the pool holds once a burst of readers has come and gone
@@ -46,14 +47,6 @@ def test_one_writer_uses_one_connection_of_the_pool(ledger_db: MigratedDatabase)
     assert len(set(used)) == 1
 
 
-def _read_calls() -> int:
-    """Read system calls this process has made (Linux)."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("syscr:"):
-            return int(line.split()[1])
-    raise AssertionError("no syscr in /proc/self/io")
-
-
 def _reads_per_write(url: str, **engine_options: Any) -> float:
     upgrade_schema(url)
     engine = create_ledger_engine(url, **engine_options)
@@ -62,9 +55,9 @@ def _reads_per_write(url: str, **engine_options: Any) -> float:
         ledger.create_user("ada", budget_micros=10**9)
         _fill_pool(engine)
         _holds(ledger, 5, "warm")
-        before = _read_calls()
+        before = read_calls()
         _holds(ledger, _WRITES, "timed")
-        return (_read_calls() - before) / _WRITES
+        return (read_calls() - before) / _WRITES
     finally:
         engine.dispose()
 

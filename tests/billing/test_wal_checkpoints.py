@@ -20,6 +20,7 @@ from inference_auctions.billing.wal_checkpoints import (
     WalCheckpointer,
     checkpoints_apply,
 )
+from tests.billing.helpers import read_calls
 from tests.db_fixtures import require_postgres
 
 StartedThreads = Callable[[], int]
@@ -174,9 +175,9 @@ def _reads_per_hold(path: Path, *, checkpoint_between: bool) -> float:
     try:
         _hold(ledger, "warm")
         for index in range(40):
-            before = _read_calls()
+            before = read_calls()
             _hold(ledger, f"timed-{index}")
-            reads += _read_calls() - before
+            reads += read_calls() - before
             if checkpoint_between:
                 copied = checkpointer.checkpoint()
                 assert copied is not None and copied.copied_pages == copied.wal_pages > 0
@@ -231,10 +232,3 @@ def _hold(ledger: Ledger, rid: str) -> None:
 
 def _checkpoint_threads() -> int:
     return sum(thread.name == "sqlite-checkpoints" for thread in threading.enumerate())
-
-
-def _read_calls() -> int:
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("syscr:"):
-            return int(line.split()[1])
-    raise AssertionError("no syscr in /proc/self/io")
