@@ -1,10 +1,12 @@
 """Clearing a closed batch: claim its holds, run the auction, settle, price each request.
 
-All of it runs on the ledger writer's thread, and the claim, the auction and the settlement
-happen in one ledger transaction (the writer's group commit, `BatchClearing.claim`): a request
-whose hold cannot be claimed (settled by another replica under the same rid, released
-meanwhile, placed for another payload, or refused in the same commit) leaves the batch before
-the auction, so it changes nobody else's schedule or charge and fails nobody else's request.
+All of it runs in the ledger writer (on its thread, or in its process: `server.ledger_lanes`),
+and the claim, the auction and the settlement happen in one ledger transaction (the writer's
+group commit, `BatchClearing.claim`): a request whose hold cannot be claimed (settled by
+another replica under the same rid, released meanwhile, placed for another payload, or refused
+in the same commit) leaves the batch before the auction, so it changes nobody else's schedule
+or charge and fails nobody else's request. What the commit runs is plain data
+(`ClearedAtCommit`, `ClearedAhead`), so that it crosses to a writer process as it is.
 
 A batch may also be cleared ahead of its commit (`BatchClearing.speculate`, on the event loop):
 its requests then go to the engine while the commit runs, and the claim settles exactly that
@@ -18,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from inference_auctions.billing import (
     BatchClaim,
@@ -66,6 +69,46 @@ class Cleared:
     refused: dict[str, str]  # ledger rid -> its hold's state
 
 
+class ClearedAhead:
+    """The clearing of a batch cleared ahead of its commit: its records, made on the event loop,
+    settled whole or not at all. Plain data, so that a ledger writer in a process of its own
+    (`server.ledger_process`) runs it as well as one on a thread."""
+
+    def __init__(self, records: _Records) -> None:
+        self.records = records
+
+    def __call__(self, claimable: list[str]) -> _Records:
+        _, requests, _ = self.records
+        if len(claimable) != len(requests):
+            raise SpeculationVoid(
+                f"{len(requests) - len(claimable)} of the batch's holds were not claimable"
+            )
+        return self.records
+
+
+class ClearedAtCommit:
+    """The clearing of a batch cleared in its commit: the auction over the requests whose holds
+    the commit claimed, under the ledger's locks. Plain data too (`ClearedAhead`); on the
+    writer's thread it also keeps what it made (`made`), so that the event loop does not run
+    the same auction again."""
+
+    def __init__(
+        self, batch_id: str, closed_at: datetime, requests: Sequence[AuctionRequest]
+    ) -> None:
+        self.batch_id = batch_id
+        self.closed_at = closed_at
+        self.requests = {request.rid: request for request in requests}
+        self.made: _Made | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**vars(self), "made": None}  # what the other process made stays there
+
+    def __call__(self, claimable: list[str]) -> _Records:
+        chosen = [self.requests[rid] for rid in claimable]
+        self.made = _auction(chosen)
+        return _records(self.batch_id, self.closed_at, self.made, chosen)
+
+
 class BatchClearing:
     """One closed batch on its way through the ledger writer: the claim that runs the auction
     under the ledger's locks (`claim`), and the cleared batch made of what it settled
@@ -74,77 +117,91 @@ class BatchClearing:
     def __init__(
         self, tickets: Sequence[Ticket], batch_id: str, clock: Callable[[], datetime]
     ) -> None:
-        self._by_rid = {ticket.ledger_rid: ticket for ticket in tickets}
+        self._rids = [ticket.ledger_rid for ticket in tickets]
         self._batch_id = batch_id
         self._clock = clock
-        self._made: tuple[AuctionOutcome, Repricer, float] | None = None
-        self._speculated = False
+        self._candidates = [(t.ledger_rid, t.user) for t in tickets]
+        # A hold placed for another payload under the same rid is never claimed for this one.
+        self._fingerprints = {t.ledger_rid: t.fingerprint for t in tickets}
+        self._requests = [
+            AuctionRequest(t.ledger_rid, t.user, t.tokens, t.bid_micros) for t in tickets
+        ]
+        self._ahead: tuple[_Made, ClearedAhead] | None = None
+        self._at_commit: ClearedAtCommit | None = None
         self._result: ClearedBatch | None = None
-        self.claim = BatchClaim(
-            candidates=[(t.ledger_rid, t.user) for t in tickets],
-            clear=self._clear,
-            # A hold placed for another payload under the same rid is never claimed for this one.
-            fingerprints={t.ledger_rid: t.fingerprint for t in tickets},
-        )
 
-    def _clear(
-        self, claimable: list[str]
-    ) -> tuple[BatchRecord, list[RequestRecord], dict[str, int]]:
-        """Run the auction over the claimable requests (on the writer thread, under the locks);
-        a batch cleared ahead settles only whole."""
-        if self._speculated:
-            if len(claimable) != len(self._by_rid):
-                raise SpeculationVoid(
-                    f"{len(self._by_rid) - len(claimable)} of the batch's holds were not claimable"
-                )
+    @property
+    def claim(self) -> BatchClaim:
+        """The claim for the writer's next group commit: the batch as cleared ahead
+        (`speculate`), or to clear in the commit."""
+        clear: ClearedAhead | ClearedAtCommit
+        if self._ahead is not None:
+            clear = self._ahead[1]
         else:
-            self._run(claimable)
-        assert self._made is not None
-        outcome, repricer, _ = self._made
-        chosen = [self._by_rid[rid] for rid in claimable]
-        return _records(self._batch_id, self._clock(), outcome, repricer, chosen)
-
-    def _run(self, rids: list[str]) -> None:
-        started = time.perf_counter()
-        chosen = [self._by_rid[rid] for rid in rids]
-        requests = [AuctionRequest(t.ledger_rid, t.user, t.tokens, t.bid_micros) for t in chosen]
-        outcome = run_auction(requests)
-        repricer = Repricer.from_outcome(outcome)
-        self._made = (outcome, repricer, time.perf_counter() - started)
+            if self._at_commit is None:
+                self._at_commit = ClearedAtCommit(self._batch_id, self._clock(), self._requests)
+            clear = self._at_commit
+        return BatchClaim(self._candidates, clear, self._fingerprints)
 
     def speculate(self) -> ClearedBatch:
         """Clear the whole batch now, ahead of its commit; the claim then settles it as cleared
         here, or nothing of it (`SpeculationVoid`)."""
-        self._speculated = True
-        self._run(list(self._by_rid))
-        return self._batch()
+        made = _auction(self._requests)
+        records = _records(self._batch_id, self._clock(), made, self._requests)
+        self._ahead = (made, ClearedAhead(records))
+        return self._batch(made)
 
     def cleared(self, claimed: ClaimedBatch) -> Cleared:
         """The settled batch with every request's share of its user's charge, and the refused."""
         if claimed.settled is None:
-            if self._speculated:
+            if self._ahead is not None:
                 raise SpeculationVoid("none of the batch's holds were claimable")
             return Cleared(batch=None, refused=dict(claimed.refused))
-        return Cleared(batch=self._batch(), refused=dict(claimed.refused))
+        if self._ahead is not None:
+            return Cleared(batch=self._batch(self._ahead[0]), refused=dict(claimed.refused))
+        assert self._at_commit is not None, "a batch was settled without its claim"
+        made = self._at_commit.made
+        if made is None:  # cleared in the writer's process: the same auction, run again here
+            claimable = [rid for rid in self._rids if rid not in claimed.refused]
+            made = _auction([self._at_commit.requests[rid] for rid in claimable])
+            charged = claimed.settled.charges_micros
+            if any(charged.get(user, 0) != paid for user, paid in made.outcome.payments.items()):
+                raise RuntimeError("the auction run again does not charge what was settled")
+        return Cleared(batch=self._batch(made), refused=dict(claimed.refused))
 
-    def _batch(self) -> ClearedBatch:
+    def _batch(self, made: _Made) -> ClearedBatch:
         if self._result is None:  # once: a speculated batch is the one its claim settles
-            assert self._made is not None, "a settled batch was cleared"
-            outcome, repricer, seconds = self._made
             shares: dict[str, int] = {}
-            for user, charge in outcome.payments.items():
-                shares.update(repricer.shares(user, charge, outcome.positions))
-            self._result = ClearedBatch(self._batch_id, outcome, repricer, shares, seconds)
+            for user, charge in made.outcome.payments.items():
+                shares.update(made.repricer.shares(user, charge, made.outcome.positions))
+            self._result = ClearedBatch(
+                self._batch_id, made.outcome, made.repricer, shares, made.seconds
+            )
         return self._result
 
 
+@dataclass(frozen=True, slots=True)
+class _Made:
+    """An auction's outcome, its repricer and the seconds both took."""
+
+    outcome: AuctionOutcome
+    repricer: Repricer
+    seconds: float
+
+
+def _auction(requests: list[AuctionRequest]) -> _Made:
+    started = time.perf_counter()
+    outcome = run_auction(requests)
+    repricer = Repricer.from_outcome(outcome)
+    return _Made(outcome, repricer, time.perf_counter() - started)
+
+
 def _records(
-    batch_id: str,
-    closed_at: datetime,
-    outcome: AuctionOutcome,
-    repricer: Repricer,
-    chosen: list[Ticket],
-) -> tuple[BatchRecord, list[RequestRecord], dict[str, int]]:
+    batch_id: str, closed_at: datetime, made: _Made, requests: list[AuctionRequest]
+) -> _Records:
+    """What settles the batch: its record, one per request (`requests`, in the order the batch
+    closed with) and every user's charge."""
+    outcome, repricer = made.outcome, made.repricer
     batch = BatchRecord(
         batch_id=batch_id,
         closed_at=closed_at,
@@ -159,18 +216,22 @@ def _records(
     paths = repricer.tree_paths()
     records = [
         RequestRecord(
-            rid=ticket.ledger_rid,
-            user=ticket.user,
-            position=outcome.positions[ticket.ledger_rid],
-            priority=float(outcome.priority(ticket.ledger_rid)),
-            bid_micros=ticket.bid_micros,
-            prompt_tokens=len(ticket.tokens),
+            rid=request.rid,
+            user=request.user,
+            position=outcome.positions[request.rid],
+            priority=float(outcome.priority(request.rid)),
+            bid_micros=request.bid,
+            prompt_tokens=len(request.tokens),
             arrival=arrival,
-            tree_path=paths[ticket.ledger_rid],
+            tree_path=paths[request.rid],
         )
-        for arrival, ticket in enumerate(chosen)
+        for arrival, request in enumerate(requests)
     ]
     return batch, records, outcome.payments
+
+
+# A batch's record, its requests' records and every user's charge: what settles it.
+_Records = tuple[BatchRecord, list[RequestRecord], dict[str, int]]
 
 
 def refund_rule(

@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any, TypeVar
 
 from inference_auctions.billing import (
@@ -57,6 +55,7 @@ from inference_auctions.billing import (
     Ledger,
     ServedRecord,
 )
+from inference_auctions.server.ledger_lanes import Lane, ProcessLane, ThreadLane
 
 __all__ = ["LedgerWriter"]
 
@@ -77,28 +76,41 @@ class LedgerWriter:
         max_group: int = _MAX_GROUP,
         observe_group: Callable[[int], None] = lambda _: None,
         served_apart: bool | None = None,
+        process_url: str | None = None,
     ) -> None:
         self._ledger = ledger
         self._observe_group = observe_group  # writes per committed group, for the metrics
         self._max_group = max_group
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
-        self._holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]] = []
-        self._claims: list[tuple[BatchClaim, asyncio.Future[ClaimedBatch]]] = []
-        self._served: list[tuple[ServedRecord, asyncio.Future[bool]]] = []
-        self._flusher: asyncio.Task[None] | None = None
         # `served` records in a lane of their own (see the module docstring); by default on
         # PostgreSQL, and only there.
         if served_apart is None:
             served_apart = ledger.engine.dialect.name == "postgresql"
-        self._served_thread = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-served")
-            if served_apart
-            else None
-        )
+        # Where the commits run (`server.ledger_lanes`): with `process_url`, the ledger's
+        # database as the operator named it, in processes of their own; else on threads.
+        self._lane: Lane
+        self._served_lane: Lane | None = None
+        if process_url is not None:
+            self._lane = ProcessLane(process_url, "ledger-writer", checkpoints=True)
+            if served_apart:
+                self._served_lane = ProcessLane(process_url, "ledger-served", checkpoints=False)
+        else:
+            self._lane = ThreadLane(ledger, "ledger-writer")
+            if served_apart:
+                self._served_lane = ThreadLane(ledger, "ledger-served")
+        self._holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]] = []
+        self._claims: list[tuple[BatchClaim, asyncio.Future[ClaimedBatch]]] = []
+        self._served: list[tuple[ServedRecord, asyncio.Future[bool]]] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._served_flusher: asyncio.Task[None] | None = None
         # Per user: available funds as of the last commit, and the bids queued since.
         self._available: dict[str, int] = {}
         self._queued_bids: dict[str, int] = {}
+
+    async def start(self) -> None:
+        """Have the lanes ready (a writer process started) before the first request."""
+        await self._lane.start()
+        if self._served_lane is not None:
+            await self._served_lane.start()
 
     def queue_hold(self, request: HoldRequest) -> asyncio.Future[HoldView]:
         """Queue one hold for the next group commit, now; its future is the outcome (what
@@ -115,7 +127,7 @@ class LedgerWriter:
     @property
     def serves_apart(self) -> bool:
         """Whether `served` records go through a lane of their own (see the module docstring)."""
-        return self._served_thread is not None
+        return self._served_lane is not None
 
     def covers(self, user: str) -> bool:
         """Whether every hold queued for `user` would be placed, as far as the last commit
@@ -143,25 +155,24 @@ class LedgerWriter:
         `scheduled` (recovery recorded it unserved first)."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._served.append((record, future))
-        if self._served_thread is None:
+        if self._served_lane is None:
             self._kick()
         else:
-            self._kick_served(self._served_thread)
+            self._kick_served(self._served_lane)
         return await future
 
     async def call(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run another ledger write on the writer thread, in turn with the groups."""
-        return await asyncio.get_running_loop().run_in_executor(
-            self._thread, partial(work, *args, **kwargs)
-        )
+        """Run another ledger write (a method of the ledger) in the writer's lane, in turn with
+        the groups."""
+        return await self._lane.call(work, *args, **kwargs)
 
     async def close(self) -> None:
-        """Commit what is queued, then stop the threads."""
+        """Commit what is queued, then stop the lanes."""
         while self._flusher is not None or self._served_flusher is not None:
             await asyncio.shield(next(f for f in (self._flusher, self._served_flusher) if f))
-        self._thread.shutdown(wait=True)
-        if self._served_thread is not None:
-            self._served_thread.shutdown(wait=True)
+        await self._lane.close()
+        if self._served_lane is not None:
+            await self._served_lane.close()
 
     def _kick(self) -> None:
         if self._flusher is None:
@@ -169,18 +180,17 @@ class LedgerWriter:
                 self._flush(), name="ledger-group-commit"
             )
 
-    def _kick_served(self, thread: ThreadPoolExecutor) -> None:
+    def _kick_served(self, lane: Lane) -> None:
         if self._served_flusher is None:
             self._served_flusher = asyncio.get_running_loop().create_task(
-                self._flush_served(thread), name="ledger-served-commit"
+                self._flush_served(lane), name="ledger-served-commit"
             )
 
     def _pending(self) -> bool:
-        served = self._served if self._served_thread is None else []
+        served = self._served if self._served_lane is None else []
         return bool(self._holds or self._claims or served)
 
     async def _flush(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 # One turn of the loop before each commit: what that turn queues joins it
@@ -192,10 +202,9 @@ class LedgerWriter:
                     break
                 holds = _take(self._holds, self._max_group)
                 claims = _take(self._claims, self._max_group)
-                served = _take(self._served, self._max_group) if self._served_thread is None else []
-                outcome = await loop.run_in_executor(
-                    self._thread,
-                    self._commit,
+                served = _take(self._served, self._max_group) if self._served_lane is None else []
+                outcome = await self._commit(
+                    self._lane,
                     [request for request, _ in holds],
                     [claim for claim, _ in claims],
                     [record for record, _ in served],
@@ -214,18 +223,15 @@ class LedgerWriter:
             if self._pending():  # arrived after the last check: never stranded
                 self._kick()
 
-    async def _flush_served(self, thread: ThreadPoolExecutor) -> None:
-        """The `served` lane: what `_flush` does, for the records alone, on `thread`."""
-        loop = asyncio.get_running_loop()
+    async def _flush_served(self, lane: Lane) -> None:
+        """The `served` lane: what `_flush` does, for the records alone, in `lane`."""
         try:
             while True:
                 await asyncio.sleep(0)
                 if not self._served:
                     break
                 served = _take(self._served, self._max_group)
-                outcome = await loop.run_in_executor(
-                    thread, self._commit, [], [], [record for record, _ in served]
-                )
+                outcome = await self._commit(lane, [], [], [record for record, _ in served])
                 if isinstance(outcome, Exception):
                     _settle(served, [outcome] * len(served))
                 else:
@@ -233,7 +239,7 @@ class LedgerWriter:
         finally:
             self._served_flusher = None
             if self._served:  # arrived after the last check: never stranded
-                self._kick_served(thread)
+                self._kick_served(lane)
 
     def _account(
         self,
@@ -256,12 +262,16 @@ class LedgerWriter:
                 self._available.pop(request.user, None)
         self._available.update(outcome.available)
 
-    def _commit(
-        self, holds: list[HoldRequest], claims: list[BatchClaim], served: list[ServedRecord]
+    async def _commit(
+        self,
+        lane: Lane,
+        holds: list[HoldRequest],
+        claims: list[BatchClaim],
+        served: list[ServedRecord],
     ) -> GroupOutcome | Exception:
         """The group in one transaction, or the error that failed it as a whole."""
         try:
-            outcome = self._ledger.commit_group(holds, served, claims)
+            outcome = await lane.commit(holds, claims, served)
         except Exception as error:
             return error
         self._observe_group(len(holds) + len(claims) + len(served))

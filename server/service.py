@@ -53,6 +53,7 @@ from inference_auctions.server.errors import (
     ServiceError,
     Unavailable,
 )
+from inference_auctions.server.ledger_lanes import shareable
 from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.settings import ServerSettings
@@ -87,15 +88,24 @@ class AuctionService:
         ledger: Ledger,
         engine: Engine,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        *,
+        ledger_url: str | None = None,
     ) -> None:
+        """`ledger_url`: the ledger's database as the operator named it, for a ledger writer
+        in processes of its own (`server.ledger_lanes`); without it, or for a SQLite database
+        in memory, the writer runs on threads of this process."""
         self.settings = settings
         self.ledger = ledger
         self._engine = engine
         self.metrics = Metrics(
             queue_length=lambda: len(self._pool), inflight=lambda: self._dispatch.inflight
         )
-        # Every ledger write of the serving path, grouped onto one thread (group commit).
-        self.writer = LedgerWriter(ledger, observe_group=self.metrics.ledger_group_writes.observe)
+        # Every ledger write of the serving path, grouped into one lane (group commit).
+        self.writer = LedgerWriter(
+            ledger,
+            observe_group=self.metrics.ledger_group_writes.observe,
+            process_url=ledger_url if ledger_url is not None and shareable(ledger) else None,
+        )
         self._dispatch = BatchDispatch(
             settings, engine, ledger, self.writer, self.metrics, wake=self._wake_pool
         )
@@ -152,7 +162,8 @@ class AuctionService:
         return self._dispatch.recent_timings()
 
     async def start(self) -> None:
-        """Start closing batches."""
+        """Start the ledger writer, then closing batches."""
+        await self.writer.start()
         self._runner = asyncio.create_task(self._pool.run(), name="batch-pool")
 
     async def stop(self) -> None:

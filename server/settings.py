@@ -79,6 +79,13 @@ class ServerSettings(LedgerSettings):
     dispatch_ahead: bool = True
     dispatch_ahead_max_batch: int = Field(default=64, ge=1)
 
+    # Where the serving path's group commits run (server.ledger_lanes): `thread`, threads of
+    # the server's own process; `process`, a process of their own beside the server's (two on
+    # PostgreSQL), so that they and the event loop never wait for each other's interpreter
+    # lock (docs/PERFORMANCE.md measures both). A SQLite database in memory always uses
+    # threads.
+    ledger_writer: Literal["process", "thread"] = "thread"
+
     # Input limits: anything above them is a 4xx that names the limit.
     max_bid_credits: int = Field(default=1_000, ge=0)
     max_prompt_tokens: int = Field(default=131_072, ge=1)

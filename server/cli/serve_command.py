@@ -92,6 +92,14 @@ from inference_auctions.server.settings import ServerSettings, without_password
     type=click.FloatRange(min=0),
     help="The longest a request is held back.  [default: 60000]",
 )
+@click.option(
+    "--ledger-writer",
+    type=click.Choice(["process", "thread"]),
+    help="Where the ledger's group commits run: a thread of the server, or a process of their "
+    "own beside it, which keeps them and the event loop from waiting on each other's "
+    "interpreter lock (more requests/s, less latency, a few percent more CPU; see "
+    "docs/PERFORMANCE.md).  [default: thread]",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve(log_level: str, **options: Any) -> None:
     """Run the auction server (FastAPI on uvicorn).

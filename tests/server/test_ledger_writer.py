@@ -1,7 +1,8 @@
 """The group-commit writer under many concurrent holds and records for the same users.
 
 Real databases (an SQLite file and PostgreSQL): never below zero, nothing lost, nothing
-counted twice, and the writes really are grouped.
+counted twice, and the writes really are grouped; with the commits on a thread of the test's
+process and in a writer process of their own (`server.ledger_lanes`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from inference_auctions.billing import (
 from inference_auctions.server.clearing import BatchClearing
 from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.tickets import Ticket
+from tests.db_fixtures import MigratedDatabase
 
 USERS = [f"writer{u}" for u in range(4)]
 BUDGET = 1_000_000
@@ -58,14 +60,26 @@ async def _hold_all(writer: LedgerWriter) -> list[HoldView | BaseException]:
     return await asyncio.gather(*calls, return_exceptions=True)
 
 
-def test_concurrent_holds_never_overspend_and_nothing_is_lost(ledger: Ledger) -> None:
+LANES = ["thread", "process"]
+
+
+def _process_url(lane: str, db: MigratedDatabase) -> str | None:
+    return db.url if lane == "process" else None
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_concurrent_holds_never_overspend_and_nothing_is_lost(
+    ledger: Ledger, ledger_db: MigratedDatabase, lane: str
+) -> None:
     for user in USERS:
         ledger.create_user(user, budget_micros=BUDGET)
 
     groups: list[int] = []
 
     async def run() -> list[HoldView | BaseException]:
-        writer = LedgerWriter(ledger, observe_group=groups.append)
+        writer = LedgerWriter(
+            ledger, observe_group=groups.append, process_url=_process_url(lane, ledger_db)
+        )
         try:
             return await _hold_all(writer)
         finally:
@@ -92,14 +106,17 @@ def test_concurrent_holds_never_overspend_and_nothing_is_lost(ledger: Ledger) ->
     assert ledger.reconcile().ok
 
 
-def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger) -> None:
+@pytest.mark.parametrize("lane", LANES)
+def test_served_records_race_recovery_and_each_request_ends_once(
+    ledger: Ledger, ledger_db: MigratedDatabase, lane: str
+) -> None:
     clock_now = datetime.now(UTC)
     for user in USERS:
         ledger.create_user(user, budget_micros=BUDGET)
     tickets = [_ticket(user, f"s{i}", 10_000 + i) for user in USERS for i in range(10)]
 
     async def run() -> tuple[list[object], int]:
-        writer = LedgerWriter(ledger)
+        writer = LedgerWriter(ledger, process_url=_process_url(lane, ledger_db))
         try:
             for ticket in tickets:
                 await writer.queue_hold(
@@ -108,6 +125,13 @@ def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger)
             clearing = BatchClearing(tickets, "batch-writer", lambda: clock_now)
             cleared = clearing.cleared(await writer.claim(clearing.claim))
             assert cleared.batch is not None and not cleared.refused
+            # What the server tells each client it pays is what the ledger charged, wherever
+            # the auction ran (in a writer process, it is run again here).
+            for user in USERS:
+                charged = sum(
+                    -e.amount_micros for e in ledger.entries(user).entries if e.kind == "charge"
+                )
+                assert cleared.batch.charge(user) == charged
             records = [ServedRecord(t.ledger_rid, 0, 1.0) for t in tickets]
             # Recovery fails every still-scheduled request while the records are in flight.
             recovery = asyncio.to_thread(ledger.refund_unserved, timedelta(0))
