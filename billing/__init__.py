@@ -13,7 +13,11 @@ from inference_auctions.billing.activity import (
     MarketActivity,
     Spender,
 )
-from inference_auctions.billing.database import create_ledger_engine, mask_database_url
+from inference_auctions.billing.database import (
+    create_ledger_engine,
+    mask_database_url,
+    sqlite_busy_timeout_seconds,
+)
 from inference_auctions.billing.errors import (
     BatchCapExceeded,
     ChargeExceedsHold,
@@ -158,6 +162,7 @@ __all__ = [
     "parse_credits",
     "schema_drift",
     "schema_revision",
+    "sqlite_busy_timeout_seconds",
     "start_ledger_jobs",
     "start_scheduler",
     "upgrade_schema",

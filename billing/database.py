@@ -75,12 +75,17 @@ def unavailable(error: Exception) -> LedgerUnavailable:
 
 
 def create_ledger_engine(
-    url: str | URL, *, wal_autocheckpoint: int | None = None, **kwargs: Any
+    url: str | URL,
+    *,
+    wal_autocheckpoint: int | None = None,
+    sqlite_busy_timeout: float | None = None,
+    **kwargs: Any,
 ) -> Engine:
     """An engine for `url` with the ledger's locking set up; kwargs go to `create_engine`.
     `wal_autocheckpoint` (SQLite only): the WAL's size in pages past which a connection that
     commits checkpoints (SQLite's default, 1,000, where None), for a server that checkpoints
-    from a thread of its own (`billing.wal_checkpoints`)."""
+    from a thread of its own (`billing.wal_checkpoints`). `sqlite_busy_timeout` (SQLite only):
+    seconds a writer waits for the lock (`SQLITE_BUSY_TIMEOUT_S` where None)."""
     parsed = normalize_url(url)
     dialect = cast("type[DefaultDialect]", parsed.get_dialect())
     poolclass = kwargs.get("poolclass") or dialect.get_pool_class(parsed)
@@ -102,10 +107,17 @@ def create_ledger_engine(
         )
     parsed = parsed.difference_update_query(["synchronous"])
     connect_args = dict(kwargs.pop("connect_args", {}))
-    connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_S)
+    busy_timeout = SQLITE_BUSY_TIMEOUT_S if sqlite_busy_timeout is None else sqlite_busy_timeout
+    connect_args.setdefault("timeout", busy_timeout)
     engine = create_engine(parsed, connect_args=connect_args, **kwargs)
     _set_up_sqlite(engine, str(synchronous), wal_autocheckpoint)
     return engine
+
+
+def sqlite_busy_timeout_seconds() -> float:
+    """How long a SQLite writer waits for the lock, as this process is set up now: what a
+    process of the server's that opens the same database should wait too."""
+    return SQLITE_BUSY_TIMEOUT_S
 
 
 def in_a_file(engine: Engine) -> bool:

@@ -37,7 +37,12 @@ from inference_auctions.billing import (
     settlement,
     users,
 )
-from inference_auctions.billing.database import READ_ONLY, create_ledger_engine, unavailable
+from inference_auctions.billing.database import (
+    READ_ONLY,
+    create_ledger_engine,
+    in_a_file,
+    unavailable,
+)
 from inference_auctions.billing.driver_sql import watch_engine
 from inference_auctions.billing.errors import (
     InvalidInput,
@@ -147,14 +152,18 @@ class Ledger:
         *,
         clock: Callable[[], datetime] = _utc_now,
         checkpoint_in_background: bool = False,
+        sqlite_busy_timeout: float | None = None,
     ) -> Self:
         """A ledger on a new engine for `url`; `close()` disposes of the engine. With
         `checkpoint_in_background`, a SQLite file's WAL is checkpointed by a thread of its
         own, not by the connections that commit (`billing.wal_checkpoints`); a server's ledger,
-        whose commits requests wait on."""
+        whose commits requests wait on. `sqlite_busy_timeout`: see `create_ledger_engine`."""
         if not checkpoint_in_background:
-            return cls(create_ledger_engine(url), clock=clock, owns_engine=True)
-        engine = create_ledger_engine(url, wal_autocheckpoint=BACKSTOP_PAGES)
+            engine = create_ledger_engine(url, sqlite_busy_timeout=sqlite_busy_timeout)
+            return cls(engine, clock=clock, owns_engine=True)
+        engine = create_ledger_engine(
+            url, wal_autocheckpoint=BACKSTOP_PAGES, sqlite_busy_timeout=sqlite_busy_timeout
+        )
         ledger = cls(engine, clock=clock, owns_engine=True)
         if checkpoints_apply(engine):
             ledger._checkpointer = WalCheckpointer(engine).start()
@@ -164,6 +173,12 @@ class Ledger:
     def engine(self) -> Engine:
         """The engine the ledger writes through."""
         return self._engine
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the database lives in this process's memory (SQLite in memory), where no
+        other process can open it."""
+        return self._engine.dialect.name == "sqlite" and not in_a_file(self._engine)
 
     def close(self) -> None:
         """Stop its WAL checkpoints, if it runs them; dispose of the engine if the ledger

@@ -37,8 +37,8 @@ from inference_auctions.billing import (
     Ledger,
     LedgerUnavailable,
     ServedRecord,
+    sqlite_busy_timeout_seconds,
 )
-from inference_auctions.billing import database as ledger_database
 from inference_auctions.server import ledger_process
 
 __all__ = ["Lane", "ProcessLane", "ThreadLane", "shareable"]
@@ -76,7 +76,7 @@ class Lane(Protocol):
 
 def shareable(ledger: Ledger) -> bool:
     """Whether another process can open the ledger's database: not a SQLite one in memory."""
-    return ledger.engine.dialect.name != "sqlite" or ledger_database.in_a_file(ledger.engine)
+    return not ledger.in_memory
 
 
 class ThreadLane:
@@ -116,7 +116,7 @@ class ProcessLane:
         # (SQLite's `synchronous`).
         self._config = ledger_process.WriterConfig(
             url=url,
-            sqlite_busy_timeout_seconds=ledger_database.SQLITE_BUSY_TIMEOUT_S,
+            sqlite_busy_timeout_seconds=sqlite_busy_timeout_seconds(),
             checkpoint_in_background=checkpoints,
         )
         self._name = name

@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference_auctions.billing import Ledger, LedgerUnavailable
-from inference_auctions.billing import database as ledger_database
 
 __all__ = ["READY", "WriterConfig", "decode", "encode", "main"]
 
@@ -58,7 +57,7 @@ class WriterConfig:
     """What the writer process opens: the server's ledger, as the server opens it."""
 
     url: str
-    sqlite_busy_timeout_seconds: float  # `billing.database.SQLITE_BUSY_TIMEOUT_S` in the server
+    sqlite_busy_timeout_seconds: float  # as the server waits for SQLite's lock
     checkpoint_in_background: bool  # the WAL checkpoints of a SQLite file run here
 
 
@@ -128,10 +127,11 @@ def serve(channel: socket.socket) -> None:
     # What the claims' clearing needs (the auction, numpy) is imported now, before the server
     # is told this process is ready: unpickled on the first claim, it took about 0.2 s there.
     importlib.import_module("inference_auctions.server.clearing")
-    ledger_database.SQLITE_BUSY_TIMEOUT_S = config.sqlite_busy_timeout_seconds
     try:
         ledger = Ledger.from_url(
-            config.url, checkpoint_in_background=config.checkpoint_in_background
+            config.url,
+            checkpoint_in_background=config.checkpoint_in_background,
+            sqlite_busy_timeout=config.sqlite_busy_timeout_seconds,
         )
     except Exception as error:
         _answer(channel, False, LedgerUnavailable(f"the ledger writer cannot open it: {error}"))
