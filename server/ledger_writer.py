@@ -1,11 +1,12 @@
-"""Group commit: how the serving path writes to the ledger, from one thread (two on PostgreSQL).
+"""Group commit: how the serving path writes to the ledger, through one lane (two on PostgreSQL).
 
 A request used to cost two write transactions of its own (its hold, then its `served` record),
 each started from a thread of the shared pool. On SQLite they queued on the database's single
 write lock and spent more time waiting for it, and in the ORM around it, than writing.
 
-Now every write of the serving path goes through one thread (on PostgreSQL the `served`
-records through a second one, below), in order:
+Now every write of the serving path goes through one lane, a thread of the server or a
+process of its own (`server.ledger_lanes`; on PostgreSQL the `served` records go through a
+second one, below), in order:
 
 * holds that arrive while a commit is running are placed together in the next one
   (`Ledger.commit_group`: one transaction, each hold still decided against what its user has
@@ -15,7 +16,7 @@ records through a second one, below), in order:
   batch closes while its hold is still queued is held, cleared and settled in one commit;
 * `served` records likewise, last (each still conditional on the request being `scheduled`,
   so recovery and serving still race safely); on PostgreSQL in a lane of their own (below);
-* the rarer writes (a failure's refund, a release) run on the same thread between the groups
+* the rarer writes (a failure's refund, a release) run in the same lane between the groups
   (`call`).
 
 The writer also knows, between commits, what each user can still afford: what the user had
@@ -23,18 +24,19 @@ available when the last group committed (`GroupOutcome.available`) against the b
 holds queued since (`covers`). The service dispatches a batch before its settlement commits
 only when every user in it is covered (`server.batch_closing`).
 
-On PostgreSQL the `served` records have a thread and a connection of their own, and their
-groups commit while the holds and settlements of the main lane do. A `served` record is
-queued only once its request's batch has settled, touches nothing but that request's row and
-moves no money, so no order between the two lanes matters; what the split buys is the wait:
+On PostgreSQL the `served` records have a lane (a thread or a process) and a connection of
+their own, and their groups commit while the holds and settlements of the main lane do. A
+`served` record is queued only once its request's batch has settled, touches nothing but that
+request's row and moves no money, so no order between the two lanes matters; what the split
+buys is the wait:
 every commit there costs round trips to the server, during which one lane would sit idle with
 requests waiting on both sides of the engine (measured at 20 connections: 12 to 50% more
 requests per second over two alternated series, and about an eighth less CPU per request).
 On SQLite a second writer would only queue on the database's one write lock, so there
-everything stays on one thread.
+everything stays in one lane.
 
 A request waits for at most one commit in progress before its own is written, and the event
-loop hands work to the thread once per group, not once per request. A group starts one turn
+loop hands work to the lane once per group, not once per request. A group starts one turn
 of the event loop after it could, so that the batch a new request closes (the pool runs in
 that turn) rides in the same commit as the request's hold, and the next batch the pool closes
 after a settlement rides in the very next commit.
@@ -67,7 +69,7 @@ _MAX_GROUP = 512
 
 
 class LedgerWriter:
-    """Groups the serving path's ledger writes onto one thread (see the module docstring)."""
+    """Groups the serving path's ledger writes into one lane (see the module docstring)."""
 
     def __init__(
         self,
@@ -78,7 +80,6 @@ class LedgerWriter:
         served_apart: bool | None = None,
         process_url: str | None = None,
     ) -> None:
-        self._ledger = ledger
         self._observe_group = observe_group  # writes per committed group, for the metrics
         self._max_group = max_group
         # `served` records in a lane of their own (see the module docstring); by default on
