@@ -6,8 +6,9 @@ order, with the rarer writes (`call`) in turn between the groups:
 * `ThreadLane`: a thread of the server's process, on the server's `Ledger`. Any ledger can
   use it, a SQLite database in memory included, and tests can wrap the ledger's methods;
 * `ProcessLane`: a process of its own (`server.ledger_process`), on its own interpreter, so
-  that the commits and the event loop never wait for each other's interpreter lock. The
-  server's default for a database that two processes can open (a SQLite file, PostgreSQL).
+  that the commits and the event loop never wait for each other's interpreter lock. For a
+  database that another process can open (a SQLite file, PostgreSQL), with
+  `--ledger-writer process`.
 
 Both hand back exactly what the ledger returned or raised. If the writer process dies, the
 requests it had not answered fail with `LedgerUnavailable` (whether their commit happened is
@@ -41,7 +42,7 @@ from inference_auctions.billing import (
 )
 from inference_auctions.server import ledger_process
 
-__all__ = ["Lane", "ProcessLane", "ThreadLane", "shareable"]
+__all__ = ["Lane", "ProcessLane", "ThreadLane"]
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +73,6 @@ class Lane(Protocol):
 
     async def close(self) -> None:
         """Finish what was sent, then stop."""
-
-
-def shareable(ledger: Ledger) -> bool:
-    """Whether another process can open the ledger's database: not a SQLite one in memory."""
-    return not ledger.in_memory
 
 
 class ThreadLane:
@@ -121,7 +117,6 @@ class ProcessLane:
         )
         self._name = name
         self._process: subprocess.Popen[bytes] | None = None
-        self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._answers: asyncio.Task[None] | None = None
         self._waiting: deque[asyncio.Future[Any]] = deque()
@@ -206,7 +201,7 @@ class ProcessLane:
             writer.close()
             await self._reap()
             raise value
-        self._reader, self._writer = reader, writer
+        self._writer = writer
         self._answers = asyncio.get_running_loop().create_task(
             self._read_answers(reader), name=f"{self._name}-answers"
         )
@@ -238,7 +233,7 @@ class ProcessLane:
         finally:
             if self._writer is not None:
                 self._writer.close()
-            self._reader = self._writer = None
+            self._writer = None
             self._answers = None
             await self._reap()
 

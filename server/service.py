@@ -53,7 +53,6 @@ from inference_auctions.server.errors import (
     ServiceError,
     Unavailable,
 )
-from inference_auctions.server.ledger_lanes import shareable
 from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.settings import ServerSettings
@@ -104,7 +103,7 @@ class AuctionService:
         self.writer = LedgerWriter(
             ledger,
             observe_group=self.metrics.ledger_group_writes.observe,
-            process_url=ledger_url if ledger_url is not None and shareable(ledger) else None,
+            process_url=None if ledger.in_memory else ledger_url,
         )
         self._dispatch = BatchDispatch(
             settings, engine, ledger, self.writer, self.metrics, wake=self._wake_pool

@@ -34,7 +34,7 @@ from inference_auctions.billing import (
     errors,
 )
 from inference_auctions.billing import database as ledger_database
-from inference_auctions.server.ledger_lanes import ProcessLane, shareable
+from inference_auctions.server.ledger_lanes import ProcessLane
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.server.harness import running_server
@@ -259,10 +259,10 @@ def _zombie(pid: int) -> bool:
 def test_only_a_database_another_process_can_open_gets_a_writer_process(
     sqlite_file: MigratedDatabase,
 ) -> None:
-    assert shareable(Ledger(sqlite_file.new_engine()))
-    assert shareable(Ledger(ledger_database.create_ledger_engine("postgresql://127.0.0.1/test")))
+    assert not Ledger(sqlite_file.new_engine()).in_memory
+    assert not Ledger(ledger_database.create_ledger_engine("postgresql://127.0.0.1/test")).in_memory
     # A SQLite database in memory is this process's alone: its writer runs on a thread.
-    assert not shareable(Ledger(ledger_database.create_ledger_engine("sqlite://")))
+    assert Ledger(ledger_database.create_ledger_engine("sqlite://")).in_memory
 
 
 def _writer_processes() -> set[int]:
