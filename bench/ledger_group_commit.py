@@ -47,7 +47,7 @@ class Row:
 
 
 @contextmanager
-def _database(backend: str, postgres_url: str) -> Iterator[str]:
+def scratch_database(backend: str, postgres_url: str) -> Iterator[str]:
     """A fresh, migrated ledger database; removed afterwards."""
     if backend == "sqlite":
         with tempfile.TemporaryDirectory() as folder:
@@ -108,7 +108,7 @@ def _grouped(ledger: Ledger, size: int) -> Callable[[list[HoldRequest]], None]:
 
 def measure(backend: str, mode: str, size: int | None, args: argparse.Namespace) -> Row:
     """Place `args.n` holds in one mode on a fresh database."""
-    with _database(backend, args.postgres_url) as url:
+    with scratch_database(backend, args.postgres_url) as url:
         ledger = Ledger.from_url(url)
         try:
             for k in range(args.users):

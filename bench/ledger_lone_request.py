@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from bench.ledger_group_commit import DEFAULT_POSTGRES_URL, _database
+from bench.ledger_group_commit import DEFAULT_POSTGRES_URL, scratch_database
 from bench.ledger_settlement import BID_MICROS, _Clearing
 from bench.round_trips import RoundTrips
 from inference_auctions.billing import (
@@ -142,7 +142,7 @@ def _round_trips(url: str, n: int) -> tuple[float, float]:
 
 def measure(backend: str, args: argparse.Namespace) -> list[Row]:
     """Both commits of `args.n` lone requests on a fresh database of `backend`."""
-    with _database(backend, args.postgres_url) as url:
+    with scratch_database(backend, args.postgres_url) as url:
         ledger = Ledger.from_url(url)
         try:
             ledger.create_user(USER, budget_micros=10**12)

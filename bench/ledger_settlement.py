@@ -46,7 +46,7 @@ from itertools import count
 from rich.console import Console
 from rich.table import Table
 
-from bench.ledger_group_commit import DEFAULT_POSTGRES_URL, _database
+from bench.ledger_group_commit import DEFAULT_POSTGRES_URL, scratch_database
 from inference_auctions.billing import HoldRequest, Ledger
 from inference_auctions.billing.records import BatchRecord, RequestRecord
 
@@ -113,7 +113,7 @@ def measure(backend: str, size: int, args: argparse.Namespace) -> tuple[Row, pst
     batches_count = max(args.n // size, 4)
     warm = 2
     total = (batches_count + warm) * size
-    with _database(backend, args.postgres_url) as url:
+    with scratch_database(backend, args.postgres_url) as url:
         ledger = Ledger.from_url(url)
         try:
             names = [f"user{k}" for k in range(args.users)]

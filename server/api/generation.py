@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
+import os
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +112,18 @@ def check_max_new_tokens(value: int, state: AppState, field: str) -> None:
         raise InvalidRequest(f"{field}: {value:,} is above the limit of {limit:,}", param=field)
 
 
+def new_rid() -> str:
+    """A fresh rid: 32 hex digits, a millisecond clock (48 bits) then 80 random bits.
+
+    Ordered by time, like a UUIDv7, because the ledger keys rows by rid (the hold, the
+    request's record, the hold's and release's idempotency keys): rids that grow insert at the
+    right edge of those indexes, so a group commit dirties a few pages there, where random
+    rids would dirty a page per request and index (and, on a ledger larger than its cache,
+    read it first). The random part keeps rids unguessable and unique across replicas.
+    """
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
+
+
 def make_job(
     rid: str | None,
     tokens: TokenArray,
@@ -122,7 +135,7 @@ def make_job(
 ) -> Job:
     """A job with the client's rid, or a fresh one when the client sent none."""
     return Job(
-        rid=rid or uuid.uuid4().hex,
+        rid=rid or new_rid(),
         tokens=tokens,
         bid_micros=bid_micros,
         sampling_params=sampling_params,
