@@ -1,4 +1,5 @@
-"""Periodic ledger jobs on APScheduler: budget rollover, expiry of stale holds, reconciliation.
+"""Periodic ledger jobs on APScheduler: budget rollover, expiry of stale holds, reconciliation,
+and on a PostgreSQL server whose autovacuum is off, the statistics of the ledger's tables.
 
 Each job only calls an idempotent `Ledger` method that derives its work from the database, so
 several replicas may run the same schedule at once without granting or releasing twice.
@@ -7,12 +8,15 @@ several replicas may run the same schedule at once without granting or releasing
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from inference_auctions.billing.ledger import Ledger
 from inference_auctions.billing.settings import LedgerSettings
+from inference_auctions.billing.table_statistics import analyze_if_autovacuum_off
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +42,11 @@ def run_reconcile(ledger: Ledger) -> None:
         logger.error("ledger drift: %s", drift)
 
 
+def run_table_statistics(ledger: Ledger) -> None:
+    """Analyze the ledger tables that autovacuum would have, where it is off."""
+    analyze_if_autovacuum_off(ledger.engine)
+
+
 def start_scheduler(ledger: Ledger, settings: LedgerSettings) -> BackgroundScheduler:
     """Start a background scheduler running the ledger jobs; call `.shutdown()` to stop it."""
     scheduler = BackgroundScheduler(
@@ -45,7 +54,7 @@ def start_scheduler(ledger: Ledger, settings: LedgerSettings) -> BackgroundSched
         # A job that falls behind runs once, not once per missed interval, and never overlaps.
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
     )
-    jobs = (
+    jobs: list[tuple[Callable[..., None], tuple[Any, ...], float, str]] = [
         (run_rollover, (ledger,), settings.rollover_interval_seconds, "ledger-rollover"),
         (
             run_hold_expiry,
@@ -54,7 +63,16 @@ def start_scheduler(ledger: Ledger, settings: LedgerSettings) -> BackgroundSched
             "ledger-hold-expiry",
         ),
         (run_reconcile, (ledger,), settings.reconcile_interval_seconds, "ledger-reconcile"),
-    )
+    ]
+    if ledger.engine.dialect.name == "postgresql":
+        jobs.append(
+            (
+                run_table_statistics,
+                (ledger,),
+                settings.statistics_interval_seconds,
+                "ledger-table-statistics",
+            )
+        )
     for func, args, seconds, job_id in jobs:
         scheduler.add_job(func, "interval", args=args, seconds=seconds, id=job_id, name=job_id)
     scheduler.start()

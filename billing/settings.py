@@ -21,3 +21,6 @@ class LedgerSettings(BaseSettings):
     rollover_interval_seconds: float = Field(default=60.0, gt=0)
     hold_expiry_interval_seconds: float = Field(default=60.0, gt=0)
     reconcile_interval_seconds: float = Field(default=3600.0, gt=0)
+    # PostgreSQL with autovacuum off only: how often the ledger analyzes its tables that have
+    # grown (`billing.table_statistics`); short, because the check is one cheap query.
+    statistics_interval_seconds: float = Field(default=10.0, gt=0)
