@@ -1,8 +1,9 @@
 """Periodic ledger jobs on APScheduler: budget rollover, expiry of stale holds, reconciliation,
 and on a PostgreSQL server whose autovacuum is off, the statistics of the ledger's tables.
 
-Each job only calls an idempotent `Ledger` method that derives its work from the database, so
-several replicas may run the same schedule at once without granting or releasing twice.
+Each job is idempotent and derives its work from the database (the first three are `Ledger`
+methods), so several replicas may run the same schedule at once without granting or releasing
+twice.
 """
 
 from __future__ import annotations

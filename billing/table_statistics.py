@@ -1,15 +1,16 @@
 """The ledger's own `ANALYZE`, for a PostgreSQL server whose autovacuum is off.
 
-psycopg prepares a statement on the server from its fifth execution on, and PostgreSQL plans a
-prepared statement once, generically, and keeps that plan until something invalidates it: in
-practice an `ANALYZE` of a table it reads, which autovacuum runs as a table changes. A ledger
+psycopg prepares a statement on the server once it has run it a few times, and PostgreSQL,
+a few executions of a prepared statement later, settles on one generic plan for it and keeps
+that plan until something invalidates it: in practice an `ANALYZE` of a table it reads, which
+autovacuum runs as a table changes. A ledger
 starts empty, so its statements are planned while `holds` has a page or two, where reading the
 whole table costs less than its primary key. With autovacuum on (PostgreSQL's default) the
 first automatic `ANALYZE`, a few dozen rows later, has them planned again. With autovacuum off
 the statistics never change, the plans are never made again, and every hold lookup reads the
 whole table, longer with every request: on the development machine a group of 6 holds took
 6 ms at 6,000 holds and 20 ms at 30,000 (`tests/billing/test_table_statistics.py` shows the
-plan; `docs/OPERATIONS.md` the numbers).
+plan; `docs/PERFORMANCE.md` the numbers).
 
 So with autovacuum off the ledger's jobs do for its tables what autovacuum's analyze would
 have: every `statistics_interval_seconds`, each ledger table changed by more than
