@@ -77,6 +77,16 @@ def scratch_database(backend: str, postgres_url: str) -> Iterator[str]:
         admin.dispose()
 
 
+def add_backend_options(parser: argparse.ArgumentParser) -> None:
+    """`--postgres-url` and `--backends`, as every ledger benchmark takes them."""
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("INFERENCE_AUCTION_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL),
+        help="a PostgreSQL database to create a scratch schema in",
+    )
+    parser.add_argument("--backends", default="sqlite,postgres", help="sqlite,postgres")
+
+
 def _requests(n: int, users: int) -> list[HoldRequest]:
     return [HoldRequest(f"user{k % users}", f"rid-{k}", 1_000) for k in range(n)]
 
@@ -131,12 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2_000, help="holds per mode (2,000)")
     parser.add_argument("--users", type=int, default=8, help="users the holds go to (8)")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("INFERENCE_AUCTION_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL),
-        help="a PostgreSQL database to create a scratch schema in",
-    )
-    parser.add_argument("--backends", default="sqlite,postgres", help="sqlite,postgres")
+    add_backend_options(parser)
     args = parser.parse_args(argv)
     modes: list[tuple[str, int | None]] = [
         ("per hold (before)", None),

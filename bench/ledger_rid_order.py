@@ -18,7 +18,6 @@ Run: `python -m bench.ledger_rid_order` (see --help); about a minute per backend
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench.ledger_group_commit import DEFAULT_POSTGRES_URL, scratch_database
+from bench.ledger_group_commit import add_backend_options, scratch_database
 from inference_auctions.billing import HoldRequest, Ledger
 from inference_auctions.server.api.generation import new_rid
 
@@ -99,12 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group", type=int, default=6, help="holds per commit (6)")
     parser.add_argument("--every", type=int, default=30_000, help="holds between marks (30,000)")
     parser.add_argument("--users", type=int, default=8, help="users the holds go to (8)")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("INFERENCE_AUCTION_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL),
-        help="a PostgreSQL database to create a scratch schema in",
-    )
-    parser.add_argument("--backends", default="sqlite,postgres", help="sqlite,postgres")
+    add_backend_options(parser)
     args = parser.parse_args(argv)
     if args.every % args.group or args.holds % args.every:
         parser.error("--every must be a multiple of --group, and --holds a multiple of --every")

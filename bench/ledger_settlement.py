@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 import time
 from collections.abc import Mapping, Sequence
@@ -46,7 +45,7 @@ from itertools import count
 from rich.console import Console
 from rich.table import Table
 
-from bench.ledger_group_commit import DEFAULT_POSTGRES_URL, scratch_database
+from bench.ledger_group_commit import add_backend_options, scratch_database
 from inference_auctions.billing import HoldRequest, Ledger
 from inference_auctions.billing.records import BatchRecord, RequestRecord
 
@@ -149,12 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2_048, help="requests per batch size (2,048)")
     parser.add_argument("--users", type=int, default=8, help="users the requests belong to (8)")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("INFERENCE_AUCTION_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL),
-        help="a PostgreSQL database to create a scratch schema in",
-    )
-    parser.add_argument("--backends", default="sqlite,postgres", help="sqlite,postgres")
+    add_backend_options(parser)
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="batch sizes")
     parser.add_argument("--profile", action="store_true", help="print a cProfile per run")
     args = parser.parse_args(argv)
