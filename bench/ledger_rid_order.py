@@ -10,7 +10,10 @@ For each backend and order: a fresh ledger, 8 users, then `--holds` holds placed
 `Ledger.place_holds` in groups of `--group` (6 is a batch at 20 connections), from one
 thread. Every `--every` holds it reports the CPU (`time.process_time`, so on PostgreSQL the
 server's own work is not in it) and the wall time per group over the holds since the last
-mark, and the ratio of time-ordered to random at the same ledger size.
+mark, and the ratio of time-ordered to random at the same ledger size. Every 3,000 holds it
+runs, untimed, what the server's statistics job would (`billing.table_statistics`: on a
+PostgreSQL server whose autovacuum is off, an `ANALYZE` of the tables that grew), so that the
+plans are the ones a server would have.
 
 Run: `python -m bench.ledger_rid_order` (see --help); about a minute per backend and order.
 """
@@ -29,7 +32,12 @@ from rich.table import Table
 
 from bench.ledger_group_commit import add_backend_options, scratch_database
 from inference_auctions.billing import HoldRequest, Ledger
+from inference_auctions.billing.table_statistics import analyze_if_autovacuum_off
 from inference_auctions.server.api.generation import new_rid
+
+# About what the server's statistics job finds between two of its runs, 10 s apart, at a few
+# hundred requests a second; it does anything only on PostgreSQL with autovacuum off.
+STATISTICS_EVERY = 3_000
 
 ORDERS: dict[str, Callable[[], str]] = {
     "random": lambda: uuid.uuid4().hex,
@@ -73,6 +81,12 @@ def measure(
                 placed += args.group
                 groups += 1
                 progress.update(task, completed=placed)
+                if placed % STATISTICS_EVERY < args.group:
+                    # The server's statistics job, untimed: it runs on a thread of its own.
+                    paused_wall, paused_cpu = time.perf_counter(), time.process_time()
+                    analyze_if_autovacuum_off(ledger.engine)
+                    wall += time.perf_counter() - paused_wall
+                    cpu += time.process_time() - paused_cpu
                 if placed % args.every == 0:
                     now_wall, now_cpu = time.perf_counter(), time.process_time()
                     mark = Mark(
