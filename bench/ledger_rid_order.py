@@ -6,16 +6,16 @@ so a group commit of k requests dirties about k pages per index, and once the le
 than the database's cache it reads them first. A time-ordered rid (`new_rid`: a millisecond
 clock, then random bits) lands at the right edge, where the last commit already was.
 
-For each backend and order: a fresh ledger, 8 users, then `--holds` holds placed through
-`Ledger.place_holds` in groups of `--group` (6 is a batch at 20 connections), from one
-thread. Every `--every` holds it reports the CPU (`time.process_time`, so on PostgreSQL the
-server's own work is not in it) and the wall time per group over the holds since the last
-mark, and the ratio of time-ordered to random at the same ledger size. Every 3,000 holds it
-runs, untimed, what the server's statistics job would (`billing.table_statistics`: on a
-PostgreSQL server whose autovacuum is off, an `ANALYZE` of the tables that grew), so that the
-plans are the ones a server would have.
+Per backend: two fresh ledgers, one per order, 8 users each, then `--holds` holds placed in
+each through `Ledger.place_holds` in groups of `--group` (6 is a batch at 20 connections), from
+one thread, the two ledgers taking turns group by group, so that the machine's drift falls on
+both alike. Every `--every` holds it reports, per order, the CPU (`time.process_time`, so on
+PostgreSQL the server's own work is not in it) and the wall time per group since the last mark,
+and the ratio of ordered to random. Every 3,000 holds it runs, untimed, what the server's
+statistics job would (`billing.table_statistics`: on a PostgreSQL server whose autovacuum is
+off, an `ANALYZE` of the tables that grew), so that the plans are the ones a server would have.
 
-Run: `python -m bench.ledger_rid_order` (see --help); about a minute per backend and order.
+Run: `python -m bench.ledger_rid_order` (see --help); a few minutes per backend.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.progress import Progress
@@ -45,70 +46,82 @@ ORDERS: dict[str, Callable[[], str]] = {
 }
 
 
-@dataclass(frozen=True)
-class Mark:
-    """The groups placed between two ledger sizes."""
+@dataclass
+class Side:
+    """One order's ledger and the time its groups took since the last mark."""
 
-    holds: int
-    cpu_us_per_group: float
-    wall_us_per_group: float
+    name: str
+    rid: Callable[[], str]
+    ledger: Ledger
+    cpu: float = 0.0
+    wall: float = 0.0
+    marks: list[tuple[float, float]] = field(default_factory=list)  # µs per group
+
+    def place(self, placed: int, args: argparse.Namespace) -> None:
+        group = [
+            HoldRequest(f"user{(placed + i) % args.users}", self.rid(), 1_000)
+            for i in range(args.group)
+        ]
+        wall, cpu = time.perf_counter(), time.process_time()
+        results = self.ledger.place_holds(group)
+        self.cpu += time.process_time() - cpu
+        self.wall += time.perf_counter() - wall
+        assert all(type(r).__name__ == "HoldView" for r in results), results
+
+    def mark(self, groups: int) -> None:
+        self.marks.append((self.cpu / groups * 1e6, self.wall / groups * 1e6))
+        self.cpu = self.wall = 0.0
 
 
-def measure(
-    backend: str,
-    label: str,
-    rid: Callable[[], str],
-    args: argparse.Namespace,
-    progress: Progress,
-) -> list[Mark]:
-    """Fill a fresh ledger with `args.holds` holds, a group at a time; one mark per `args.every`."""
-    marks: list[Mark] = []
-    task = progress.add_task(f"{backend}, {label} rids", total=args.holds)
-    with scratch_database(backend, args.postgres_url) as url:
-        ledger = Ledger.from_url(url)
-        try:
+@contextmanager
+def _sides(backend: str, args: argparse.Namespace) -> Iterator[list[Side]]:
+    """A fresh ledger per order, with its users."""
+    with ExitStack() as stack:
+        sides = []
+        for name, rid in ORDERS.items():
+            ledger = Ledger.from_url(
+                stack.enter_context(scratch_database(backend, args.postgres_url))
+            )
+            stack.callback(ledger.close)
             for k in range(args.users):
                 ledger.create_user(f"user{k}", budget_micros=10**15)
-            placed = groups = 0
-            wall, cpu = time.perf_counter(), time.process_time()
-            while placed < args.holds:
-                group = [
-                    HoldRequest(f"user{(placed + i) % args.users}", rid(), 1_000)
-                    for i in range(args.group)
-                ]
-                results = ledger.place_holds(group)
-                assert all(type(r).__name__ == "HoldView" for r in results), results
-                placed += args.group
-                groups += 1
-                progress.update(task, completed=placed)
-                if placed % STATISTICS_EVERY < args.group:
-                    # The server's statistics job, untimed: it runs on a thread of its own.
-                    paused_wall, paused_cpu = time.perf_counter(), time.process_time()
-                    analyze_if_autovacuum_off(ledger.engine)
-                    wall += time.perf_counter() - paused_wall
-                    cpu += time.process_time() - paused_cpu
-                if placed % args.every == 0:
-                    now_wall, now_cpu = time.perf_counter(), time.process_time()
-                    mark = Mark(
-                        placed, (now_cpu - cpu) / groups * 1e6, (now_wall - wall) / groups * 1e6
-                    )
-                    marks.append(mark)
-                    progress.console.print(
-                        f"{backend}, {label} rids, {placed:,} holds: "
-                        f"{mark.cpu_us_per_group:,.0f} µs of CPU per group"
-                    )
-                    wall, cpu, groups = now_wall, now_cpu, 0
-            assert ledger.reconcile().ok
-        finally:
-            ledger.close()
+            sides.append(Side(name, rid, ledger))
+        yield sides
+        for side in sides:
+            assert side.ledger.reconcile().ok
+
+
+def measure(backend: str, args: argparse.Namespace, progress: Progress) -> list[Side]:
+    """Fill both ledgers, a group in each in turn; a mark every `args.every` holds."""
+    task = progress.add_task(backend, total=args.holds)
+    with _sides(backend, args) as sides:
+        placed = groups = 0
+        while placed < args.holds:
+            for side in sides:
+                side.place(placed, args)
+            placed += args.group
+            groups += 1
+            progress.update(task, completed=placed)
+            if placed % STATISTICS_EVERY < args.group:
+                for side in sides:  # untimed: the server runs it on a thread of its own
+                    analyze_if_autovacuum_off(side.ledger.engine)
+            if placed % args.every == 0:
+                for side in sides:
+                    side.mark(groups)
+                groups = 0
+                random, ordered = (side.marks[-1] for side in sides)
+                progress.console.print(
+                    f"{backend}, {placed:,} holds: CPU µs per group {random[0]:,.0f} random, "
+                    f"{ordered[0]:,.0f} ordered"
+                )
     progress.remove_task(task)
-    return marks
+    return sides
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Measure every backend and order and print the table."""
+    """Measure every backend and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--holds", type=int, default=120_000, help="holds per run (120,000)")
+    parser.add_argument("--holds", type=int, default=120_000, help="holds per order (120,000)")
     parser.add_argument("--group", type=int, default=6, help="holds per commit (6)")
     parser.add_argument("--every", type=int, default=30_000, help="holds between marks (30,000)")
     parser.add_argument("--users", type=int, default=8, help="users the holds go to (8)")
@@ -117,38 +130,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.every % args.group or args.holds % args.every:
         parser.error("--every must be a multiple of --group, and --holds a multiple of --every")
     table = Table(title=f"holds in groups of {args.group} for {args.users} users, one thread")
-    for column in (
-        "backend",
-        "ledger holds",
-        "rids",
-        "CPU µs/group",
-        "wall µs/group",
-        "CPU ratio",
-        "wall ratio",
-    ):
+    for column in ("backend", "ledger holds", "rids", "CPU µs/group", "wall µs/group", "ratio"):
         table.add_column(column, justify="left" if column in ("backend", "rids") else "right")
     with Progress(transient=True) as progress:
         for backend in args.backends.split(","):
-            results = {
-                name: measure(backend, name, rid, args, progress) for name, rid in ORDERS.items()
-            }
-            random, ordered = results.values()
-            for before, after in zip(random, ordered, strict=True):
-                for name, mark in zip(ORDERS, (before, after), strict=True):
-                    is_ordered = mark is after
-                    table.add_row(
-                        backend,
-                        f"{mark.holds:,}",
-                        name,
-                        f"{mark.cpu_us_per_group:,.0f}",
-                        f"{mark.wall_us_per_group:,.0f}",
-                        f"{after.cpu_us_per_group / before.cpu_us_per_group:.2f}x"
-                        if is_ordered
-                        else "",
-                        f"{after.wall_us_per_group / before.wall_us_per_group:.2f}x"
-                        if is_ordered
-                        else "",
-                    )
+            random, ordered = measure(backend, args, progress)
+            for k, (before, after) in enumerate(zip(random.marks, ordered.marks, strict=True)):
+                holds = f"{(k + 1) * args.every:,}"
+                table.add_row(
+                    backend, holds, "random", f"{before[0]:,.0f}", f"{before[1]:,.0f}", ""
+                )
+                ratio = f"{after[0] / before[0]:.2f}x / {after[1] / before[1]:.2f}x"
+                table.add_row(
+                    backend, holds, "ordered", f"{after[0]:,.0f}", f"{after[1]:,.0f}", ratio
+                )
     Console().print(table)
 
 
