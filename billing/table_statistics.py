@@ -1,26 +1,25 @@
 """The ledger's own `ANALYZE`, for a PostgreSQL server whose autovacuum is off.
 
-psycopg prepares a statement on the server once it has run it a few times, and PostgreSQL,
-a few executions of a prepared statement later, settles on one generic plan for it and keeps
-that plan until something invalidates it: in practice an `ANALYZE` of a table it reads, which
-autovacuum runs as a table changes. A ledger
-starts empty, so its statements are planned while `holds` has a page or two, where reading the
-whole table costs less than its primary key. With autovacuum on (PostgreSQL's default) the
-first automatic `ANALYZE`, a few dozen rows later, has them planned again. With autovacuum off
-the statistics never change, the plans are never made again, and every hold lookup reads the
-whole table, longer with every request: on the development machine a group of 6 holds took
-6 ms at 6,000 holds and 20 ms at 30,000 (`tests/billing/test_table_statistics.py` shows the
-plan; `docs/PERFORMANCE.md` the numbers).
+psycopg prepares a statement on the server once it has run it a few times, and PostgreSQL, a
+few executions of a prepared statement later, settles on one generic plan for it and keeps that
+plan until something invalidates it: in practice an `ANALYZE` of a table it reads, which
+autovacuum runs as a table changes. A ledger starts empty, so its statements are planned while
+`holds` has a page or two, where reading the whole table costs less than its primary key. With
+autovacuum on (PostgreSQL's default) the first automatic `ANALYZE`, a few dozen rows later, has
+them planned again. With autovacuum off the statistics never change, the plans are never made
+again, and every hold lookup reads the whole table, longer with every request: on the
+development machine a group of 6 holds took 6 ms at 6,000 holds and 20 ms at 30,000
+(`tests/billing/test_table_statistics.py` shows the plan; `docs/PERFORMANCE.md` the numbers).
 
 So with autovacuum off the ledger's jobs do for its tables what autovacuum's analyze would
-have: every `statistics_interval_seconds`, each ledger table changed by more than
-autovacuum's own threshold since its last analyze (`autovacuum_analyze_threshold` rows plus
+have: every `statistics_interval_seconds`, each ledger table changed by more than autovacuum's
+own threshold since its last analyze (`autovacuum_analyze_threshold` rows plus
 `autovacuum_analyze_scale_factor` of the table, from `pg_stat_user_tables`) is analyzed, which
 has every plan that reads it made again (a table this server's role may not analyze, as one
 with only `SELECT, INSERT, UPDATE, DELETE`, is left alone, with a warning once). With
-autovacuum on, the job asks one setting and stops.
-Planning every statement afresh instead (`plan_cache_mode = force_custom_plan`) was measured
-and left out: 0.89x the throughput at 20 connections on a small ledger.
+autovacuum on, the job asks one setting and stops. Planning every statement afresh instead
+(`plan_cache_mode = force_custom_plan`) was measured and left out: 0.89x the throughput at 20
+connections on a small ledger.
 """
 
 from __future__ import annotations
