@@ -112,6 +112,34 @@ def migrated_database(backend: str, tmp_path: Path) -> Iterator[MigratedDatabase
 
 
 @contextmanager
+def dml_role(db: MigratedDatabase, prefix: str) -> Iterator[str]:
+    """A login role with only what a server needs on `db`'s PostgreSQL schema once it is
+    migrated (`SELECT, INSERT, UPDATE, DELETE` on its tables, its sequences), as
+    docs/OPERATIONS.md lets a server run; dropped at the end, its sessions ended first."""
+    role = f"{prefix}_{secrets.token_hex(4)}"
+    schema = str(make_url(db.url).query["options"]).split("=", 1)[1]
+    with db.engine.begin() as connection:
+        connection.execute(text(f"CREATE ROLE {role} LOGIN"))
+        connection.execute(text(f"GRANT USAGE ON SCHEMA {schema} TO {role}"))
+        connection.execute(
+            text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+        )
+        connection.execute(
+            text(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {role}")
+        )
+    try:
+        yield role
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"),
+                {"r": role},
+            )
+            connection.execute(text(f"DROP OWNED BY {role}"))
+            connection.execute(text(f"DROP ROLE {role}"))
+
+
+@contextmanager
 def _postgres_schema(base_url: str) -> Iterator[str]:
     # A schema per test isolates tests without a database per test; `search_path` in the URL
     # makes every connection (and the migrations) use it.

@@ -5,7 +5,6 @@ whole `holds` table as it grows, until the ledger's table-statistics job analyze
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from inference_auctions.billing.table_statistics import (
     analyze_if_autovacuum_off,
     stale_tables,
 )
-from tests.db_fixtures import MigratedDatabase, migrated_database
+from tests.db_fixtures import MigratedDatabase, dml_role, migrated_database
 
 SIX = "('r0', 'r1', 'r2', 'r3', 'r4', 'r5')"
 
@@ -96,37 +95,28 @@ def test_a_lookup_planned_on_an_empty_ledger_finds_its_index_once_the_job_has_ru
 def test_a_role_that_may_not_analyze_is_told_once_and_nothing_fails(
     postgres_ledger: MigratedDatabase, caplog: pytest.LogCaptureFixture
 ) -> None:
-    role = f"dml_{secrets.token_hex(4)}"
-    schema = str(make_url(postgres_ledger.url).query["options"]).split("=", 1)[1]
-    with postgres_ledger.engine.begin() as connection:
-        connection.execute(text(f"CREATE ROLE {role} LOGIN"))
-        connection.execute(text(f"GRANT USAGE ON SCHEMA {schema} TO {role}"))
-        connection.execute(
-            text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
-        )
-        connection.execute(
-            text(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {role}")
-        )
-    restricted = create_ledger_engine(make_url(postgres_ledger.url).set(username=role))
-    try:
-        ledger = Ledger(restricted)
-        ledger.create_user("ann", budget_micros=10**12)
-        for start in range(0, 600, 100):
-            ledger.place_holds([HoldRequest("ann", f"rid-{start + k:04d}", 1) for k in range(100)])
-        restricted.dispose()
-        _wait_until_stale(postgres_ledger.engine, "holds")
-        with caplog.at_level(logging.WARNING, logger="inference_auctions.billing.table_statistics"):
-            assert analyze_if_autovacuum_off(restricted) == []
-            assert analyze_if_autovacuum_off(restricted) == []
-        told = [r.getMessage() for r in caplog.records if "may not analyze" in r.getMessage()]
-        assert len(told) == 1 and role in told[0]
-        # The owner still may, and finds them due.
-        assert "holds" in analyze_if_autovacuum_off(postgres_ledger.engine)
-    finally:
-        restricted.dispose()
-        with postgres_ledger.engine.begin() as connection:
-            connection.execute(text(f"DROP OWNED BY {role}"))
-            connection.execute(text(f"DROP ROLE {role}"))
+    with dml_role(postgres_ledger, "dml") as role:
+        restricted = create_ledger_engine(make_url(postgres_ledger.url).set(username=role))
+        try:
+            ledger = Ledger(restricted)
+            ledger.create_user("ann", budget_micros=10**12)
+            for start in range(0, 600, 100):
+                ledger.place_holds(
+                    [HoldRequest("ann", f"rid-{start + k:04d}", 1) for k in range(100)]
+                )
+            restricted.dispose()
+            _wait_until_stale(postgres_ledger.engine, "holds")
+            with caplog.at_level(
+                logging.WARNING, logger="inference_auctions.billing.table_statistics"
+            ):
+                assert analyze_if_autovacuum_off(restricted) == []
+                assert analyze_if_autovacuum_off(restricted) == []
+            told = [r.getMessage() for r in caplog.records if "may not analyze" in r.getMessage()]
+            assert len(told) == 1 and role in told[0]
+            # The owner still may, and finds them due.
+            assert "holds" in analyze_if_autovacuum_off(postgres_ledger.engine)
+        finally:
+            restricted.dispose()
 
 
 def test_on_sqlite_the_job_does_nothing(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ server serves again once the database is back, and the ledger reconciles.
 
 from __future__ import annotations
 
-import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from inference_auctions.billing import database as ledger_database
 from inference_auctions.server.clearing import refund_rule
 from inference_auctions.server.settings import ServerSettings
 from tests.billing.helpers import get_hold
-from tests.db_fixtures import MigratedDatabase, migrated_database
+from tests.db_fixtures import MigratedDatabase, dml_role, migrated_database
 from tests.server.harness import TEST_SETTINGS, serve_app
 
 GRANT = 10_000_000
@@ -218,28 +217,8 @@ def postgres_db(tmp_path: Path) -> Iterator[MigratedDatabase]:
 @pytest.fixture
 def server_role(postgres_db: MigratedDatabase) -> Iterator[str]:
     """A login role of the server's own, with what the ledger needs on the test's schema."""
-    role = f"fault_{secrets.token_hex(4)}"
-    options = make_url(postgres_db.url).query["options"]
-    schema = str(options).split("=", 1)[1]
-    with postgres_db.engine.begin() as connection:
-        connection.execute(text(f"CREATE ROLE {role} LOGIN"))
-        connection.execute(text(f"GRANT USAGE ON SCHEMA {schema} TO {role}"))
-        connection.execute(
-            text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
-        )
-        connection.execute(
-            text(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {role}")
-        )
-    try:
+    with dml_role(postgres_db, "fault") as role:
         yield role
-    finally:
-        with postgres_db.engine.begin() as connection:
-            connection.execute(
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"),
-                {"r": role},
-            )
-            connection.execute(text(f"DROP OWNED BY {role}"))
-            connection.execute(text(f"DROP ROLE {role}"))
 
 
 @contextmanager
