@@ -48,7 +48,7 @@ from ._models import (
     finish_type,
 )
 from ._money import format_credits, to_micros
-from ._pacing import PacingBidder
+from ._pacing import PacingBidder, SyncMarker
 from ._settlement import Settlement
 from ._state_file import load_state, save_state
 from ._types import NOT_GIVEN, Money, NotGiven, TimeoutTypes
@@ -486,7 +486,7 @@ class BaseClient:
             return "/v1/budget", {}
         return "/v1/spend", ledger_params(since=self._bidder.spend_since)
 
-    def _apply_sync(self, marker: tuple[int, int], payload: BudgetPeriod | Spend) -> None:
+    def _apply_sync(self, marker: SyncMarker, payload: BudgetPeriod | Spend) -> None:
         """Take the user's ledger-wide figures as the spend of the plan or period."""
         if isinstance(payload, BudgetPeriod):
             if payload.period_end is None:
@@ -501,6 +501,7 @@ class BaseClient:
                 window=(payload.period_start, payload.period_end),
                 now=payload.now,
                 total_micros=payload.grant_micros,
+                held_micros=payload.held_micros,
             )
         else:
             window = self._bidder.window
@@ -510,6 +511,7 @@ class BaseClient:
                 auctions=payload.auctions,
                 window=(payload.since, None if window is None else window[1]),
                 now=payload.now,
+                held_micros=payload.held_micros,
             )
         self._synced = True
         self._last_sync = time.monotonic()

@@ -9,8 +9,12 @@ everything already in flight would exceed what is left of the budget; since a VC
 exceeds the bids it answers, the charges can then never add up to more than the budget.
 
 Several processes of one user share one budget through the server's ledger: a client hands the
-user's ledger-wide spend and auction count to `sync_shared` at a bounded interval, and adds the
-charges it sees itself in between, so that every process derives the same target.
+user's ledger-wide spend, auction count and open holds to `sync_shared` at a bounded interval,
+and adds the charges it sees itself in between, so that every process derives the same target.
+The holds of the other processes (bids they have in flight, each of which may still be charged
+in full) count against what this process may bid until the next sync: without them, every
+process near the end of a plan bid what was left at once, and the plan was overspent by up to
+one remainder per process.
 
 A bidder that joins a plan already in progress (a restart, or one more process of the user) has
 learned nothing, but the plan has: `mu = 0` would open with full-value bids while the others
@@ -39,12 +43,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._budget import Budget, default_anchor, period_window
 from ._exceptions import ConfigurationError
 
-__all__ = ["PacingBidder"]
+__all__ = ["PacingBidder", "SyncMarker"]
 
 STATE_VERSION = 1
 # Charges of older batches are forgotten: a batch is reported within one request's lifetime.
@@ -54,6 +58,14 @@ _STATE_BATCHES = 256
 # end is worth nothing, so bidding closer to full value then only adds utility (the guard
 # still caps bids).
 _FINAL_STRETCH = 0.1
+
+
+class SyncMarker(NamedTuple):
+    """What a process had counted when it sent a shared sync (`sync_marker`)."""
+
+    spent: int
+    auctions: int
+    reserved: int
 
 
 @dataclass
@@ -100,6 +112,8 @@ class PacingBidder:
         self._shared_at = now
         self._local_spent = 0
         self._local_auctions = 0
+        # Bids the user's other processes had in flight (held by the server) at the last sync.
+        self._others_held = 0
         # Charges seen while the last sync was under way: maybe in its figure, maybe not.
         self._unconfirmed = 0
         self._needs_sync = False
@@ -155,6 +169,11 @@ class PacingBidder:
         return self._reserved
 
     @property
+    def others_in_flight_micros(self) -> int:
+        """Bids the user's other processes had held by the server at the last shared sync."""
+        return self._others_held
+
+    @property
     def remaining_micros(self) -> int:
         """Budget not yet spent in the current horizon or period."""
         with self._lock:
@@ -163,7 +182,8 @@ class PacingBidder:
 
     @property
     def available_micros(self) -> int:
-        """What new bids may still add up to: the remaining budget less the bids in flight."""
+        """What new bids may still add up to: the remaining budget less the bids in flight
+        (this process's, and the other processes' held at the last shared sync)."""
         with self._lock:
             self._roll(self._clock())
             return self._available()
@@ -350,20 +370,21 @@ class PacingBidder:
                 self._batches.setdefault(batch_id, _Batch(charge))
             self._trim()
 
-    def sync_marker(self) -> tuple[int, int]:
+    def sync_marker(self) -> SyncMarker:
         """What this process had counted when a shared sync was sent (pass it back to it)."""
         with self._lock:
-            return self._local_spent, self._local_auctions
+            return SyncMarker(self._local_spent, self._local_auctions, self._reserved)
 
     def sync_shared(
         self,
         *,
-        marker: tuple[int, int],
+        marker: SyncMarker,
         spent_micros: int,
         auctions: int,
         window: tuple[datetime, datetime | None],
         now: datetime,
         total_micros: int | None = None,
+        held_micros: int = 0,
     ) -> None:
         """Take the user's ledger-wide figures (every process of the user) as the spend.
 
@@ -371,8 +392,10 @@ class PacingBidder:
         horizon of auctions); `marker` is `sync_marker()` from just before the request, so
         charges this process saw while it was under way are added rather than lost. Counting
         them may count them twice until the next sync: an overestimate, the safe side.
+        `held_micros` is the user's open holds on the server: less this process's own bids in
+        flight at the marker, what the others may still be charged.
         """
-        spent_before, auctions_before = marker
+        spent_before, auctions_before, reserved_before = marker
         with self._locked() as clock_now:
             start, end = window
             if end is not None:
@@ -392,9 +415,10 @@ class PacingBidder:
             # How long the figures have been accruing, on the server's clock.
             self._shared_elapsed = max(0.0, (now - start).total_seconds())
             self._shared_at = clock_now
-            # Bids other processes have in flight are deliberately not reserved here: they
-            # are bids, not charges, and reserving them starved every process at the end of
-            # a period in tests; the sync interval bounds what they add unseen.
+            # Own bids in flight at the marker that the server had not held yet (or had
+            # released already) make this an underestimate of the others' holds, never more
+            # than a bid placed while the sync was under way.
+            self._others_held = max(0, held_micros - reserved_before)
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -483,7 +507,7 @@ class PacingBidder:
         return min(1.0, max(0.0, end.timestamp() - now) / stretch)
 
     def _available(self) -> int:
-        return max(0, self._total - self._spent - self._reserved)
+        return max(0, self._total - self._spent - self._reserved - self._others_held)
 
     def _guard(self, bids: list[int]) -> list[int]:
         available = self._available()
@@ -647,6 +671,7 @@ class PacingBidder:
         # A new period renews the budget; mu carries over, it is what was learned.
         self._spent = 0
         self._unconfirmed = 0
+        self._others_held = 0
         self._auctions = 0
         self._shared_elapsed = 0.0
         self._shared_at = now

@@ -230,7 +230,10 @@ def test_without_a_budget_the_server_period_is_the_plan(server: FakeServer) -> N
             datetime(2030, 1, 1, 6, tzinfo=UTC),
             datetime(2030, 1, 2, 6, tzinfo=UTC),
         )
-        assert client.bidder.available_micros == 10_000_000 - 3_100_000
+        # The 250,000 held were other processes' bids in flight (this one had none at the
+        # sync): they may still be charged, so they are not this process's to bid.
+        assert client.bidder.others_in_flight_micros == 250_000
+        assert client.bidder.available_micros == 10_000_000 - 3_100_000 - 250_000
     assert server.attempts_on("/v1/budget")
 
 

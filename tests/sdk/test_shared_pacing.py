@@ -150,3 +150,40 @@ def test_a_charge_counted_twice_for_safety_does_not_exhaust_the_budget() -> None
     assert not bidder.exhausted and bidder.available_micros == 100_000
     bidder.observe("after", 100_000)
     assert bidder.exhausted
+
+
+def _shared_near_the_end(held_micros: int, bidder: PacingBidder | None = None) -> PacingBidder:
+    """A bidder of a plan with 1,000 micro-credits left, synced with the user's open holds."""
+    bidder = bidder or PacingBidder(Budget(total="1", auctions=100, start=START))
+    bidder.sync_shared(
+        marker=bidder.sync_marker(),
+        spent_micros=999_000,
+        auctions=99,
+        window=(START, None),
+        now=START,
+        held_micros=held_micros,
+    )
+    return bidder
+
+
+def test_two_processes_never_bid_the_same_remainder() -> None:
+    first = _shared_near_the_end(held_micros=0)
+    (bid,) = first.bid([5_000])
+    assert bid == 1_000  # the guard caps it at what is left
+    # The server holds that bid when the second process reads the ledger: it may still be
+    # charged in full, so the second one has nothing to bid until it is settled.
+    second = _shared_near_the_end(held_micros=bid)
+    assert second.others_in_flight_micros == 1_000
+    assert second.bid([5_000]) == [0]
+    # Settled uncharged, the hold is gone from the next read: the remainder is free again.
+    first.settle("b1", 0, reserved=bid)
+    assert _shared_near_the_end(held_micros=0, bidder=second).bid([5_000]) == [1_000]
+
+
+def test_a_process_does_not_count_its_own_holds_as_the_others() -> None:
+    bidder = _shared_near_the_end(held_micros=0)
+    (bid,) = bidder.bid([400])
+    # The ledger's holds are this process's own bid: nothing is in flight elsewhere.
+    _shared_near_the_end(held_micros=bid, bidder=bidder)
+    assert bidder.others_in_flight_micros == 0
+    assert bidder.available_micros == 1_000 - 400
