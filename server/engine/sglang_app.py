@@ -17,7 +17,6 @@ that module documents the fixed one it uses).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -30,9 +29,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from inference_auctions.server.engine.event_stream import EventStream, watch_disconnect
 from inference_auctions.server.engine.live import LiveRequest, LiveSimulator
 from inference_auctions.server.engine.sglang_openai import (
     OpenAIError,
@@ -66,6 +66,9 @@ def _emulator_version() -> str:
         return "emulator"
 
 
+_DONE = b"data: [DONE]\n\n"
+
+
 def _sse(data: Any) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
@@ -88,15 +91,15 @@ def _openai_error(
     return JSONResponse(openai_error_body(message, param, status), status_code=status)
 
 
-def _error_stream(message: str) -> StreamingResponse:
+def _error_stream(message: str) -> EventStream:
     """A streamed request that failed before its first chunk, as SGLang streams it."""
     error = {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}
 
     async def events() -> AsyncIterator[bytes]:
         yield _sse({"error": error})
-        yield b"data: [DONE]\n\n"
+        yield _DONE
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return EventStream(events())
 
 
 class _PieceBook:
@@ -215,7 +218,7 @@ class _Routes:
         except RuntimeError as error:
             return _http_error(str(error), HTTPStatus.SERVICE_UNAVAILABLE)
         if parsed.stream:
-            return StreamingResponse(_stream(submitted), media_type="text/event-stream")
+            return EventStream(_stream(submitted), on_disconnect=submitted.abort)
         return await _answer(submitted, request)
 
     def _submit(self, parsed: GenerateInput) -> LiveRequest:
@@ -271,9 +274,7 @@ class _Routes:
             return _openai_error(str(error), None, HTTPStatus.SERVICE_UNAVAILABLE)
         shaper = Shaper(parsed, submitted.rid)
         if parsed.stream:
-            return StreamingResponse(
-                _openai_stream(submitted, shaper), media_type="text/event-stream"
-            )
+            return EventStream(_openai_stream(submitted, shaper), on_disconnect=submitted.abort)
         return await _openai_answer(submitted, shaper, request)
 
     async def tokenize(self, request: Request) -> Response:
@@ -392,28 +393,28 @@ class _Routes:
 
 async def _stream(submitted: LiveRequest) -> AsyncIterator[bytes]:
     try:
+        ended = False
         async for output in submitted.outputs():
-            yield _sse(output)
-        yield b"data: [DONE]\n\n"
+            chunk = _sse(output)
+            if output["meta_info"]["finish_reason"] is not None:
+                # The last chunk and the end of the stream in one write (SGLang sends them
+                # apart; a client reads events, not writes).
+                chunk, ended = chunk + _DONE, True
+            yield chunk
+        if not ended:
+            yield _DONE
     finally:
         submitted.abort()  # the client went away before the end: free the engine
-
-
-async def _abort_on_disconnect(request: Request, submitted: LiveRequest) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    submitted.abort()
 
 
 @asynccontextmanager
 async def _watched(request: Request, submitted: LiveRequest) -> AsyncIterator[None]:
     """While a non-streamed request runs: as SGLang does, a client that goes away while it
     waits aborts its request; and the request is always released at the end."""
-    watcher = asyncio.create_task(_abort_on_disconnect(request, submitted))
     try:
-        yield
+        async with watch_disconnect(request.receive, submitted.abort):
+            yield
     finally:
-        watcher.cancel()
         submitted.abort()
 
 
@@ -484,7 +485,7 @@ async def _openai_stream(submitted: LiveRequest, shaper: Shaper) -> AsyncIterato
                     yield _sse(shaper.usage_chunk(usage))
             elif delta:
                 yield _sse(shaper.chunk(delta))
-        yield b"data: [DONE]\n\n"
+        yield _DONE
     finally:
         submitted.abort()  # a stop string matched, or the client went away: free the engine
 
