@@ -393,7 +393,7 @@ class PacingBidder:
         charges this process saw while it was under way are added rather than lost. Counting
         them may count them twice until the next sync: an overestimate, the safe side.
         `held_micros` is the user's open holds on the server: less this process's own bids in
-        flight at the marker, what the others may still be charged.
+        flight (at the marker and now, the smaller), what the others may still be charged.
         """
         spent_before, auctions_before, reserved_before = marker
         with self._locked() as clock_now:
@@ -415,10 +415,12 @@ class PacingBidder:
             # How long the figures have been accruing, on the server's clock.
             self._shared_elapsed = max(0.0, (now - start).total_seconds())
             self._shared_at = clock_now
-            # Own bids in flight at the marker that the server had not held yet (or had
-            # released already) make this an underestimate of the others' holds, never more
-            # than a bid placed while the sync was under way.
-            self._others_held = max(0, held_micros - reserved_before)
+            # This process's own holds in the figure were in flight both at the marker and
+            # now, or came and went between: taking the smaller of the two leaves more of the
+            # figure to the others, the safe side (a bid of this process placed and held while
+            # the read was under way counts twice until the next sync).
+            own = min(reserved_before, self._reserved)
+            self._others_held = max(0, held_micros - own)
 
     # -- persistence -------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from inference_auctions.sdk import Auction, Budget, PacingBidder
+from inference_auctions.sdk._pacing import SyncMarker
 from inference_auctions.sdk._settlement import Settlement
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -152,11 +153,14 @@ def test_a_charge_counted_twice_for_safety_does_not_exhaust_the_budget() -> None
     assert bidder.exhausted
 
 
-def _shared_near_the_end(held_micros: int, bidder: PacingBidder | None = None) -> PacingBidder:
-    """A bidder of a plan with 1,000 micro-credits left, synced with the user's open holds."""
+def _shared_near_the_end(
+    held_micros: int, bidder: PacingBidder | None = None, marker: SyncMarker | None = None
+) -> PacingBidder:
+    """A bidder of a plan with 1,000 micro-credits left, synced with the user's open holds
+    (the read sent at `marker`, or now)."""
     bidder = bidder or PacingBidder(Budget(total="1", auctions=100, start=START))
     bidder.sync_shared(
-        marker=bidder.sync_marker(),
+        marker=bidder.sync_marker() if marker is None else marker,
         spent_micros=999_000,
         auctions=99,
         window=(START, None),
@@ -187,3 +191,14 @@ def test_a_process_does_not_count_its_own_holds_as_the_others() -> None:
     _shared_near_the_end(held_micros=bid, bidder=bidder)
     assert bidder.others_in_flight_micros == 0
     assert bidder.available_micros == 1_000 - 400
+
+
+def test_own_bids_settled_while_the_sync_ran_are_not_taken_off_the_others() -> None:
+    bidder = _shared_near_the_end(held_micros=0)
+    (bid,) = bidder.bid([400])
+    marker = bidder.sync_marker()  # the bid is in flight when the read goes out...
+    bidder.settle("b1", 0, reserved=bid)  # ...and settled, uncharged, before its answer
+    # So the 700 the ledger holds are another process's, all of them.
+    _shared_near_the_end(held_micros=700, bidder=bidder, marker=marker)
+    assert bidder.others_in_flight_micros == 700
+    assert bidder.available_micros == 300
