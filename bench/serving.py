@@ -28,7 +28,9 @@ divided by the requests it completed), and for the auction server its own overhe
 dispatch minus the batching wait) and batching wait from `/v1/admin/timings` (over the warm-up
 and the measured run of that server), and the throughput ratio to the direct path. A
 1-connection run of direct and auction gives the latency the layer adds to a lone request.
-Afterwards the ledger is reconciled and audited: the settled requests against the 2xx
+Under the table, the server's CPU per request is also set against the emulator's CPU per
+direct request of the same round: a yardstick that moves far less than either figure when the
+shared machine speeds up or slows down. Afterwards the ledger is reconciled and audited: the settled requests against the 2xx
 responses, open holds, and no user charged more than their bids in a batch.
 
 Run (wrk is the Debian package; the first run installs LiteLLM, which takes minutes):
@@ -361,6 +363,19 @@ def _level_note(report: Report, connections: int) -> str | None:
     return f"{connections} connections, auction over {len(runs)} runs: " + "; ".join(parts) + "."
 
 
+def _cpu_against_engine(report: Report, connections: int) -> list[float]:
+    """Per round: the server's CPU per request over the emulator's per direct request just
+    before it. The emulator is a Python server on the same cores, so the ratio moves much less
+    with the machine's speed of the moment than either figure does."""
+    direct, auction = _runs(report, connections, "direct"), _runs(report, connections, "auction")
+    pairs = zip(direct, auction, strict=False)  # an interrupted run may lack its last auction
+    return [
+        served.front_cpu_ms / engine.emulator_cpu_ms
+        for engine, served in pairs
+        if served.front_cpu_ms is not None and engine.emulator_cpu_ms
+    ]
+
+
 def _notes(report: Report) -> list[str]:
     notes = []
     # Each run's lone request against the direct run just before it.
@@ -371,10 +386,21 @@ def _notes(report: Report) -> list[str]:
             f"1 connection: the auction layer adds {_spread(added, 2)} ms to the p50"
             + (f" ({len(added)} runs)." if len(added) > 1 else ".")
         )
-    for connections in sorted({r.connections for r in report.rows if r.connections > 1}):
+    levels = sorted({r.connections for r in report.rows if r.connections > 1})
+    for connections in levels:
         note = _level_note(report, connections)
         if note is not None:
             notes.append(note)
+    against = [
+        f"{connections} connections {_spread(ratios, 2)}x"
+        for connections in levels
+        if (ratios := _cpu_against_engine(report, connections))
+    ]
+    if against:
+        notes.append(
+            "Front CPU per request over the emulator's per direct request in the same round "
+            "(a yardstick of the machine's speed): " + "; ".join(against) + "."
+        )
     a = report.audit
     if a is not None:
         verdict = "clean" if a.clean else "NOT CLEAN"
