@@ -30,8 +30,9 @@ and the measured run of that server), and the throughput ratio to the direct pat
 1-connection run of direct and auction gives the latency the layer adds to a lone request.
 Under the table, the server's CPU per request is also set against the emulator's CPU per
 direct request of the same round: a yardstick that moves far less than either figure when the
-shared machine speeds up or slows down. Afterwards the ledger is reconciled and audited: the settled requests against the 2xx
-responses, open holds, and no user charged more than their bids in a batch.
+shared machine speeds up or slows down. Afterwards the ledger is reconciled and audited: the
+settled requests against the 2xx responses, open holds, and no user charged more than their
+bids in a batch.
 
 Run (wrk is the Debian package; the first run installs LiteLLM, which takes minutes):
 
