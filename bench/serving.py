@@ -29,8 +29,8 @@ dispatch minus the batching wait) and batching wait from `/v1/admin/timings` (ov
 and the measured run of that server), and the throughput ratio to the direct path. A
 1-connection run of direct and auction gives the latency the layer adds to a lone request.
 Under the table, the server's CPU per request is also set against the emulator's CPU per
-direct request of the same round: a yardstick that moves far less than either figure when the
-shared machine speeds up or slows down. Afterwards the ledger is reconciled and audited: the
+direct request of the same round: a second reading, for comparing runs taken in hours (or on
+machines) of different speed. Afterwards the ledger is reconciled and audited: the
 settled requests against the 2xx responses, open holds, and no user charged more than their
 bids in a batch.
 
@@ -366,8 +366,8 @@ def _level_note(report: Report, connections: int) -> str | None:
 
 def _cpu_against_engine(report: Report, connections: int) -> list[float]:
     """Per round: the server's CPU per request over the emulator's per direct request just
-    before it. The emulator is a Python server on the same cores, so the ratio moves much less
-    with the machine's speed of the moment than either figure does."""
+    before it, the emulator being a Python server on the same cores: a reading of the server's
+    cost against the machine's speed that hour."""
     direct, auction = _runs(report, connections, "direct"), _runs(report, connections, "auction")
     pairs = zip(direct, auction, strict=False)  # an interrupted run may lack its last auction
     return [
@@ -400,7 +400,7 @@ def _notes(report: Report) -> list[str]:
     if against:
         notes.append(
             "Front CPU per request over the emulator's per direct request in the same round "
-            "(a yardstick of the machine's speed): " + "; ".join(against) + "."
+            "(against the machine's speed that hour): " + "; ".join(against) + "."
         )
     a = report.audit
     if a is not None:
