@@ -22,14 +22,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
 import socket
 import subprocess
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from inference_auctions.billing import (
     BatchClaim,
@@ -76,11 +76,21 @@ class Lane(Protocol):
 
 
 class ThreadLane:
-    """Group commits on a thread of the server (see the module docstring)."""
+    """Group commits on a thread of the server (see the module docstring).
+
+    One thread of its own, fed through a queue, that hands each result back to the event loop
+    with one `call_soon_threadsafe`. A `ThreadPoolExecutor` does the same with more machinery
+    on both sides of every commit (a `concurrent.futures.Future` with its lock and condition,
+    chained to an asyncio future by callbacks), which a lone request pays twice (its hold and
+    settlement, its `served` record) on the event loop, and both threads contend for that
+    lock while the loop is waiting for the commit."""
 
     def __init__(self, ledger: Ledger, name: str) -> None:
         self._ledger = ledger
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._name = name
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
     async def start(self) -> None:
         return None
@@ -91,17 +101,71 @@ class ThreadLane:
         claims: Sequence[BatchClaim],
         served: Sequence[ServedRecord],
     ) -> GroupOutcome:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._thread, self._ledger.commit_group, holds, served, claims
-        )
+        return await self._submit(self._ledger.commit_group, (holds, served, claims), {})
 
     async def call(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._thread, partial(work, *args, **kwargs)
-        )
+        return await self._submit(work, args, kwargs)
 
     async def close(self) -> None:
-        self._thread.shutdown(wait=True)
+        self._closed = True
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._jobs.put(None)  # after every job sent: they finish first
+            thread.join()
+
+    def _submit(
+        self, work: Callable[..., T], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> asyncio.Future[T]:
+        if self._closed:
+            raise RuntimeError(f"the ledger lane {self._name!r} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        if self._thread is None:
+            # A daemon, so that a lane nobody closed never keeps the interpreter from exiting;
+            # a commit cut short that way is rolled back by the database, as after a crash.
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        self._jobs.put(_Job(loop, future, work, args, kwargs))
+        return future
+
+    def _run(self) -> None:
+        """The lane's thread: each job in order, until the `None` that `close` sends."""
+        while (job := self._jobs.get()) is not None:
+            # A caller that was cancelled before its job started gets nothing run for it,
+            # as with an executor (the future is only read here; the loop owns it).
+            if job.future.cancelled():
+                continue
+            try:
+                result = job.work(*job.args, **job.kwargs)
+            except BaseException as error:  # handed to the waiter, as an executor does
+                job.hand_back(_fail, error)
+            else:
+                job.hand_back(_resolve, result)
+
+
+class _Job(NamedTuple):
+    """One call for a `ThreadLane`, and where its outcome goes."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    work: Callable[..., Any]
+    args: Sequence[Any]
+    kwargs: dict[str, Any]
+
+    def hand_back(self, settle: Callable[[asyncio.Future[Any], Any], None], value: Any) -> None:
+        """Settle the future on its loop's thread; nothing to do once that loop is closed."""
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(settle, self.future, value)
+
+
+def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():  # the waiter may have been cancelled meanwhile
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 class ProcessLane:
