@@ -82,8 +82,7 @@ class ThreadLane:
     with one `call_soon_threadsafe`. A `ThreadPoolExecutor` does the same with more machinery
     on both sides of every commit (a `concurrent.futures.Future` with its lock and condition,
     chained to an asyncio future by callbacks), which a lone request pays twice (its hold and
-    settlement, its `served` record) on the event loop, and both threads contend for that
-    lock while the loop is waiting for the commit."""
+    settlement, its `served` record) on the event loop."""
 
     def __init__(self, ledger: Ledger, name: str) -> None:
         self._ledger = ledger
@@ -164,8 +163,13 @@ def _resolve(future: asyncio.Future[Any], result: Any) -> None:
 
 
 def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)
+    if future.done():
+        return
+    if isinstance(error, StopIteration):  # an asyncio future refuses it: the waiter would hang
+        wrapped = RuntimeError(f"the call raised StopIteration: {error}")
+        wrapped.__cause__ = error
+        error = wrapped
+    future.set_exception(error)
 
 
 class ProcessLane:

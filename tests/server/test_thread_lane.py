@@ -3,7 +3,8 @@
 `ThreadLane` replaced a one-worker `ThreadPoolExecutor`; these are the executor's guarantees
 that the ledger writer relies on, checked on the lane itself, with a real ledger on an SQLite
 file: calls run one at a time in the order given, on a thread that is not the event loop's;
-what a call raises reaches its caller as it was; a caller cancelled before its call started
+what a call raises reaches its caller as it was (a `StopIteration`, which an asyncio future
+refuses, as a `RuntimeError` caused by it); a caller cancelled before its call started
 gets nothing run; closing finishes what was sent and refuses what comes after.
 """
 
@@ -77,6 +78,19 @@ def test_a_group_commit_runs_on_the_ledger_and_its_refusal_comes_back_as_raised(
 
 def _raise(error: Exception) -> None:
     raise error
+
+
+def test_a_stop_iteration_reaches_its_caller_as_a_runtime_error(ledger: Ledger) -> None:
+    async def main() -> None:
+        lane = ThreadLane(ledger, "test-lane")
+        try:
+            with pytest.raises(RuntimeError, match="StopIteration") as raised:
+                await asyncio.wait_for(lane.call(_raise, StopIteration("empty")), 5)
+            assert isinstance(raised.value.__cause__, StopIteration)
+        finally:
+            await lane.close()
+
+    asyncio.run(main())
 
 
 def test_a_caller_cancelled_before_its_call_started_gets_nothing_run(ledger: Ledger) -> None:
