@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# What `make run` and `make demo` need: the server and the SDK, without the dev tool chain.
+RUNTIME_STAMP := $(VENV)/.runtime
 
-.PHONY: run test test-cluster lint types check bench experiments clean
+.PHONY: demo run test test-cluster lint types check bench experiments clean
 
 # `make test` leaves out the scale-out tests (SMG in front of several servers) and the
 # packaging tests (they build both wheels and install the SDK's alone); CI sets
@@ -21,7 +23,16 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ./sdk -e '.[dev,experiments]'
 	touch $(STAMP)
 
-run: $(STAMP)  ## Start the auction server with the embedded engine and an SQLite ledger
+$(RUNTIME_STAMP): pyproject.toml sdk/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ./sdk -e .
+	touch $(RUNTIME_STAMP)
+
+demo: $(RUNTIME_STAMP)  ## Four users bid for one batch on a real server; then the dashboard
+	$(BIN)/inference-auction demo
+
+run: $(RUNTIME_STAMP)  ## Start the auction server with the embedded engine and an SQLite ledger
 	$(BIN)/inference-auction serve
 
 test: $(STAMP)  ## Run the test suite (PostgreSQL tests run when reachable); see TEST_SELECTION

@@ -14,8 +14,9 @@ import click
 def main() -> None:
     """Inference auctions: a truthful priority auction for LLM serving in front of SGLang.
 
-    Start with `inference-auction serve` (embedded engine, SQLite ledger) or clear a batch
-    offline with `inference-auction auction BATCH.jsonl`.
+    See the market at work with `inference-auction demo`, start a server with
+    `inference-auction serve` (embedded engine, SQLite ledger), or clear a batch offline with
+    `inference-auction auction BATCH.jsonl`.
     """
 
 
@@ -24,6 +25,7 @@ def _register() -> None:
     from inference_auctions.server.cli import (  # noqa: PLC0415
         auction_command,
         cluster_command,
+        demo_command,
         emulate_command,
         ledger_commands,
         serve_command,
@@ -31,6 +33,7 @@ def _register() -> None:
 
     main.add_command(auction_command.auction)
     main.add_command(serve_command.serve)
+    main.add_command(demo_command.demo)
     main.add_command(emulate_command.emulate_sglang)
     main.add_command(cluster_command.cluster)
     for group in ledger_commands.GROUPS:
