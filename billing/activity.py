@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import BigInteger, ColumnElement, and_, cast, func, select
@@ -28,7 +28,7 @@ from inference_auctions.billing.models import (
 from inference_auctions.billing.periods import Period, parse_timezone, period_start, require_aware
 from inference_auctions.billing.postings import get_user
 from inference_auctions.billing.queries import balance
-from inference_auctions.billing.records import BalanceView
+from inference_auctions.billing.records import BalanceView, PricedRequest
 
 # Charges are negative entries and refunds positive: their negated sum is the net spend.
 _SPEND_KINDS = (EntryKind.CHARGE, EntryKind.REFUND)
@@ -140,6 +140,12 @@ class AccountActivity:
     requests_failed: int
     recent: list[RecentRequest]
     clearing: list[ClearingPoint]
+    # When the user's first charge of the period was written (None: nothing spent in it): a
+    # rate of spend is taken over the user's own activity, not over the whole period.
+    first_spend_at: datetime | None = None
+    # Every request of each recent batch in which the user had several requests, so that the
+    # user's charge there can be split per request (SPEC section 1, "One request's share").
+    shared_batches: dict[str, list[PricedRequest]] = field(default_factory=dict)
 
 
 def _epoch_seconds(session: Session, column: InstrumentedAttribute[datetime]) -> ColumnElement[int]:
@@ -423,6 +429,7 @@ def account_activity(
             .group_by(BatchRequest.status)
         ).all()
     )
+    latest = _recent_requests(session, user.id, recent)
     return AccountActivity(
         balance=balance(session, name, now),
         budget_micros=budget.amount_micros,
@@ -433,9 +440,48 @@ def account_activity(
         requests_total=sum(int(c) for c in counts.values()),
         requests_served=int(counts.get(RequestStatus.SERVED, 0)),
         requests_failed=int(counts.get(RequestStatus.FAILED, 0)),
-        recent=_recent_requests(session, user.id, recent),
+        recent=latest,
         clearing=clearing_points(session, start - timedelta(days=31), clearing, user=name),
+        first_spend_at=session.scalar(
+            select(func.min(LedgerEntry.created_at)).where(
+                LedgerEntry.user_id == user.id,
+                LedgerEntry.kind.in_(_SPEND_KINDS),
+                LedgerEntry.created_at >= start,
+            )
+        ),
+        shared_batches=_batches_of_several(session, latest),
     )
+
+
+def _batches_of_several(
+    session: Session, latest: list[RecentRequest]
+) -> dict[str, list[PricedRequest]]:
+    per_batch: dict[str, int] = defaultdict(int)
+    for recent in latest:
+        per_batch[recent.batch_id] += 1
+    several = [batch_id for batch_id, n in per_batch.items() if n > 1]
+    if not several:
+        return {}
+    rows = session.execute(
+        select(BatchRequest, User.name)
+        .join(User, User.id == BatchRequest.user_id)
+        .where(BatchRequest.batch_id.in_(several))
+        .order_by(BatchRequest.position)
+    ).all()
+    batches: dict[str, list[PricedRequest]] = defaultdict(list)
+    for request, owner in rows:
+        batches[request.batch_id].append(
+            PricedRequest(
+                rid=request.rid,
+                user=owner,
+                bid_micros=request.bid_micros,
+                arrival=request.arrival,
+                tree_path=None
+                if request.tree_path is None
+                else [int(node) for node in request.tree_path.split(".") if node],
+            )
+        )
+    return dict(batches)
 
 
 def _spend_series(

@@ -19,6 +19,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from inference_auctions.billing import AccountActivity, ClearingPoint, MarketActivity, UserInfo
 from inference_auctions.server.api.deps import AppState, CurrentUser, State, current_user
 from inference_auctions.server.api.ledger_routes import balance_json
+from inference_auctions.server.auction import AuctionRequest
+from inference_auctions.server.auction.repricing import Repricer
 from inference_auctions.server.dashboard.health import ReconcileStatus
 from inference_auctions.server.dashboard.sessions import COOKIE_NAME
 from inference_auctions.server.errors import Forbidden, Unauthenticated
@@ -156,13 +158,14 @@ def _epoch(moment: datetime) -> float:
 def account_json(activity: AccountActivity, now: datetime) -> dict[str, Any]:
     """The user view's data."""
     name = activity.balance.user
+    shares = request_shares(activity)
     budget = activity.budget_micros
     spent = activity.balance.spent_this_period_micros
     start, end = activity.period_start, activity.period_end
     pace = projection = None
     if end is not None:
         pace = {"t": [_epoch(start), _epoch(end)], "spent_micros": [0, budget]}
-        projection = _projection(spent, budget, start, end, now)
+        projection = _projection(spent, budget, activity.first_spend_at or now, end, now)
     return {
         "user": name,
         "balance": balance_json(activity.balance),
@@ -170,10 +173,7 @@ def account_json(activity: AccountActivity, now: datetime) -> dict[str, Any]:
         "period": str(activity.period),
         "period_start": start.isoformat(),
         "period_end": end.isoformat() if end else None,
-        "spend": {
-            "t": [_epoch(p.at) for p in activity.spend],
-            "spent_micros": [p.spent_micros for p in activity.spend],
-        },
+        "spend": _spend_json(activity),
         "pace": pace,
         "projection": projection,
         "requests": {
@@ -191,6 +191,7 @@ def account_json(activity: AccountActivity, now: datetime) -> dict[str, Any]:
                 "position": r.position,
                 "priority": r.priority,
                 "bid_micros": r.bid_micros,
+                "request_charge_micros": shares.get(r.rid, r.batch_charge_micros),
                 "batch_charge_micros": r.batch_charge_micros,
                 "batch_refund_micros": r.batch_refund_micros,
                 "status": str(r.status),
@@ -204,17 +205,54 @@ def account_json(activity: AccountActivity, now: datetime) -> dict[str, Any]:
     }
 
 
+def _spend_json(activity: AccountActivity) -> dict[str, list[Any]]:
+    # Flat at 0 until the user's first charge: the line from the period's start to the first
+    # bucket would otherwise show spending from the start of the period.
+    points = [(p.at, p.spent_micros) for p in activity.spend]
+    first = activity.first_spend_at
+    if first is not None and len(points) > 1 and points[0][0] < first < points[1][0]:
+        points.insert(1, (first, 0))
+    return {
+        "t": [_epoch(at) for at, _ in points],
+        "spent_micros": [spent for _, spent in points],
+    }
+
+
 def _projection(
-    spent: int, budget: int, start: datetime, end: datetime, now: datetime
+    spent: int, budget: int, active_since: datetime, end: datetime, now: datetime
 ) -> dict[str, Any]:
-    """Where the period's spend ends if the rate so far holds; when the budget runs out."""
-    elapsed = max(1, _micros_of(min(now, end) - start))
-    length = max(1, _micros_of(end - start))
-    at_end = spent * length // elapsed
+    """Where the period's spend ends if the user keeps spending at its rate so far, and when
+    the budget runs out. The rate is taken over the user's own activity, from its first charge
+    of the period (at least a minute, so that one charge is not read as a rate), not over the
+    whole period: a user who starts late in a day and spends fast is told so."""
+    if spent <= 0 or now >= end:
+        return {"at_period_end_micros": spent, "budget_runs_out_at": None}
+    elapsed = max(_micros_of(now - active_since), 60_000_000)
+    left = _micros_of(end - now)
+    at_end = spent + spent * left // elapsed
     runs_out = None
-    if spent > 0 and at_end > budget:
-        runs_out = (start + timedelta(microseconds=elapsed * budget // spent)).isoformat()
+    if at_end > budget:
+        until_out = max(0, budget - spent) * elapsed // spent
+        runs_out = (now + timedelta(microseconds=until_out)).isoformat()
     return {"at_period_end_micros": at_end, "budget_runs_out_at": runs_out}
+
+
+def request_shares(activity: AccountActivity) -> dict[str, int]:
+    """Each recent request's share of its user's batch charge (SPEC section 1), for the batches
+    in which the user had several requests; a lone request's share is the whole charge."""
+    name = activity.balance.user
+    charges = {r.batch_id: r.batch_charge_micros for r in activity.recent}
+    shares: dict[str, int] = {}
+    for batch_id, priced in activity.shared_batches.items():
+        if any(p.arrival is None or p.tree_path is None for p in priced):
+            continue  # settled before the tree's shape was stored: no split to show
+        ordered = sorted(priced, key=lambda p: p.arrival or 0)
+        repricer = Repricer(
+            [AuctionRequest(p.rid, p.user, p.tree_path or [], p.bid_micros) for p in ordered]
+        )
+        positions = {p.rid: index for index, p in enumerate(priced)}
+        shares.update(repricer.shares(name, charges[batch_id], positions))
+    return shares
 
 
 def _micros_of(delta: timedelta) -> int:

@@ -136,9 +136,20 @@ def test_the_account_view_matches_the_ledger(server: RunningServer) -> None:
     assert body["requests"] == {"total": requests, "served": requests, "failed": 0}
     assert requests == 6
     assert len(body["recent"]) == 6
+    shares: dict[str, int] = {}
     for request in body["recent"]:
         assert request["batch_charge_micros"] == charges.get(request["batch_id"], 0)
         assert 0 <= request["position"] < request["batch_size"]
+        assert 0 <= request["request_charge_micros"] <= request["bid_micros"]
+        shares[request["batch_id"]] = (
+            shares.get(request["batch_id"], 0) + request["request_charge_micros"]
+        )
+    # Each request shows its share; the shares of a batch add up to the user's batch total.
+    assert shares == {b: charges.get(b, 0) for b in shares}
+    assert any(
+        sum(r["batch_id"] == b for r in body["recent"]) > 1 and charges.get(b, 0) > 0
+        for b in shares
+    ), "no batch with several charged requests of alice: the split went untested"
     assert sorted(body["clearing"]["charge_micros"]) == sorted(
         charges.get(b, 0) for b in {r["batch_id"] for r in body["recent"]}
     )
@@ -174,6 +185,37 @@ def test_the_projection_is_exact_integer_arithmetic() -> None:
     # Twice the pace: the budget runs out half-way through the period.
     assert projection["budget_runs_out_at"] == datetime(2026, 3, 3, tzinfo=UTC).isoformat()
     assert _projection(0, 0, start, end, start)["at_period_end_micros"] == 0
+
+
+def test_the_projection_takes_the_rate_over_the_users_own_activity() -> None:
+    # Created at 16:01, 1.92 of a 5-credit day spent by 16:07: at that rate the budget is gone
+    # at 16:16:37.5, not "2.85 by period end, within budget" (the rate over the whole day).
+    day = datetime(2026, 12, 3, tzinfo=UTC)
+    first, now = day + timedelta(hours=16, minutes=1), day + timedelta(hours=16, minutes=7)
+    projection = _projection(1_920_000, 5_000_000, first, day + timedelta(days=1), now)
+    assert projection["at_period_end_micros"] == 1_920_000 + 1_920_000 * (473 * 60) // (6 * 60)
+    assert projection["budget_runs_out_at"] == (now + timedelta(seconds=577.5)).isoformat()
+    # One charge a moment ago is not a rate: the activity counts as at least a minute long.
+    just = _projection(100_000, 5_000_000, now, now + timedelta(minutes=10), now)
+    assert just["at_period_end_micros"] == 100_000 + 100_000 * 10
+    idle = _projection(0, 5_000_000, now, now + timedelta(hours=1), now)
+    assert idle["budget_runs_out_at"] is None
+
+
+def test_a_late_starter_who_spends_fast_is_told_the_budget_runs_out(server: RunningServer) -> None:
+    key = server.ledger.create_user("ada", budget_micros=2_000_000, period="month").api_key
+    send_traffic(server, {"ada": key, "eve": server.create_user("eve")}, rounds=2)
+    with _sign_in(server, key) as client:
+        body = client.get("/v1/dashboard/account").json()
+    spent = body["balance"]["spent_this_period_micros"]
+    assert spent > 0
+    # Weeks of a month at the rate of the last few seconds: far beyond a budget of 2 credits.
+    assert body["projection"]["at_period_end_micros"] > 2_000_000
+    assert body["projection"]["budget_runs_out_at"] is not None
+    # The spend line stays at 0 until the user's first charge, not from the period's start.
+    times, amounts = body["spend"]["t"], body["spend"]["spent_micros"]
+    assert amounts[0] == amounts[1] == 0 and times[1] > times[0]
+    assert times[1] >= datetime.now(UTC).timestamp() - 120
 
 
 def test_the_market_view_matches_the_ledger_and_needs_an_admin(server: RunningServer) -> None:

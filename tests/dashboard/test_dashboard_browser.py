@@ -138,6 +138,10 @@ def _request_count(server: RunningServer, name: str) -> int:
     return count
 
 
+def _recent(server: RunningServer, name: str) -> list[Any]:
+    return list(server.ledger.account_activity(name, points=10, recent=20, clearing=10).recent)
+
+
 def test_a_user_sees_the_ledgers_numbers_and_drawn_charts(
     browser: Any, market: tuple[RunningServer, dict[str, str]], tmp_path: Path
 ) -> None:
@@ -156,6 +160,14 @@ def test_a_user_sees_the_ledgers_numbers_and_drawn_charts(
     assert _marks(browser, "c-my-clearing") > 0
     rows = browser.execute_script("return document.querySelectorAll('#t-recent tr').length")
     assert rows == 8
+    assert _text(browser, "a-period").startswith("monthly budget of 25.000000 credits")
+    # Each row shows the request's share; the user's batch total once, on its batch's first row.
+    table = browser.execute_script(
+        "return [...document.querySelectorAll('#t-recent tr')]"
+        ".map((tr) => [...tr.children].map((td) => td.textContent))"
+    )
+    totals = [cells[6] for cells in table if cells[6]]
+    assert len(totals) == len({r.batch_id for r in _recent(server, "alice")}) < len(table)
     _screenshot(browser, "dashboard-user.png", tmp_path)
     urls = _requested_urls(browser)
     assert any(url.endswith("/v1/dashboard/account") for url in urls)

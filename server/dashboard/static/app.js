@@ -1,7 +1,7 @@
 // The dashboard: sign in once (the key buys a session cookie), then poll the JSON API and draw.
 
 import { lineChart, scatterChart } from "./charts.js";
-import { ago, clock, count, credits, creditsShort, millis, percent, when } from "./format.js";
+import { ago, clock, count, credits, creditsShort, decimal, millis, percent, when } from "./format.js";
 
 const POLL_MS = 1500;
 const LIVE_HISTORY = 120; // samples of the live queue, about three minutes
@@ -169,7 +169,7 @@ function drawMarket(data) {
   });
   lineChart($("c-batches"), {
     series: [{ name: "batches / s", color: BLUE, t: s.t, values: s.batches_per_second }],
-    xDomain: domain, yFormat: (v) => v.toFixed(v < 10 ? 1 : 0), empty: "no batches yet",
+    xDomain: domain, yFormat: decimal, empty: "no batches yet",
   });
   lineChart($("c-sizes"), {
     series: [
@@ -238,10 +238,12 @@ function drawLedger(ledger) {
   setText("m-ledger-sub", `${count(holds.count)} open holds`);
 }
 
+const PERIOD_NAMES = { none: "lifetime budget", day: "daily budget", week: "weekly budget", month: "monthly budget" };
+
 function drawAccount(data) {
   const b = data.balance;
   setText("a-user", data.user);
-  const period = data.period === "none" ? "lifetime budget" : `${data.period}ly budget`;
+  const period = PERIOD_NAMES[data.period] || `${data.period} budget`;
   const end = data.period_end ? ` to ${when(data.period_end)}` : "";
   setText("a-period", `${period} of ${credits(data.budget_micros)} credits · this period from ${when(data.period_start)}${end}`);
   setText("a-balance", credits(b.balance_micros));
@@ -286,12 +288,19 @@ function drawAccount(data) {
     maxAge: Math.max(60, ...c.age_seconds), yFormat: creditsShort, xLabel: "charge (credits) ↑   priority →",
     empty: "no batches yet",
   });
-  const rows = data.recent.map((r) => row([
-    clock(Date.parse(r.closed_at) / 1000), r.rid, `${r.position + 1} of ${r.batch_size}`,
-    r.priority.toFixed(3), credits(r.bid_micros), credits(r.batch_charge_micros),
-    r.batch_refund_micros ? credits(r.batch_refund_micros) : "", r.status,
-    millis(r.ttft_ms), r.cached_tokens === null ? "–" : `${r.cached_tokens}/${r.prompt_tokens}`,
-  ], ["", "mono", "num", "num mono", "num mono", "num mono", "num mono", r.status === "failed" ? "bad" : "", "num", "num"]));
+  // A user's batch total and refund are per batch: shown on its first row there only.
+  const seen = new Set();
+  const rows = data.recent.map((r) => {
+    const first = !seen.has(r.batch_id);
+    seen.add(r.batch_id);
+    return row([
+      clock(Date.parse(r.closed_at) / 1000), r.rid, `${r.position + 1} of ${r.batch_size}`,
+      r.priority.toFixed(3), credits(r.bid_micros), credits(r.request_charge_micros),
+      first ? credits(r.batch_charge_micros) : "",
+      first && r.batch_refund_micros ? credits(r.batch_refund_micros) : "", r.status,
+      millis(r.ttft_ms), r.cached_tokens === null ? "–" : `${r.cached_tokens}/${r.prompt_tokens}`,
+    ], ["", "mono", "num", "num mono", "num mono", "num mono", "num mono", "num mono", r.status === "failed" ? "bad" : "", "num", "num"]);
+  });
   $("t-recent").replaceChildren(...(rows.length ? rows : [row(["no requests settled yet"])]));
 }
 

@@ -19,9 +19,10 @@ function size(svg) {
   return { width: box.width, height: box.height };
 }
 
-/** About `count` round numbers covering [lo, hi]. */
+/** About `count` round numbers covering [lo, hi]; just [lo] when there is nothing above it
+ * (an empty chart has no scale to show, rather than one of 1e-15). */
 export function niceTicks(lo, hi, count = 4) {
-  if (!(hi > lo)) hi = lo + 1;
+  if (!(hi > lo)) return [lo];
   const raw = (hi - lo) / count;
   const power = 10 ** Math.floor(Math.log10(raw));
   const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((s) => s >= raw);
@@ -87,9 +88,9 @@ export function lineChart(svg, { series, xDomain, yFormat, yMin = 0, yMax, empty
   const { width, height } = size(svg);
   const values = series.flatMap((s) => s.values.filter((v) => v !== null && v !== undefined));
   const [x0, x1] = xDomain;
-  const top = Math.max(yMax ?? 0, ...values, yMin + 1e-9);
+  const top = Math.max(yMax ?? 0, ...values, yMin);
   const yTicks = niceTicks(yMin, top);
-  const yHigh = yTicks[yTicks.length - 1];
+  const yHigh = yTicks.length > 1 ? yTicks[yTicks.length - 1] : yMin + 1;
   const x = (t) => MARGIN.left + ((t - x0) / Math.max(1e-9, x1 - x0)) * (width - MARGIN.left - MARGIN.right);
   const y = (v) => height - MARGIN.bottom - ((v - yMin) / Math.max(1e-9, yHigh - yMin)) * (height - MARGIN.top - MARGIN.bottom);
   const xTicks = timeTicks(x0, x1);
@@ -128,9 +129,9 @@ export function lineChart(svg, { series, xDomain, yFormat, yMin = 0, yMax, empty
 export function scatterChart(svg, { x: xs, y: ys, age, yFormat, xLabel, color, maxAge, empty }) {
   svg.replaceChildren();
   const { width, height } = size(svg);
-  const top = Math.max(1e-9, ...ys);
+  const top = Math.max(0, ...ys);
   const yTicks = niceTicks(0, top);
-  const yHigh = yTicks[yTicks.length - 1];
+  const yHigh = yTicks.length > 1 ? yTicks[yTicks.length - 1] : 1;
   const x = (v) => MARGIN.left + 6 + v * (width - MARGIN.left - MARGIN.right - 12);
   const y = (v) => height - MARGIN.bottom - (v / yHigh) * (height - MARGIN.top - MARGIN.bottom);
   frame(svg, {

@@ -18,7 +18,12 @@ export function creditsShort(micros) {
   if (abs === 0) return "0";
   if (abs >= 1000) return value.toLocaleString("en-US", { maximumFractionDigits: 0 });
   if (abs >= 1) return value.toLocaleString("en-US", { maximumFractionDigits: 2 });
-  return value.toPrecision(2);
+  return String(Number(value.toPrecision(3)));
+}
+
+/** A plain number for an axis, with the decimals its tick needs: 0.25 stays "0.25". */
+export function decimal(value) {
+  return value.toLocaleString("en-US", { maximumFractionDigits: 3 });
 }
 
 export function percent(rate) {
