@@ -13,6 +13,7 @@ from inference_auctions.server.api import (
     admin_routes,
     dashboard_page,
     dashboard_routes,
+    docs_page,
     engine_routes,
     ledger_routes,
     openai_routes,
@@ -93,6 +94,9 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         # FastAPI's own OpenTelemetry instrumentation looks up the global providers on every
         # request (about 4% of the serving path's CPU); the server exports Prometheus metrics.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # /docs is served from installed files (api/docs_page.py); FastAPI's pages use a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     decoder = app.state.body_decoder = BodyDecoder()
     install_error_handlers(app)
@@ -108,6 +112,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
             ops_routes,
             dashboard_routes,
             dashboard_page,
+            docs_page,
         )
     ]
     for router in routers:
