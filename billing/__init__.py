@@ -18,6 +18,11 @@ from inference_auctions.billing.database import (
     mask_database_url,
     sqlite_busy_timeout_seconds,
 )
+from inference_auctions.billing.database_url import (
+    check_database_url,
+    probe_database,
+    sqlite_file,
+)
 from inference_auctions.billing.errors import (
     BatchCapExceeded,
     ChargeExceedsHold,
@@ -44,8 +49,8 @@ from inference_auctions.billing.leadership import start_jobs as start_ledger_job
 from inference_auctions.billing.ledger import Ledger
 from inference_auctions.billing.market import ClearingSample, SpendView
 from inference_auctions.billing.migrate import current_revision as schema_revision
+from inference_auctions.billing.migrate import describe_drift, head_revision, schema_drift
 from inference_auctions.billing.migrate import downgrade as downgrade_schema
-from inference_auctions.billing.migrate import head_revision, schema_drift
 from inference_auctions.billing.migrate import upgrade as upgrade_schema
 from inference_auctions.billing.models import Base as _Base
 from inference_auctions.billing.models import EntryKind, HoldState, RequestStatus
@@ -153,16 +158,20 @@ __all__ = [
     "UnknownUser",
     "UserDisabled",
     "UserInfo",
+    "check_database_url",
     "create_ledger_engine",
+    "describe_drift",
     "downgrade_schema",
     "format_micros",
     "head_revision",
     "mask_database_url",
     "metadata",
     "parse_credits",
+    "probe_database",
     "schema_drift",
     "schema_revision",
     "sqlite_busy_timeout_seconds",
+    "sqlite_file",
     "start_ledger_jobs",
     "start_scheduler",
     "upgrade_schema",

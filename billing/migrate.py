@@ -96,3 +96,29 @@ def schema_drift(target: str | Engine | None = None) -> list[Any]:
     with _engine(target) as engine, engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         return list(compare_metadata(context, Base.metadata))
+
+
+def describe_drift(difference: Any) -> str:
+    """One difference `schema_drift` found, in words: what the database lacks or has extra,
+    by the names of its tables, columns and indexes (not SQLAlchemy's reprs)."""
+    if isinstance(difference, list):  # the modifications of one column come as a list
+        return "; ".join(describe_drift(item) for item in difference)
+    kind, *rest = difference
+    if kind in ("add_table", "remove_table"):
+        where = "missing from the database" if kind == "add_table" else "not in the models"
+        return f"table {rest[0].name} is {where}"
+    if kind in ("add_index", "remove_index"):
+        index = rest[0]
+        columns = ", ".join(column.name for column in index.columns)
+        where = "missing from the database" if kind == "add_index" else "not in the models"
+        return f"index {index.name} on {index.table.name}({columns}) is {where}"
+    if kind in ("add_column", "remove_column"):
+        _, table, column = rest
+        where = "missing from the database" if kind == "add_column" else "not in the models"
+        return f"column {table}.{column.name} is {where}"
+    if kind.startswith("modify_"):
+        _, table, column, _, before, after = rest
+        what = kind.removeprefix("modify_")
+        return f"column {table}.{column}: {what} is {before} in the database, {after} in the models"
+    name = getattr(rest[0], "name", None) if rest else None
+    return f"{kind.replace('_', ' ')} {name or ''}".strip()

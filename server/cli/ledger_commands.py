@@ -26,6 +26,7 @@ from inference_auctions.billing import (
     DriftRecord,
     EntryRecord,
     InvalidAmount,
+    InvalidInput,
     Ledger,
     LedgerError,
     LedgerRecord,
@@ -34,6 +35,8 @@ from inference_auctions.billing import (
     Period,
     ReconcileRecord,
     SummaryRecord,
+    check_database_url,
+    describe_drift,
     downgrade_schema,
     format_micros,
     head_revision,
@@ -41,6 +44,7 @@ from inference_auctions.billing import (
     parse_credits,
     schema_drift,
     schema_revision,
+    sqlite_file,
     upgrade_schema,
 )
 from inference_auctions.server.cli.console import table_console
@@ -85,8 +89,40 @@ def database_option(command: F) -> F:
     )(command)
 
 
+class DatabaseProblem(click.ClickException):
+    """A database URL that cannot be used as given: one line, exit status 2."""
+
+    exit_code = 2
+
+
 def _url(database_url: str | None) -> str:
-    return database_url or LedgerSettings().database_url
+    url = database_url or LedgerSettings().database_url
+    try:
+        check_database_url(url)
+    except InvalidInput as error:
+        given = "--database-url" if database_url else "INFERENCE_AUCTION_DATABASE_URL"
+        raise DatabaseProblem(f"{given}: {error.problem}") from None
+    return url
+
+
+def upgrade_hint(database_url: str | None) -> str:
+    """The `db upgrade` command for the database the user named, as the user named it."""
+    if not database_url:
+        return "inference-auction db upgrade"
+    shown = mask_database_url(database_url)
+    password = "  (with your password for ***)" if shown != database_url else ""
+    return f"inference-auction db upgrade --database-url '{shown}'{password}"
+
+
+def _require_existing(url: str, database_url: str | None) -> None:
+    # Only `db upgrade` (and `serve`) create a ledger: a command that reads one must not leave
+    # an empty SQLite file behind when given a path that holds none.
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        raise DatabaseProblem(
+            f"there is no ledger at {path}: create it with `{upgrade_hint(database_url)}`, or "
+            "start `inference-auction serve`, which creates it"
+        )
 
 
 @contextmanager
@@ -103,14 +139,21 @@ def _reachable(url: str) -> Iterator[None]:
 def open_ledger(database_url: str | None) -> Iterator[Ledger]:
     """A ledger on an up-to-date database; ledger errors become one-line CLI errors."""
     url = _url(database_url)
+    _require_existing(url, database_url)
     ledger = Ledger.from_url(url)
     try:
         with _reachable(url):
             current = ledger.schema_revision()
+            where = mask_database_url(url)
+            if current is None:
+                raise click.ClickException(
+                    f"the database at {where} holds no ledger tables yet; run "
+                    f"`{upgrade_hint(database_url)}` first"
+                )
             if current != head_revision():
                 raise click.ClickException(
-                    f"the ledger schema is at {current or 'nothing'}, not the latest revision;"
-                    " run `inference-auction db upgrade` first"
+                    f"the ledger at {where} is at schema revision {current}, not this version's "
+                    f"{head_revision()}; run `{upgrade_hint(database_url)}` first"
                 )
             yield ledger
     except LedgerError as error:
@@ -120,9 +163,12 @@ def open_ledger(database_url: str | None) -> Iterator[Ledger]:
 
 
 @contextmanager
-def open_database(database_url: str | None) -> Iterator[str]:
-    """The URL for the `db` commands; an unreachable database is a one-line CLI error."""
+def open_database(database_url: str | None, *, create: bool = False) -> Iterator[str]:
+    """The URL for the `db` commands; an unreachable database is a one-line CLI error. Only
+    with `create` may a SQLite file that does not exist yet be made."""
     url = _url(database_url)
+    if not create:
+        _require_existing(url, database_url)
     with _reachable(url):
         yield url
 
@@ -660,7 +706,7 @@ def db() -> None:
 @database_option
 def db_upgrade(revision: str, database_url: str | None) -> None:
     """Apply the migrations up to REVISION (creates the database file for SQLite)."""
-    with open_database(database_url) as url:
+    with open_database(database_url, create=True) as url:
         upgrade_schema(url, revision)
         current = schema_revision(url)
     click.echo(f"Ledger schema at revision {current}.")
@@ -694,7 +740,7 @@ def db_check(database_url: str | None) -> None:
         drift = schema_drift(url)
     if drift:
         for difference in drift:
-            click.echo(f"drift: {difference}", err=True)
+            click.echo(f"drift: {describe_drift(difference)}", err=True)
         sys.exit(1)
     click.echo("The database schema matches the models.")
 

@@ -111,6 +111,7 @@ def serve(log_level: str, **options: Any) -> None:
     settings = ServerSettings(**given)
     if settings.engine_url is not None:
         _check_tokenizer(settings.tokenizer)
+    _check_database(settings.database_url, given="database_url" in given)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -136,6 +137,29 @@ def _listen(host: str, port: int) -> socket.socket:
                 "choose another with --port or INFERENCE_AUCTION_PORT"
             ) from None
         raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
+def _check_database(url: str, *, given: bool) -> None:
+    """Exit 2 with one line, before the banner, when the ledger's database cannot be used."""
+    # Imported late, like the app: --help never needs it.
+    from inference_auctions.billing import (  # noqa: PLC0415
+        InvalidInput,
+        LedgerUnavailable,
+        mask_database_url,
+        probe_database,
+    )
+    from inference_auctions.server.cli.ledger_commands import DatabaseProblem  # noqa: PLC0415
+
+    name = "--database-url" if given else "INFERENCE_AUCTION_DATABASE_URL"
+    try:
+        probe_database(url)
+    except InvalidInput as error:
+        raise DatabaseProblem(f"{name}: {error.problem}") from None
+    except LedgerUnavailable as error:
+        raise DatabaseProblem(
+            f"cannot reach the ledger's database at {mask_database_url(url)} ({error.cause}); "
+            f"check that it is running and reachable, or give another with {name}"
+        ) from None
 
 
 def _check_tokenizer(setting: str) -> None:

@@ -133,7 +133,7 @@ def test_db_commands(tmp_path: Path) -> None:
     runner = CliRunner()
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     refused = runner.invoke(cli, ["users", "list", "--database-url", url])
-    assert refused.exit_code == 1 and "inference-auction db upgrade" in refused.output
+    assert refused.exit_code == 2 and "inference-auction db upgrade" in refused.output
     upgraded = runner.invoke(cli, ["db", "upgrade", "--database-url", url])
     assert upgraded.exit_code == 0 and "Ledger schema at revision" in upgraded.output
     assert runner.invoke(cli, ["db", "check", "--database-url", url]).exit_code == 0

@@ -85,3 +85,77 @@ def test_the_readme_configuration_answers_a_newcomers_questions() -> None:
     settings = ServerSettings.model_fields
     for name in ["max_json_depth", "http_read_timeout_seconds", "max_connections"]:
         assert name in settings and f"`{name.upper()}`" in section
+
+
+BAD_URLS = {
+    "not-a-url": "'not-a-url' is not a database URL",
+    "mysql://user@db.example/ledger": "mysql is not supported",
+    "postgresql+asyncpg://user@db.example/ledger": "the asyncpg driver is not installed",
+}
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_serve_checks_the_database_before_its_banner(tmp_path: Path) -> None:
+    refused = "postgresql+psycopg://nobody@127.0.0.1:1/ledger"  # nothing listens on port 1
+    for url, says in [*BAD_URLS.items(), (refused, "cannot reach the ledger's database")]:
+        result = _cli("serve", "--port", str(free_port()), "--database-url", url)
+        assert result.returncode == 2, (url, result.stderr)
+        assert "First steps" not in result.stdout and "serving on" not in result.stdout
+        line = _one_line_error(result)
+        assert says in line and "--database-url" in line, line
+    missing_folder = f"sqlite:///{tmp_path / 'no-such-folder' / 'ledger.db'}"
+    result = _cli("serve", "--port", str(free_port()), "--database-url", missing_folder)
+    assert result.returncode == 2
+    assert "unable to open database file" in _one_line_error(result)
+
+
+def test_ledger_commands_refuse_a_bad_url_in_one_line() -> None:
+    for command in (["users", "list"], ["ledger", "balance", "alice"], ["db", "current"]):
+        for url, says in BAD_URLS.items():
+            result = _cli(*command, "--database-url", url)
+            assert result.returncode == 2, (command, url)
+            assert says in _one_line_error(result)
+
+
+def test_reading_commands_create_no_database_file(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    url = f"sqlite:///{path}"
+    for command in (
+        ["users", "list"],
+        ["ledger", "balance", "alice"],
+        ["ledger", "entries", "alice"],
+        ["ledger", "reconcile"],
+        ["db", "current"],
+        ["db", "check"],
+    ):
+        result = _cli(*command, "--database-url", url)
+        assert result.returncode == 2, command
+        line = _one_line_error(result)
+        assert f"there is no ledger at {path}" in line
+        assert f"inference-auction db upgrade --database-url '{url}'" in line
+        assert not path.exists(), command
+    assert _cli("db", "upgrade", "--database-url", url).returncode == 0
+    assert path.exists()
+    listed = _cli("users", "list", "--database-url", url)
+    assert listed.returncode == 0, listed.stderr
+
+
+def test_an_old_schema_is_named_and_the_upgrade_hint_keeps_the_url(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = "7c1d2e9a4b60"  # the revision before per-request outcomes
+    assert _cli("db", "upgrade", "--revision", old, "--database-url", url).returncode == 0
+    result = _cli("users", "list", "--database-url", url)
+    line = _one_line_error(result)
+    assert f"is at schema revision {old}" in line and "nothing" not in line
+    assert f"run `inference-auction db upgrade --database-url '{url}'` first" in line
+    check = _cli("db", "check", "--database-url", url)
+    assert check.returncode == 1
+    drift = check.stderr.strip().splitlines()
+    assert "drift: column auction_requests.tree_path is missing from the database" in drift
+    assert not [line for line in drift if "Table(" in line or "Column(" in line], drift
