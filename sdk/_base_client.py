@@ -324,9 +324,18 @@ class BaseClient:
     def _connection_error(
         exc: httpx.TransportError, request: httpx.Request, may_have_been_processed: bool
     ) -> APIConnectionError:
+        cause = str(exc) or type(exc).__name__
         if isinstance(exc, httpx.TimeoutException):
-            return APITimeoutError(request, may_have_been_processed=may_have_been_processed)
-        return APIConnectionError(request, may_have_been_processed=may_have_been_processed)
+            return APITimeoutError(
+                request,
+                message=f"Request timed out: {cause}",
+                may_have_been_processed=may_have_been_processed,
+            )
+        return APIConnectionError(
+            request,
+            message=f"Connection error: {cause}",
+            may_have_been_processed=may_have_been_processed,
+        )
 
     @staticmethod
     def _may_have_reached_server(exc: httpx.TransportError) -> bool:

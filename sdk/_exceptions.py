@@ -123,20 +123,27 @@ class APIConnectionError(APIError):
         self,
         request: httpx.Request,
         *,
-        message: str = "Connection error.",
+        message: str | None = None,
         may_have_been_processed: bool = True,
     ) -> None:
-        super().__init__(message, request, body=None)
+        # The URL is in the message: "Connection error." alone leaves a user guessing which
+        # server (and which setting of base_url) it was.
+        where = f"{request.method} {request.url}"
+        super().__init__(f"{message or 'Connection error'} ({where})", request, body=None)
         self.may_have_been_processed = may_have_been_processed
 
 
 class APITimeoutError(APIConnectionError):
     """The request timed out after all retries."""
 
-    def __init__(self, request: httpx.Request, *, may_have_been_processed: bool = True) -> None:
-        super().__init__(
-            request, message="Request timed out.", may_have_been_processed=may_have_been_processed
-        )
+    def __init__(
+        self,
+        request: httpx.Request,
+        *,
+        message: str = "Request timed out",
+        may_have_been_processed: bool = True,
+    ) -> None:
+        super().__init__(request, message=message, may_have_been_processed=may_have_been_processed)
 
 
 class APIResponseValidationError(APIError):

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from inference_auctions.server.api.field_names import UnknownField, check_top_level_keys
+from inference_auctions.server.api.field_names import UnknownField, check_top_level_keys, near_miss
 from inference_auctions.server.api.json_reader import BodyRefused
 
 # A rid is the client's idempotency key; it also reaches the ledger and the engine. The ledger
@@ -127,6 +127,16 @@ class RequestBody(BaseModel):
             raise BodyRefused(str(error), param=error.key) from None
 
 
+# OpenAI's names of SGLang's sampling parameters, which `sampling_params` does not take.
+OPENAI_SAMPLING_NAMES = {
+    "max_tokens": "max_new_tokens",
+    "max_completion_tokens": "max_new_tokens",
+    "min_tokens": "min_new_tokens",
+    "seed": "sampling_seed",
+}
+_KEYS_EXAMINED = 200  # so that a body of a million keys costs no more
+
+
 class SamplingParams(BaseModel):
     """SGLang 0.5.23's 27 sampling parameters, checked as SGLang checks them: an unknown key is
     a 400, `null` means the default, and the values SGLang's `verify` refuses are refused."""
@@ -160,6 +170,21 @@ class SamplingParams(BaseModel):
     logit_bias: dict[str, FiniteFloat] | None = None
     custom_params: dict[str, Any] | None = None
     watermark: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _suggest(cls, data: Any) -> Any:
+        # An unknown parameter stays a 400, as in SGLang; one that is the OpenAI name of one
+        # of SGLang's (`max_tokens`) or a slip away from one says which was meant.
+        if isinstance(data, dict):
+            fields = _field_set(cls)
+            for key in list(data)[:_KEYS_EXAMINED]:
+                if not isinstance(key, str) or key in fields:
+                    continue
+                meant = OPENAI_SAMPLING_NAMES.get(key) or near_miss(key, sorted(fields))
+                if meant is not None:
+                    raise ValueError(f"unknown sampling parameter {key!r}; did you mean {meant!r}?")
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -330,6 +330,15 @@ def list_users(fmt: str, database_url: str | None) -> None:
         _emit(ledger.list_users(), fmt, USER_COLUMNS, "Users")
 
 
+# A running server remembers an authenticated key this long (`AuthenticationCache`), so a
+# change to a user's access reaches it within that time, not at once.
+AUTHENTICATION_CACHE_SECONDS = 2
+_TAKES_EFFECT = (
+    f"Running servers apply this within {AUTHENTICATION_CACHE_SECONDS} s (they remember a key's "
+    "user that long)."
+)
+
+
 @users.command("disable")
 @click.argument("name")
 @database_option
@@ -337,7 +346,7 @@ def disable_user(name: str, database_url: str | None) -> None:
     """Refuse new requests from NAME (requests already admitted settle normally)."""
     with open_ledger(database_url) as ledger:
         ledger.disable_user(name)
-    click.echo(f"Disabled user {name!r}.")
+    click.echo(f"Disabled user {name!r}. {_TAKES_EFFECT}")
 
 
 @users.command("enable")
@@ -347,7 +356,7 @@ def enable_user(name: str, database_url: str | None) -> None:
     """Accept requests from NAME again."""
     with open_ledger(database_url) as ledger:
         ledger.enable_user(name)
-    click.echo(f"Enabled user {name!r}.")
+    click.echo(f"Enabled user {name!r}. {_TAKES_EFFECT}")
 
 
 @users.command("rotate-key")
@@ -358,6 +367,7 @@ def rotate_key(name: str, database_url: str | None) -> None:
     with open_ledger(database_url) as ledger:
         key = ledger.rotate_api_key(name)
     click.echo(f"New API key of {name!r} (shown only now, store it safely): {key}")
+    click.echo(_TAKES_EFFECT)
 
 
 @click.group()
@@ -522,7 +532,8 @@ def list_entries(
         page = book.entries(name, since, until, kind, limit=limit, cursor=cursor)
     records = [EntryRecord.of(entry) for entry in page.entries]
     _emit_ledger_records(records, EntryRecord, fmt, ENTRY_COLUMNS, f"Entries of {name}")
-    if page.next_cursor is not None and fmt == "table":
+    if page.next_cursor is not None:
+        # On standard error in every format, so that JSON and CSV on standard output stay whole.
         click.echo(f"More entries: --cursor {page.next_cursor}", err=True)
 
 
@@ -586,8 +597,16 @@ def adjust(
     *, name: str, amount: int, reason: str, debit: bool, key: str | None, database_url: str | None
 ) -> None:
     """Correct NAME's balance by AMOUNT credits with an adjustment entry."""
+    started = datetime.now(UTC)
     with open_ledger(database_url) as book:
         entry = book.adjust(name, -amount if debit else amount, reason=reason, key=key)
+    if entry.created_at < started:  # the key's entry was written before: a replay
+        when = entry.created_at.strftime("%Y-%m-%d %H:%M:%SZ")
+        click.echo(
+            f"Already adjusted with key {key!r} at {when} (entry {entry.id},"
+            f" {format_micros(entry.amount_micros)} credits): nothing changed."
+        )
+        return
     click.echo(
         f"Adjusted {name!r} by {format_micros(entry.amount_micros)} credits (entry {entry.id})."
     )

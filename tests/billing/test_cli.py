@@ -148,3 +148,44 @@ def test_the_groups_are_registered_on_the_main_command() -> None:
     from inference_auctions.server.cli import main
 
     assert {"users", "budget", "ledger", "db"} <= set(main.commands)
+
+
+def test_an_adjust_replayed_under_its_key_says_that_nothing_changed(
+    run: Invoke, ledger: Ledger
+) -> None:
+    ledger.create_user("alice", budget_micros=1_000_000)
+    first = run("ledger", "adjust", "alice", "0.25", "--reason", "goodwill", "--key", "k1")
+    assert first.output.startswith("Adjusted 'alice' by 0.250000 credits"), first.output
+    again = run("ledger", "adjust", "alice", "0.25", "--reason", "goodwill", "--key", "k1")
+    assert again.exit_code == 0
+    assert again.output.startswith("Already adjusted with key 'k1' at "), again.output
+    assert "nothing changed" in again.output and "Adjusted" not in again.output
+    assert ledger.balance("alice").balance_micros == 1_250_000
+
+
+def test_entries_as_json_or_csv_give_the_next_cursor_beside_the_data(
+    run: Invoke, ledger: Ledger
+) -> None:
+    ledger.create_user("alice", budget_micros=1_000_000)
+    for key in ("a", "b"):
+        ledger.adjust("alice", 1, reason="fix", key=key)
+    for fmt in ("json", "csv", "table"):
+        page = run("ledger", "entries", "alice", "--limit", "1", "--format", fmt)
+        assert page.exit_code == 0, page.output
+        cursor = page.stderr.strip().removeprefix("More entries: --cursor ")
+        assert cursor and cursor != page.stderr.strip(), page.stderr
+        if fmt == "json":
+            assert len(json.loads(page.stdout)) == 1  # standard output is the data alone
+    rest = run("ledger", "entries", "alice", "--format", "json", "--cursor", cursor)
+    assert len(json.loads(rest.stdout)) == 2 and rest.stderr == ""
+
+
+def test_access_changes_say_when_a_running_server_applies_them(run: Invoke, ledger: Ledger) -> None:
+    from inference_auctions.server.api.deps import AuthenticationCache
+    from inference_auctions.server.cli.ledger_commands import AUTHENTICATION_CACHE_SECONDS
+
+    assert AuthenticationCache()._ttl == AUTHENTICATION_CACHE_SECONDS
+    ledger.create_user("alice", budget_micros=1_000_000)
+    for command in (["users", "disable"], ["users", "enable"], ["users", "rotate-key"]):
+        said = run(*command, "alice").output
+        assert f"Running servers apply this within {AUTHENTICATION_CACHE_SECONDS} s" in said

@@ -3,6 +3,7 @@ tables cut at 80 columns in a pipe, an unexplained schedule, untracked SQLite si
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -159,3 +160,12 @@ def test_an_old_schema_is_named_and_the_upgrade_hint_keeps_the_url(tmp_path: Pat
     drift = check.stderr.strip().splitlines()
     assert "drift: column auction_requests.tree_path is missing from the database" in drift
     assert not [line for line in drift if "Table(" in line or "Column(" in line], drift
+
+
+def test_make_run_and_demo_install_the_server_and_sdk_without_the_dev_tools() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    rules = dict(re.findall(r"^([\w$().-]+):[^\n]*\n((?:\t[^\n]*\n)+)", makefile, re.MULTILINE))
+    assert "$(RUNTIME_STAMP)" in makefile.split("\nrun:", 1)[1].splitlines()[0]
+    assert "$(RUNTIME_STAMP)" in makefile.split("\ndemo:", 1)[1].splitlines()[0]
+    recipe = rules["$(RUNTIME_STAMP)"]
+    assert "-e ./sdk -e ." in recipe and "dev" not in recipe

@@ -24,11 +24,15 @@ pytestmark = pytest.mark.packaging
 
 
 def _build_wheel(source: Path, out: Path) -> Path:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(source)],
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(out), str(source)],
         check=True,
         timeout=600,
+        capture_output=True,
+        text=True,
     )
+    # setuptools warns of a folder it would leave out; an install prints that to a newcomer.
+    assert "would be ignored" not in built.stdout + built.stderr
     name = "inference_auctions_sdk" if source.name == "sdk" else "inference_auctions-"
     return next(p for p in out.glob("*.whl") if p.name.startswith(name))
 
@@ -67,6 +71,8 @@ def test_the_server_wheel_holds_every_package_folder(wheels: dict[str, Path]) ->
             assert f"inference_auctions/{relative}" in files, f"{relative} is not built"
         assert f"inference_auctions/{folder}/py.typed" in files or folder == "experiments"
     assert "inference_auctions/migrations/alembic.ini" in files
+    for page in ("index.html", "app.js", "charts.js", "format.js", "style.css", "favicon.svg"):
+        assert f"inference_auctions/server/dashboard/static/{page}" in files, page
     assert not [name for name in files if name.startswith("inference_auctions/sdk/")]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -172,6 +173,17 @@ def test_connect_failures_release_the_bid(server: FakeServer) -> None:
         client.generate("hello", value="0.1")
     assert not info.value.may_have_been_processed
     assert (client.bidder.spent_micros, client.bidder.in_flight_micros) == (0, 0)
+
+
+def test_a_connection_error_names_the_url_it_could_not_reach() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    client = sdk.AuctionClient(url, "iak_test", max_retries=0)
+    with client, pytest.raises(sdk.APIConnectionError) as info:
+        client.ledger.balance()
+    message = str(info.value)
+    assert f"GET {url}/v1/ledger/balance" in message and "refused" in message.lower(), message
 
 
 def test_lost_responses_count_the_bid_until_the_ledger_says_otherwise(server: FakeServer) -> None:

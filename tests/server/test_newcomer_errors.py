@@ -42,6 +42,26 @@ def _error(reply: Any, status: int = 400) -> dict[str, Any]:
     return error
 
 
+def test_openai_names_in_sampling_params_are_refused_with_sglangs(
+    newcomer_server: RunningServer,
+) -> None:
+    key = newcomer_server.create_user("openai-habits")
+    cases = {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "temprature": "temperature"}
+    before = ledger_snapshot(newcomer_server.ledger.engine)
+    with newcomer_server.client(key) as client:
+        for sent, meant in cases.items():
+            body = {"text": "hi", "bid": "0.1", "sampling_params": {sent: 1}}
+            error = _error(client.post("/generate", json=body))
+            assert error["param"] == "sampling_params", error
+            assert error["message"] == (
+                f"sampling_params: unknown sampling parameter {sent!r}; did you mean {meant!r}?"
+            )
+        # An unknown parameter that is no near miss is still refused, as SGLang refuses it.
+        plain = _error(client.post("/generate", json={"text": "hi", "sampling_params": {"x": 1}}))
+        assert "did you mean" not in plain["message"]
+    assert ledger_snapshot(newcomer_server.ledger.engine) == before
+
+
 def test_near_misses_of_fields_are_refused_with_a_suggestion(
     newcomer_server: RunningServer,
 ) -> None:
