@@ -17,19 +17,28 @@ class ServerSettings(LedgerSettings):
     """Everything `inference-auction serve` reads."""
 
     host: str = "127.0.0.1"
+    """Interface to listen on; `0.0.0.0` listens on every interface."""
     port: int = Field(default=8000, ge=0, le=65535)
+    """Port to listen on; `serve` refuses a busy port and says so."""
     model_name: str = "inference-auction-emulated"
+    """The model name the embedded emulator reports (`/v1/models`, `/model_info`)."""
 
     # Engine: a real SGLang server, or the embedded emulator when no URL is given.
     engine_url: str | None = None
+    """A real SGLang server (`http://host:30000`); unset, the embedded emulator serves."""
     engine_mode: Literal["priority", "ordered"] = "priority"
+    """`priority`: SGLang started with `--enable-priority-scheduling --schedule-low-priority-
+    values-first` keeps the auction's order; `ordered`: a batch is sent one request at a time."""
     # A generation that produces no token for `engine_stall_timeout_seconds` (none at all, or
     # none since the last) is cut off and fails: 504, refunded. A generation that keeps
     # streaming is never cut off by it. `engine_max_seconds`, when set, caps a generation's
     # whole time: one that reaches it is cut off and *served* with the output so far
     # (finish_reason `abort`, as SGLang reports an aborted request), and charged.
     engine_stall_timeout_seconds: float = Field(default=600.0, gt=0)
+    """A generation that produces no token for this long fails with 504 and is refunded."""
     engine_max_seconds: float | None = Field(default=None, gt=0)
+    """Optional cap on a generation's whole time: it is then served with its output so far
+    (`finish_reason` `abort`) and charged."""
     # A request whose client waits for the whole answer is still streamed from the engine (to
     # see its first token), but with one chunk per this many tokens (SGLang's per-request
     # `stream_interval`) rather than one per token. The stall deadline then sees progress
@@ -37,21 +46,31 @@ class ServerSettings(LedgerSettings):
     # chunk: keep it small enough that the engine produces this many tokens well within the
     # stall timeout.
     engine_stream_interval: int = Field(default=64, ge=1)
+    """Tokens per chunk when the engine streams an answer the client waits for whole (SGLang's
+    `stream_interval`)."""
     # Who tokenizes prompts for an engine URL (server.engine.local_tokenizer): `engine` (its
     # `/tokenize`, one round trip per new prompt), `builtin` (this project's tokenizer, which
     # the emulator serves), or the path of the served model's `tokenizer.json` (or its folder;
     # needs the `tokenizers` extra). A local one is checked against the engine's before use.
     # The embedded emulator always tokenizes with the builtin one.
     tokenizer: str = Field(default="engine", min_length=1)
+    """Who tokenizes prompts for `engine_url`: `engine` (its `/tokenize`), `builtin` (the
+    emulator's), or the path of the model's `tokenizer.json`."""
     emulator_cache_tokens: int = Field(default=23_000, gt=0)
+    """The embedded emulator's KV cache size, in tokens."""
     emulator_time_scale: float = Field(default=1.0, gt=0)
+    """The emulator's wall-clock seconds per model second (0.01 runs 100x faster)."""
 
     # In-step prefix deferral (server.deferral): hold back a request sharing at least
     # `deferral_tokens` uncached prompt tokens with an earlier request of its batch that has no
     # first token yet, until it has one or `deferral_max_hold_ms` passed. Priority mode only.
     deferral: bool = True
+    """Hold back a request while an earlier one of its batch computes their shared prefix (priority
+    mode)."""
     deferral_tokens: int = Field(default=32, ge=1)
+    """Shared uncached prompt tokens that make a request wait for the earlier one."""
     deferral_max_hold_ms: float = Field(default=60_000.0, ge=0)
+    """The longest a request is held back by the deferral."""
 
     # Batching is work-conserving (server.batching): while the engine can take more, a batch
     # closes at once with whatever waits, up to `batch_size`; while it is saturated, requests
@@ -65,11 +84,19 @@ class ServerSettings(LedgerSettings):
     # `batch_size` requests wait or the oldest has waited that long (0: at once).
     # `max_inflight` caps the requests outstanding at the engine, started or not.
     batch_size: int = Field(default=64, ge=1, le=100_000)
+    """The most requests one batch (one auction) takes."""
     max_wait_ms: float = Field(default=0.0, ge=0)
+    """Optional collection window while the engine is not saturated: a batch closes once
+    `batch_size` requests wait or the oldest waited this long (0: at once)."""
     max_inflight: int = Field(default=256, ge=1)
+    """Hard cap on requests outstanding at the engine, started or not."""
     saturation_tokens: int = Field(default=8_192, ge=1)
+    """The engine counts as saturated, and requests wait for the next auction, while the requests
+    sent to it without a first token hold this many prompt tokens."""
     saturation_requests: int = Field(default=32, ge=1)
+    """...or while this many requests sent to it have no first token."""
     max_queue: int = Field(default=10_000, ge=1)
+    """The most requests waiting for a batch; beyond it new ones are answered 503."""
 
     # Dispatch ahead of the commit (server.speculation): a batch of at most
     # `dispatch_ahead_max_batch` requests, all of whose users could afford their queued bids
@@ -77,7 +104,10 @@ class ServerSettings(LedgerSettings):
     # of an answer leaves before that commit, and a batch it cannot settle whole is cancelled
     # at the engine and cleared again. Off: every batch waits for its commit first.
     dispatch_ahead: bool = True
+    """Send a batch to the engine while its settlement commits, when its users could afford their
+    bids at the last commit; answers still wait for the commit."""
     dispatch_ahead_max_batch: int = Field(default=64, ge=1)
+    """The largest batch sent ahead of its commit."""
 
     # Where the serving path's group commits run (server.ledger_lanes): `thread`, threads of
     # the server's own process; `process`, a process of their own beside the server's (two on
@@ -85,37 +115,56 @@ class ServerSettings(LedgerSettings):
     # lock (docs/PERFORMANCE.md measures both). A SQLite database in memory always uses
     # threads.
     ledger_writer: Literal["process", "thread"] = "thread"
+    """Where the ledger's group commits run: `thread` (in the server's process) or `process` (a
+    process of their own beside it)."""
 
     # Input limits: anything above them is a 4xx that names the limit.
     max_bid_credits: int = Field(default=1_000, ge=0)
+    """The highest bid accepted, in credits."""
     max_prompt_tokens: int = Field(default=131_072, ge=1)
+    """The longest prompt accepted, in tokens."""
     max_prompt_chars: int = Field(default=1_000_000, ge=1)
+    """The longest prompt accepted, in characters."""
     max_new_tokens_limit: int = Field(default=32_768, ge=1)
+    """The highest `max_new_tokens` accepted."""
     # Hostile bodies: refused by name before any recursive walk or costly validation.
     max_json_depth: int = Field(default=32, ge=2, le=500)
+    """The deepest nesting of a JSON body accepted."""
     max_logit_bias_entries: int = Field(default=4_096, ge=0)
+    """The most `logit_bias` entries accepted."""
     max_custom_params_bytes: int = Field(default=65_536, ge=0)
+    """The largest `custom_params` accepted, in bytes of JSON."""
 
     # Connections: a request whose headers and body have not all arrived this long after its
     # first byte (or after the connection opened) is cut off; above `max_connections` open
     # connections, a new one is answered 503 and closed at once.
     http_read_timeout_seconds: float = Field(default=30.0, gt=0)
+    """A connection must send a whole request (headers and body) within this time, or it is
+    closed."""
     max_connections: int = Field(default=2_048, ge=1)
+    """Above this many open connections, new ones are answered 503 and closed."""
 
     # Per-key rate limit (token bucket): sustained requests per second and burst, for the
     # whole deployment; each of `rate_limit_replicas` replicas enforces its equal share.
     rate_limit_per_second: float = Field(default=200.0, gt=0)
+    """Sustained requests per second per API key, for the whole deployment."""
     rate_limit_burst: int = Field(default=400, ge=1)
+    """Burst of requests per API key above the sustained rate."""
     rate_limit_replicas: int = Field(default=1, ge=1, le=1024)
+    """Replicas sharing the rate limit; each enforces its equal share."""
 
     # This replica's name on its health, responses and (only when set) metrics; by default
     # host:port.
     replica_name: str | None = Field(default=None, min_length=1, max_length=128)
+    """This replica's name on its health, responses and metrics; by default host:port."""
 
     # The ledger's periodic jobs (period rollover, stale holds, reconciliation); with the
     # election, only the replica holding a PostgreSQL advisory lock runs them.
     run_jobs: bool = True
+    """Run the ledger's periodic jobs (period rollover, stale holds, reconciliation) in this
+    server."""
     jobs_leader_election: bool = False
+    """Run those jobs only on the replica that holds a PostgreSQL advisory lock."""
 
 
 def without_password(url: str) -> str:
