@@ -187,16 +187,19 @@ def _first_steps(settings: ServerSettings) -> str:
 inference-auction serving on {base}  (ledger: {shown_url})
 
 First steps, in another terminal:
-  1. create a user with a budget of 10 credits (prints its API key once):
-       .venv/bin/inference-auction users create alice --budget 10{db}
+  1. create a user with a budget of 10 credits a day (prints its API key once):
+       .venv/bin/inference-auction users create alice --budget 10 --period day{db}
   2. put that key in KEY (KEY=iak_...) and send a request with a bid of 0.05 credits:
        curl -s {base}/generate -H "Authorization: Bearer $KEY" \\
             -d '{{"text": "Hello, auction!", "bid": "0.05"}}'
-  3. see the charge:
+     its meta_info.auction says where the auction put it and what it paid
+     (request_charge_micros): alone in its batch it delays nobody and pays 0
+  3. see the balance:
        curl -s {base}/v1/ledger/balance -H "Authorization: Bearer $KEY"
   4. watch it in a browser, signed in with that key:
        {base}/dashboard
      (an admin key shows the whole market:
        .venv/bin/inference-auction users create root --budget 0 --admin{db})
+  To see users compete for one batch: inference-auction demo
 API docs: {base}/docs
 """

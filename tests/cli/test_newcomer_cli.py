@@ -78,14 +78,27 @@ def test_sqlite_side_files_are_ignored_by_git() -> None:
     assert result.stdout.split() == names
 
 
-def test_the_readme_configuration_answers_a_newcomers_questions() -> None:
+def test_the_docs_answer_a_newcomers_configuration_questions() -> None:
+    reference = (REPO / "docs" / "reference" / "configuration.md").read_text()
+    for name in ["host", "port", "max_json_depth", "http_read_timeout_seconds", "max_connections"]:
+        assert name in ServerSettings.model_fields
+        assert f"`INFERENCE_AUCTION_{name.upper()}`" in reference
+    concepts = (REPO / "docs" / "concepts.md").read_text()
+    assert "without `bid` bids" in concepts
+    quickstart = (REPO / "docs" / "quickstart.md").read_text()
+    assert "users create root --budget 0 --admin" in quickstart
+
+
+def test_the_first_steps_create_a_user_the_sdk_can_pace_and_promise_no_charge() -> None:
+    banner = _first_steps(ServerSettings())
+    # The SDK's default pacing needs a budget period: a lifetime budget fails its first call.
+    assert "users create alice --budget 10 --period day" in banner
+    assert "see the charge" not in banner and "pays 0" in banner
     readme = (REPO / "README.md").read_text()
-    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    for words in ["`HOST`", "`PORT`", "users create root --admin", "without `bid` bids 0"]:
-        assert words in section, words
-    settings = ServerSettings.model_fields
-    for name in ["max_json_depth", "http_read_timeout_seconds", "max_connections"]:
-        assert name in settings and f"`{name.upper()}`" in section
+    assert "users create alice --budget 10 --period day" in readme
+    assert "auction.charge_micros" not in readme and "auction.request_charge_micros" in readme
+    for command in ("`demo`", "`cluster`", "scale-out"):
+        assert command in readme.split("| command | what |")[1], command
 
 
 BAD_URLS = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,3 +40,17 @@ def test_the_docs_snippets_run_against_a_real_server(
     out = capsys.readouterr().out
     assert "not sent:" in out  # the exhausted-budget example took its documented path
     assert "inference-auction-emulated" in out
+
+
+def test_the_first_example_works_for_the_user_the_readme_creates(
+    live: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = (DOC.parents[1] / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"users create alice --budget (\d+) --period (\w+)", readme)
+    assert found is not None, "the README no longer creates alice with a budget period"
+    _, key = live.new_user(budget_micros=int(found[1]) * 1_000_000, period=found[2])
+    monkeypatch.setenv("INFERENCE_AUCTION_BASE_URL", live.url)
+    monkeypatch.setenv("INFERENCE_AUCTION_API_KEY", key)
+    namespace: dict[str, Any] = {"__name__": "docs_sdk"}
+    exec(compile(python_blocks()[0], "docs/SDK.md block 1", "exec"), namespace)
+    namespace["client"].close()
