@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -297,3 +298,24 @@ def test_the_page_loads_in_under_a_second_with_10000_batches(browser: Any, tmp_p
                 assert _marks(browser, "c-clearing") == 1500
             else:
                 assert _text(browser, "a-requests") == str(_request_count(server, "user03"))
+
+
+def test_the_axes_label_what_they_show_in_the_browser(
+    browser: Any, market: tuple[RunningServer, dict[str, str]]
+) -> None:
+    from tests.dashboard.test_dashboard_format import SCRIPT, check_probe
+
+    server, keys = market
+    _sign_in(browser, server.url, keys["alice"], "account")
+    # The page's own modules, as the page loads them, running the probe of the Node test.
+    probe = SCRIPT.replace('from "./', 'from "/dashboard/').replace("console.log(", "done(")
+    imports, body = probe.split("const out", 1)
+    loads = [
+        f"const {{ {names} }} = await import({path});"
+        for names, path in re.findall(r"import \{ (.*?) \} from (\"[^\"]+\");", imports)
+    ]
+    script = (
+        "const done = arguments[arguments.length - 1];"
+        "(async () => {" + "".join(loads) + "const out" + body + "})();"
+    )
+    check_probe(json.loads(browser.execute_async_script(script)))
