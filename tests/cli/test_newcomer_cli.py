@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from click.testing import CliRunner, Result
+
+from inference_auctions.server.cli import main
 from inference_auctions.server.cli.serve_command import _first_steps
 from inference_auctions.server.settings import ServerSettings
 from tests.processes import free_port
@@ -108,11 +111,18 @@ BAD_URLS = {
 }
 
 
-def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+def _one_line_error(result: subprocess.CompletedProcess[str] | Result) -> str:
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    if isinstance(result, Result):
+        assert result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+def _run(*args: str) -> Result:
+    """The command in this process: the same code as the console script, without its start-up."""
+    return CliRunner().invoke(main, list(args))
 
 
 def test_serve_checks_the_database_before_its_banner(tmp_path: Path) -> None:
@@ -132,8 +142,8 @@ def test_serve_checks_the_database_before_its_banner(tmp_path: Path) -> None:
 def test_ledger_commands_refuse_a_bad_url_in_one_line() -> None:
     for command in (["users", "list"], ["ledger", "balance", "alice"], ["db", "current"]):
         for url, says in BAD_URLS.items():
-            result = _cli(*command, "--database-url", url)
-            assert result.returncode == 2, (command, url)
+            result = _run(*command, "--database-url", url)
+            assert result.exit_code == 2, (command, url)
             assert says in _one_line_error(result)
 
 
@@ -148,28 +158,28 @@ def test_reading_commands_create_no_database_file(tmp_path: Path) -> None:
         ["db", "current"],
         ["db", "check"],
     ):
-        result = _cli(*command, "--database-url", url)
-        assert result.returncode == 2, command
+        result = _run(*command, "--database-url", url)
+        assert result.exit_code == 2, command
         line = _one_line_error(result)
         assert f"there is no ledger at {path}" in line
         assert f"inference-auction db upgrade --database-url '{url}'" in line
         assert not path.exists(), command
-    assert _cli("db", "upgrade", "--database-url", url).returncode == 0
+    assert _run("db", "upgrade", "--database-url", url).exit_code == 0
     assert path.exists()
-    listed = _cli("users", "list", "--database-url", url)
-    assert listed.returncode == 0, listed.stderr
+    listed = _run("users", "list", "--database-url", url)
+    assert listed.exit_code == 0, listed.stderr
 
 
 def test_an_old_schema_is_named_and_the_upgrade_hint_keeps_the_url(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
     old = "7c1d2e9a4b60"  # the revision before per-request outcomes
-    assert _cli("db", "upgrade", "--revision", old, "--database-url", url).returncode == 0
-    result = _cli("users", "list", "--database-url", url)
+    assert _run("db", "upgrade", "--revision", old, "--database-url", url).exit_code == 0
+    result = _run("users", "list", "--database-url", url)
     line = _one_line_error(result)
     assert f"is at schema revision {old}" in line and "nothing" not in line
     assert f"run `inference-auction db upgrade --database-url '{url}'` first" in line
-    check = _cli("db", "check", "--database-url", url)
-    assert check.returncode == 1
+    check = _run("db", "check", "--database-url", url)
+    assert check.exit_code == 1
     drift = check.stderr.strip().splitlines()
     assert "drift: column auction_requests.tree_path is missing from the database" in drift
     assert not [line for line in drift if "Table(" in line or "Column(" in line], drift
