@@ -115,7 +115,8 @@ def migrated_database(backend: str, tmp_path: Path) -> Iterator[MigratedDatabase
 def dml_role(db: MigratedDatabase, prefix: str) -> Iterator[str]:
     """A login role with only what a server needs on `db`'s PostgreSQL schema once it is
     migrated (`SELECT, INSERT, UPDATE, DELETE` on its tables, its sequences), as
-    docs/OPERATIONS.md lets a server run; dropped at the end, its sessions ended first."""
+    docs/operations/postgresql.md lets a server run; dropped at the end, its sessions ended
+    first."""
     role = f"{prefix}_{secrets.token_hex(4)}"
     schema = str(make_url(db.url).query["options"]).split("=", 1)[1]
     with db.engine.begin() as connection:

@@ -347,11 +347,11 @@ def test_a_batch_total_may_exceed_the_cap_of_one_amount(ledger: Ledger) -> None:
 
 
 def test_the_docs_say_when_the_job_runs_and_what_an_outage_grants() -> None:
-    """Item 7: `ledger rollover --help` and OPERATIONS.md agree, and outages are explained."""
+    """Item 7: `ledger rollover --help` and the jobs page agree, and outages are explained."""
     help_text = " ".join(CliRunner().invoke(rollover, ["--help"]).output.split())
     assert "hourly" not in help_text
     assert "ROLLOVER_INTERVAL_SECONDS (60 s by default)" in help_text
-    operations = " ".join((DOCS / "OPERATIONS.md").read_text().split())
+    operations = " ".join((DOCS / "operations" / "jobs.md").read_text().split())
     assert "| rollover | `ROLLOVER_INTERVAL_SECONDS`, 60 s (first run 60 s after the start) |" in (
         operations
     )
