@@ -112,7 +112,7 @@ def test_processes_of_one_user_restarted_twice_spend_the_plan(
     # The target is within 1% of the plan either way. A restarted process searches for its
     # multiplier instead of opening at full value, and the multiplier fades to 1 over the last
     # tenth of the period; what is left is under one charge (rival bids make charges of about
-    # 1%). Measured: 0.990 to 0.997 of the plan alone (docs/SDK.md), and once 0.9847 while the
+    # 1%). Measured: 0.990 to 0.997 of the plan alone (docs/dev/), and once 0.9847 while the
     # whole suite ran beside it (a killed worker then takes seconds to start again, absent from
     # its auctions meanwhile); the lower bound keeps two percent for that, never overspending.
     assert spent <= total + total // 100
