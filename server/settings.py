@@ -114,12 +114,11 @@ class ServerSettings(LedgerSettings):
     # The pricing rule (docs/SPEC.md, "Fixed priority slots and the request fee"): every batch
     # is priced against `priority_slots` slots (by default `batch_size`; one value for every
     # replica of a deployment, recorded with each batch), so requests that delay nobody lower
-    # no charge; every request, zero bids included, pays `request_fee_micros` besides its VCG
-    # charge. `batch-size` is the paper's rule (slots = the batch's own size), kept for
-    # comparison; it lets zero-bid junk requests dilute every charge.
+    # no charge. `batch-size` is the paper's rule (slots = the batch's own size), kept for
+    # comparison; it lets zero-bid junk requests dilute every charge. The request fee of the
+    # rule is not charged by the server yet (the ledger has no entry for it): 0 here.
     pricing_rule: Literal["fixed-slots", "batch-size"] = "fixed-slots"
     priority_slots: int | None = Field(default=None, ge=1, le=100_000)
-    request_fee_micros: int = Field(default=0, ge=0, le=10**12)
 
     # This replica's name on its health, responses and (only when set) metrics; by default
     # host:port.
@@ -144,11 +143,8 @@ class ServerSettings(LedgerSettings):
         from inference_auctions.server.auction.pricing import PricingRule  # noqa: PLC0415
 
         if self.pricing_rule == "batch-size":
-            return PricingRule(request_fee_micros=self.request_fee_micros)
-        return PricingRule(
-            slots=self.priority_slots or self.batch_size,
-            request_fee_micros=self.request_fee_micros,
-        )
+            return PricingRule()
+        return PricingRule(slots=self.priority_slots or self.batch_size)
 
 
 def without_password(url: str) -> str:
