@@ -120,3 +120,55 @@ def test_a_rule_that_does_not_fit_the_batch_is_refused_by_name(users: Ledger) ->
 
 def _fields(record: BatchRecord) -> dict[str, object]:
     return {name: getattr(record, name) for name in BatchRecord.__dataclass_fields__}
+
+
+def test_low_bids_under_other_users_prefixes_are_flagged(users: Ledger) -> None:
+    ledger = users
+    for name in ("mallory", "zed"):
+        ledger.create_user(name, budget_micros=1_000_000)
+    batch = [
+        AuctionRequest("b1", "bob", [1, 3, 5], 700_000),
+        AuctionRequest("m1", "mallory", [1, 3, 9], 0),  # under bob's prefix [1, 3]
+        AuctionRequest("m2", "mallory", [1, 8], 1),  # under [1]: bob's too
+        AuctionRequest("m3", "mallory", [6], 0),  # a fresh prompt: under nobody's
+        AuctionRequest("z1", "zed", [4, 4], 0),  # a fresh prompt
+        AuctionRequest("c1", "carol", [1, 3, 7], 500),  # bids low, under bob's prefix
+        AuctionRequest("a1", "alice", [1, 3, 5, 2], 900_000),  # a high bid: never flagged
+    ]
+    for request in batch:
+        ledger.place_hold(request.user, request.rid, request.bid)
+    outcome = run_auction(batch, PricingRule(slots=8))
+    paths = Repricer.from_outcome(outcome).tree_paths()
+    record = BatchRecord(
+        batch_id="watched",
+        closed_at=datetime.now(UTC),
+        n=outcome.size,
+        revenue_micros=outcome.revenue,
+        welfare_micros=int(outcome.welfare),
+        pricing_rule="fixed-slots",
+        priority_slots=8,
+    )
+    requests = [
+        RequestRecord(
+            rid=r.rid,
+            user=r.user,
+            position=outcome.positions[r.rid],
+            priority=float(outcome.priority(r.rid)),
+            bid_micros=r.bid,
+            prompt_tokens=len(r.tokens),
+            arrival=k,
+            tree_path=paths[r.rid],
+        )
+        for k, r in enumerate(batch)
+    ]
+    ledger.settle_batch(record, requests, outcome.payments)
+    flagged = ledger.prefix_squatters(timedelta(hours=1), low_bid_micros=1_000)
+    assert [
+        (s.user, s.under_others, s.low_bid_requests, s.other_users, s.batches) for s in flagged
+    ] == [
+        ("mallory", 2, 3, 3, 1),  # bob, carol and alice share [1]
+        ("carol", 1, 1, 3, 1),
+    ]
+    assert ledger.prefix_squatters(timedelta(hours=1), low_bid_micros=1_000, minimum=2) == [
+        flagged[0]
+    ]
