@@ -47,7 +47,7 @@ from inference_auctions.server.auction.reference import reference_order, referen
 
 # The fee as a multiple of one slot's worth of the mean value, mean / (K - 1).
 FEE_SLOTS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
-RECOMMENDED_FEE_SLOTS = 0.5
+RECOMMENDED_FEE_SLOTS = 2.0
 MAX_DECOYS = 4
 SHADES = (1.0, 0.9, 0.75, 0.5, 0.25)
 _FRESH = 10**6  # token ids from here on appear in no instance's prompt
