@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -58,6 +58,10 @@ class Instance:
     """A batch with truthful bids (each request's bid is its value)."""
 
     requests: list[AuctionRequest]
+    # The truthful utility of each attacker (its accounts) under each rule, once computed.
+    honest: dict[tuple[frozenset[str], PricingRule], Fraction] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def users(self) -> list[str]:
@@ -87,12 +91,6 @@ def small_instances(seed: int, count: int) -> list[Instance]:
 # ---- Utilities -------------------------------------------------------------------------------
 
 
-def _exact_payments(requests: Sequence[AuctionRequest], rule: PricingRule) -> dict[str, Fraction]:
-    outcome = run_auction(requests, rule)
-    denominator = rule.denominator(len(requests))
-    return {user: Fraction(value, denominator) for user, value in outcome.numerators.items()}
-
-
 def utility(
     requests: Sequence[AuctionRequest],
     values: dict[str, int],
@@ -115,8 +113,10 @@ def utility(
         order = [requests[i].rid for i in order_ix]
         payments = reference_payments(requests, rule.slots)
     else:
-        order = run_auction(requests, rule).order
-        payments = _exact_payments(requests, rule)
+        outcome = run_auction(requests, rule)
+        order = outcome.order
+        denominator = rule.denominator(len(requests))
+        payments = {user: Fraction(v, denominator) for user, v in outcome.numerators.items()}
     total = Fraction(0)
     for place, rid in enumerate(order):
         if rid in values:
@@ -138,7 +138,7 @@ def gain(instance: Instance, attacker: set[str], attack: Attack, rule: PricingRu
     """The attack's exact gain for the owner of `attacker` (its real accounts), fee excluded."""
     values = {r.rid: r.bid for r in instance.requests if r.user in attacker}
     scale = rule.slot_count(len(instance.requests))
-    honest = utility(instance.requests, values, attacker, rule, scale)
+    honest = _honest_utility(instance, attacker, rule)
     return utility(attack.requests, values, attack.accounts, rule, scale) - honest
 
 
@@ -264,13 +264,14 @@ def _best_per_fee(
     rule: PricingRule,
     fee_unit: Fraction,
     slots: int,
+    oracle: bool,
 ) -> tuple[list[Fraction], int]:
     """The best gain over `attacks` at every fee level, and the oracle's disagreements."""
     best = [Fraction(-1)] * len(FEE_SLOTS)
     mismatches = 0
     for attack in attacks:
         free = gain(instance, attacker, attack, rule)
-        if free > 0 and not confirmed(instance, attacker, attack, rule):
+        if oracle and free > 0 and not confirmed(instance, attacker, attack, rule):
             mismatches += 1
         for index, multiple in enumerate(FEE_SLOTS):
             fee = int(fee_unit * Fraction(multiple).limit_denominator(100) / (slots - 1))
@@ -281,16 +282,22 @@ def _best_per_fee(
 
 
 def _honest_utility(instance: Instance, attacker: set[str], rule: PricingRule) -> Fraction:
-    values = {r.rid: r.bid for r in instance.requests if r.user in attacker}
-    return utility(
-        instance.requests, values, attacker, rule, rule.slot_count(len(instance.requests))
-    )
+    """The attacker's truthful utility, computed once per instance, attacker and rule."""
+    key = (frozenset(attacker), rule)
+    cached = instance.honest.get(key)
+    if cached is None:
+        values = {r.rid: r.bid for r in instance.requests if r.user in attacker}
+        scale = rule.slot_count(len(instance.requests))
+        cached = utility(instance.requests, values, attacker, rule, scale)
+        instance.honest[key] = cached
+    return cached
 
 
 def study_small(
-    seed: int = 35, count: int = 200, cap: int = 16
+    seed: int = 35, count: int = 200, cap: int = 16, *, oracle: bool = True
 ) -> tuple[list[FamilyResult], dict[str, int]]:
-    """Every family on `count` small instances, on the paper's rule and on fixed slots `cap`.
+    """Every family on `count` small instances, on the paper's rule and on fixed slots `cap`;
+    with `oracle`, every profitable case priced again by the slow oracle.
 
     Returns the families' results and the truthfulness and IR checks (violations counted)."""
     instances = small_instances(seed, count)
@@ -315,7 +322,9 @@ def study_small(
                     attacks = make(instance, user)
                     if not attacks:
                         continue
-                    best, bad = _best_per_fee(instance, {user}, attacks, rule, mean_value, cap)
+                    best, bad = _best_per_fee(
+                        instance, {user}, attacks, rule, mean_value, cap, oracle
+                    )
                     result.best.append(best)
                     result.oracle_mismatches += bad
                     honest = _honest_utility(instance, {user}, rule)
@@ -333,7 +342,9 @@ def study_small(
                     )
                     if not attacks:
                         continue
-                    best, bad = _best_per_fee(instance, set(pair), attacks, rule, mean_value, cap)
+                    best, bad = _best_per_fee(
+                        instance, set(pair), attacks, rule, mean_value, cap, oracle
+                    )
                     result.best.append(best)
                     result.oracle_mismatches += bad
                     honest = _honest_utility(instance, set(pair), rule)
