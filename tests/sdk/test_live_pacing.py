@@ -35,6 +35,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with live_server(tmp_path_factory.mktemp("live"), pricing_rule="batch-size") as server:
         yield server
 
+
 HORIZON = 40.0
 TOTAL = Decimal("0.2")
 # Small, varied rival bids make many small charges: the plan is met to within one of them.
