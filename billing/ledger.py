@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from inference_auctions.billing import (
     activity,
+    decoy_watch,
     grants,
     group_commit,
     hold_groups,
@@ -713,6 +714,17 @@ class Ledger:
         """The users with the highest net spend in their current budget period."""
         now = self._now()
         return self._read(lambda s: activity.top_spenders(s, now, limit))
+
+    def prefix_squatters(
+        self, window: timedelta, *, low_bid_micros: int, limit: int = 10, minimum: int = 1
+    ) -> list[decoy_watch.PrefixSquatter]:
+        """Accounts whose low-bid requests sat under other users' prefixes (`decoy_watch`)."""
+        since = self._now() - window
+        return self._read(
+            lambda s: decoy_watch.prefix_squatters(
+                s, since, low_bid_micros=low_bid_micros, limit=limit, minimum=minimum
+            )
+        )
 
     def account_activity(
         self, name: str, *, points: int = 120, recent: int = 50, clearing: int = 300

@@ -267,6 +267,12 @@ class AuctionBatch(Base):
         CheckConstraint("n > 0", name="n_positive"),
         CheckConstraint("revenue_micros >= 0", name="revenue_non_negative"),
         CheckConstraint("welfare_micros >= 0", name="welfare_non_negative"),
+        CheckConstraint(
+            "(pricing_rule = 'batch-size' AND priority_slots IS NULL)"
+            " OR (pricing_rule = 'fixed-slots' AND priority_slots >= n)",
+            name="pricing_rule_valid",
+        ),
+        CheckConstraint("request_fee_micros >= 0", name="request_fee_non_negative"),
         Index(None, "closed_at"),  # the dashboard reads the batches of the last minutes
     )
 
@@ -282,6 +288,13 @@ class AuctionBatch(Base):
     # SHA-256 of the settled contents, so a replay can be told from a conflicting one.
     fingerprint: Mapped[str] = mapped_column(String(64))
     settled_at: Mapped[datetime]
+    # The pricing rule the batch was cleared under (docs/SPEC.md): `batch-size` (the paper's,
+    # every batch settled before the rule was recorded) or `fixed-slots` with its
+    # `priority_slots`; and the fee each of its requests paid. Refunds price the batch again
+    # under this rule, never under the server's current one.
+    pricing_rule: Mapped[str] = mapped_column(String(16), server_default=text("'batch-size'"))
+    priority_slots: Mapped[int | None] = mapped_column(Integer)
+    request_fee_micros: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 # The name matters beyond reading: SQLAlchemy flushed these rows after the holds' updates when

@@ -26,6 +26,10 @@ class BatchRecord:
     tree_depth: int = 0
     shared_tokens: int = 0
     total_tokens: int = 0
+    # The pricing rule it was cleared under: `batch-size` (slots None) or `fixed-slots`.
+    pricing_rule: str = "batch-size"
+    priority_slots: int | None = None
+    request_fee_micros: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,8 @@ class PricedRequest:
     bid_micros: int
     arrival: int | None
     tree_path: list[int] | None
+    # Its batch's priority slots (None: as many as the batch's requests, the paper's rule).
+    priority_slots: int | None = None
 
 
 # (the batch's requests, a user, the user's failed rids, the user's charge) -> the refund.

@@ -21,7 +21,13 @@ from sqlalchemy.orm import Session
 
 from inference_auctions.billing import period_charges, refunds
 from inference_auctions.billing.errors import RequestNotScheduled
-from inference_auctions.billing.models import BatchRequest, Budget, RequestStatus, User
+from inference_auctions.billing.models import (
+    AuctionBatch,
+    BatchRequest,
+    Budget,
+    RequestStatus,
+    User,
+)
 from inference_auctions.billing.postings import lock_account
 from inference_auctions.billing.records import PricedRequest, RefundResult, RefundRule
 from inference_auctions.billing.request_log import finish_scheduled
@@ -105,6 +111,9 @@ def recover_request(
 
 
 def _price_failures(session: Session, batch_id: str, name: str, rule: RefundRule | None) -> int:
+    slots = session.execute(
+        select(AuctionBatch.priority_slots).where(AuctionBatch.id == batch_id)
+    ).scalar_one()
     rows = session.execute(
         select(BatchRequest, User.name)
         .join(User, User.id == BatchRequest.user_id)
@@ -129,6 +138,7 @@ def _price_failures(session: Session, batch_id: str, name: str, rule: RefundRule
             tree_path=None
             if request.tree_path is None
             else [int(node) for node in request.tree_path.split(".") if node],
+            priority_slots=slots,
         )
         for request, owner in rows
     ]

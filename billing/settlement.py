@@ -100,6 +100,9 @@ _BATCH_COLUMNS = Columns(
         "total_tokens",
         "fingerprint",
         "settled_at",
+        "pricing_rule",
+        "priority_slots",
+        "request_fee_micros",
     ),
 )
 _REQUEST_COLUMNS = Columns(
@@ -230,6 +233,7 @@ def _validate(
     check_total_micros(batch.welfare_micros, "welfare_micros")
     if batch.n != len(requests) or batch.n == 0:
         raise InvalidBatch(batch_id, f"n is {batch.n} but {len(requests)} requests were given")
+    _validate_rule(batch)
     rids: set[str] = set()
     for request in requests:
         _validate_request(batch_id, request, batch.n)
@@ -250,6 +254,26 @@ def _validate(
             f" {sum(charges.values())}",
         )
     return closed_at
+
+
+def _validate_rule(batch: BatchRecord) -> None:
+    slots, fee = batch.priority_slots, batch.request_fee_micros
+    if batch.pricing_rule == "batch-size":
+        if slots is not None:
+            raise InvalidBatch(batch.batch_id, "priority_slots must be None under 'batch-size'")
+    elif batch.pricing_rule == "fixed-slots":
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < batch.n:
+            raise InvalidBatch(
+                batch.batch_id,
+                f"priority_slots must be an integer >= n ({batch.n}) under 'fixed-slots',"
+                f" got {slots!r}",
+            )
+    else:
+        raise InvalidBatch(
+            batch.batch_id,
+            f"pricing_rule must be 'batch-size' or 'fixed-slots', got {batch.pricing_rule!r}",
+        )
+    check_micros(fee, "request_fee_micros")
 
 
 def _validate_request(batch_id: str, request: RequestRecord, n: int) -> None:
@@ -279,7 +303,7 @@ def _fingerprint(
 ) -> str:
     # Everything the auction decides, but not `closed_at`: a caller retrying a settlement may
     # stamp the batch again, and the time of closing moves no money.
-    content = {
+    content: dict[str, object] = {
         "batch": [
             batch.batch_id,
             batch.revenue_micros,
@@ -292,6 +316,14 @@ def _fingerprint(
         ),
         "charges": sorted((name, amount) for name, amount in charges.items() if amount),
     }
+    # The rule only when it is not the paper's, so that the batches settled before it was
+    # recorded keep their fingerprints (a retried settlement is told from a conflicting one).
+    if (batch.pricing_rule, batch.priority_slots, batch.request_fee_micros) != (
+        "batch-size",
+        None,
+        0,
+    ):
+        content["rule"] = [batch.pricing_rule, batch.priority_slots, batch.request_fee_micros]
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -341,6 +373,9 @@ def _settle(
                     "total_tokens": batch.total_tokens,
                     "fingerprint": fingerprint,
                     "settled_at": now,
+                    "pricing_rule": batch.pricing_rule,
+                    "priority_slots": batch.priority_slots,
+                    "request_fee_micros": batch.request_fee_micros,
                 }
             ],
         )

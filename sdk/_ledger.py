@@ -18,6 +18,7 @@ from ._models import (
     LedgerPage,
     LedgerSummary,
     MarketPrices,
+    MarketRule,
     ModelList,
     Spend,
 )
@@ -190,6 +191,10 @@ class Market:
         params = {"window_seconds": window_seconds, "max_batches": max_batches}
         return self._client._get("/v1/market/prices", params, MarketPrices)
 
+    def rule(self) -> MarketRule:
+        """The pricing rule every batch is cleared under: its slots and the request fee."""
+        return self._client._get("/v1/market/rule", {}, MarketRule)
+
 
 class AsyncMarket:
     """Recent clearing prices through an asynchronous client."""
@@ -201,3 +206,7 @@ class AsyncMarket:
         """What places in the queue cost over the last `window_seconds` (all users' batches)."""
         params = {"window_seconds": window_seconds, "max_batches": max_batches}
         return await self._client._get("/v1/market/prices", params, MarketPrices)
+
+    async def rule(self) -> MarketRule:
+        """The pricing rule every batch is cleared under: its slots and the request fee."""
+        return await self._client._get("/v1/market/rule", {}, MarketRule)

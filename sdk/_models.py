@@ -25,6 +25,7 @@ __all__ = [
     "LedgerSummary",
     "LedgerSummaryRow",
     "MarketPrices",
+    "MarketRule",
     "Model",
     "ModelList",
     "PriceBand",
@@ -423,6 +424,20 @@ class MarketPrices(_Model):
     samples: int
     charge_per_priority_micros: PricePerPriority
     by_priority: list[PriceBand]
+
+
+class MarketRule(_Model):
+    """The pricing rule the server clears every batch under (`GET /v1/market/rule`).
+
+    `priority_slots` is the K every batch is priced in (a bid `b` is worth `b/(K-1)` per slot
+    of delay); None under `batch-size`, where K is each batch's own size. `request_fee_micros`
+    is what every request pays besides its VCG charge, zero bids included.
+    """
+
+    pricing_rule: Literal["fixed-slots", "batch-size"]
+    priority_slots: int | None = None
+    batch_size: int
+    request_fee_micros: int = 0
 
 
 class LedgerEntry(_Model):

@@ -88,7 +88,9 @@ class BatchClosing:
         await self._clear_committed(self._clearing(tickets), tickets)
 
     def _clearing(self, tickets: list[Ticket]) -> BatchClearing:
-        return BatchClearing(tickets, self._new_batch_id(), self._clock)
+        return BatchClearing(
+            tickets, self._new_batch_id(), self._clock, self._settings.auction_rule()
+        )
 
     def _may_dispatch_ahead(self, tickets: list[Ticket], now: float) -> bool:
         """Whether the batch may go to the engine while its settlement commits: small enough

@@ -30,6 +30,7 @@ from inference_auctions.billing import (
     RequestRecord,
 )
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
+from inference_auctions.server.auction.pricing import PAPER_RULE, PricingRule
 from inference_auctions.server.auction.repricing import Repricer
 from inference_auctions.server.tickets import Ticket
 
@@ -93,11 +94,16 @@ class ClearedAtCommit:
     the same auction again."""
 
     def __init__(
-        self, batch_id: str, closed_at: datetime, requests: Sequence[AuctionRequest]
+        self,
+        batch_id: str,
+        closed_at: datetime,
+        requests: Sequence[AuctionRequest],
+        rule: PricingRule = PAPER_RULE,
     ) -> None:
         self.batch_id = batch_id
         self.closed_at = closed_at
         self.requests = {request.rid: request for request in requests}
+        self.rule = rule
         self.made: _Made | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -105,7 +111,7 @@ class ClearedAtCommit:
 
     def __call__(self, claimable: list[str]) -> _Records:
         chosen = [self.requests[rid] for rid in claimable]
-        self.made = _auction(chosen)
+        self.made = _auction(chosen, self.rule)
         return _records(self.batch_id, self.closed_at, self.made, chosen)
 
 
@@ -115,8 +121,13 @@ class BatchClearing:
     (`cleared`)."""
 
     def __init__(
-        self, tickets: Sequence[Ticket], batch_id: str, clock: Callable[[], datetime]
+        self,
+        tickets: Sequence[Ticket],
+        batch_id: str,
+        clock: Callable[[], datetime],
+        rule: PricingRule = PAPER_RULE,
     ) -> None:
+        self._rule = rule
         self._rids = [ticket.ledger_rid for ticket in tickets]
         self._batch_id = batch_id
         self._clock = clock
@@ -139,14 +150,16 @@ class BatchClearing:
             clear = self._ahead[1]
         else:
             if self._at_commit is None:
-                self._at_commit = ClearedAtCommit(self._batch_id, self._clock(), self._requests)
+                self._at_commit = ClearedAtCommit(
+                    self._batch_id, self._clock(), self._requests, self._rule
+                )
             clear = self._at_commit
         return BatchClaim(self._candidates, clear, self._fingerprints)
 
     def speculate(self) -> ClearedBatch:
         """Clear the whole batch now, ahead of its commit; the claim then settles it as cleared
         here, or nothing of it (`SpeculationVoid`)."""
-        made = _auction(self._requests)
+        made = _auction(self._requests, self._rule)
         records = _records(self._batch_id, self._clock(), made, self._requests)
         self._ahead = (made, ClearedAhead(records))
         return self._batch(made)
@@ -163,7 +176,7 @@ class BatchClearing:
         made = self._at_commit.made
         if made is None:  # cleared in the writer's process: the same auction, run again here
             claimable = [rid for rid in self._rids if rid not in claimed.refused]
-            made = _auction([self._at_commit.requests[rid] for rid in claimable])
+            made = _auction([self._at_commit.requests[rid] for rid in claimable], self._rule)
             charged = claimed.settled.charges_micros
             if any(charged.get(user, 0) != paid for user, paid in made.outcome.payments.items()):
                 raise RuntimeError("the auction run again does not charge what was settled")
@@ -189,9 +202,9 @@ class _Made:
     seconds: float
 
 
-def _auction(requests: list[AuctionRequest]) -> _Made:
+def _auction(requests: list[AuctionRequest], rule: PricingRule) -> _Made:
     started = time.perf_counter()
-    outcome = run_auction(requests)
+    outcome = run_auction(requests, rule)
     repricer = Repricer.from_outcome(outcome)
     return _Made(outcome, repricer, time.perf_counter() - started)
 
@@ -212,6 +225,9 @@ def _records(
         tree_depth=outcome.tree.depth,
         shared_tokens=outcome.tree.shared_tokens,
         total_tokens=outcome.tree.total_tokens,
+        pricing_rule=outcome.rule.name,
+        priority_slots=outcome.rule.slots,
+        request_fee_micros=outcome.rule.request_fee_micros,
     )
     paths = repricer.tree_paths()
     records = [
@@ -238,9 +254,12 @@ def refund_rule(
     requests: Sequence[PricedRequest], user: str, failed: frozenset[str], charge: int
 ) -> int:
     """The failure refund (SPEC section 1) of a settled batch, priced again from the tree shape
-    the ledger stored with it: what crash recovery refunds."""
+    the ledger stored with it and under the pricing rule it was cleared with: what crash
+    recovery refunds."""
     ordered = sorted(requests, key=lambda r: -1 if r.arrival is None else r.arrival)
+    slots = ordered[0].priority_slots if ordered else None
     repricer = Repricer(
-        [AuctionRequest(r.rid, r.user, r.tree_path or [], r.bid_micros) for r in ordered]
+        [AuctionRequest(r.rid, r.user, r.tree_path or [], r.bid_micros) for r in ordered],
+        PAPER_RULE if slots is None else PricingRule(slots=slots),
     )
     return repricer.failure_refund(user, failed, charge)

@@ -6,11 +6,14 @@ intervals are server settings too. Every field can also be set by a `serve` opti
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from inference_auctions.billing import LedgerSettings, mask_database_url
+
+if TYPE_CHECKING:  # the auction core (numpy) loads only where batches are cleared
+    from inference_auctions.server.auction.pricing import PricingRule
 
 
 class ServerSettings(LedgerSettings):
@@ -153,6 +156,15 @@ class ServerSettings(LedgerSettings):
     rate_limit_replicas: int = Field(default=1, ge=1, le=1024)
     """Replicas sharing the rate limit; each enforces its equal share."""
 
+    # The pricing rule (docs/SPEC.md, "Fixed priority slots and the request fee"): every batch
+    # is priced against `priority_slots` slots (by default `batch_size`; one value for every
+    # replica of a deployment, recorded with each batch), so requests that delay nobody lower
+    # no charge. `batch-size` is the paper's rule (slots = the batch's own size), kept for
+    # comparison; it lets zero-bid junk requests dilute every charge. The request fee of the
+    # rule is not charged by the server yet (the ledger has no entry for it): 0 here.
+    pricing_rule: Literal["fixed-slots", "batch-size"] = "fixed-slots"
+    priority_slots: int | None = Field(default=None, ge=1, le=100_000)
+
     # This replica's name on its health, responses and (only when set) metrics; by default
     # host:port.
     replica_name: str | None = Field(default=None, min_length=1, max_length=128)
@@ -165,6 +177,23 @@ class ServerSettings(LedgerSettings):
     server."""
     jobs_leader_election: bool = False
     """Run those jobs only on the replica that holds a PostgreSQL advisory lock."""
+
+    @model_validator(mode="after")
+    def _slots_hold_a_batch(self) -> ServerSettings:
+        if self.priority_slots is not None and self.priority_slots < self.batch_size:
+            raise ValueError(
+                f"priority_slots ({self.priority_slots}) must be at least batch_size"
+                f" ({self.batch_size}): a batch never holds more requests than its slots"
+            )
+        return self
+
+    def auction_rule(self) -> PricingRule:
+        """The rule every batch of this server is cleared under."""
+        from inference_auctions.server.auction.pricing import PricingRule  # noqa: PLC0415
+
+        if self.pricing_rule == "batch-size":
+            return PricingRule()
+        return PricingRule(slots=self.priority_slots or self.batch_size)
 
 
 def without_password(url: str) -> str:

@@ -32,6 +32,9 @@ MARKET_BUCKET = timedelta(seconds=15)
 # Enough points for a scatter to show its shape; more would only slow the page down.
 CLEARING_POINTS = 1500
 TOP_SPENDERS = 10
+# A bid at most this (0.001 credit) counts as low for the prefix watch: zero bids, and decoys
+# that bid a micro-credit to get past a rule that counted only positive bids.
+LOW_BID_MICROS = 1_000
 SPEND_POINTS = 120
 RECENT_REQUESTS = 20
 ACCOUNT_CLEARING_POINTS = 300
@@ -142,8 +145,31 @@ async def market(user: Viewer, state: State, response: Response) -> dict[str, An
         )
     )
     spenders = await state.dashboard.spenders.get(partial(state.ledger.top_spenders, TOP_SPENDERS))
+    # Cached with the spenders' lifetime: one read of the window's requests every few seconds.
+    squatters = await state.dashboard.squatters.get(
+        partial(
+            state.ledger.prefix_squatters,
+            MARKET_WINDOW,
+            low_bid_micros=LOW_BID_MICROS,
+            limit=TOP_SPENDERS,
+        )
+    )
     _no_store(response)
-    return market_json(replace(activity, spenders=spenders), state, datetime.now(UTC))
+    body = market_json(replace(activity, spenders=spenders), state, datetime.now(UTC))
+    body["prefix_squatters"] = {
+        "low_bid_micros": LOW_BID_MICROS,
+        "accounts": [
+            {
+                "user": s.user,
+                "low_bid_requests": s.low_bid_requests,
+                "under_others": s.under_others,
+                "other_users": s.other_users,
+                "batches": s.batches,
+            }
+            for s in squatters
+        ],
+    }
+    return body
 
 
 def replica_name(state: AppState) -> str:

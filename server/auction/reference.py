@@ -5,6 +5,11 @@ averages are `Fraction`s, payments re-solve the whole auction once per user with
 bids zeroed (the definition of VCG in SPEC section 1), and `all_dfs_orders` enumerates every
 DFS schedule for brute-force checks on small batches.
 
+Every function takes the batch's priority slots `slots` (K): None is the batch's own size
+(the paper's rule), a number is the fixed-slots rule (docs/SPEC.md), under which the request at
+position k has priority (K-1-k)/(K-1). The request fee is not here: it is a flat amount per
+request that no bid moves (`reference_fees`).
+
 One oracle sits between the two: `ResolvingRepricer` prices a charge with some bids zeroed the
 straightforward way, by re-solving the fast core's schedule and payment with those bids set to
 0 (what `Repricer` did before it priced them from the chosen schedule). It is exact and fast
@@ -92,52 +97,74 @@ def all_dfs_orders(requests: Sequence[AuctionRequest]) -> Iterator[list[int]]:
     yield from visit(("node", _trie(requests)))
 
 
-def welfare(order: Sequence[int], bids: Sequence[int]) -> Fraction:
-    """W(order; bids) = sum of bid * (n-1-k)/(n-1), exactly."""
-    n = len(order)
-    if n == 1:
-        return Fraction(bids[order[0]])
-    return sum((Fraction(bids[r] * (n - 1 - k), n - 1) for k, r in enumerate(order)), Fraction(0))
+def priority(position: int, size: int, slots: int | None = None) -> Fraction:
+    """(K-1-k)/(K-1) for the request at 0-based `position` k, K = `slots` or the batch size."""
+    k_slots = size if slots is None else slots
+    assert size <= k_slots, "a batch never holds more requests than its slots"
+    if k_slots <= 1:
+        return Fraction(1)
+    return Fraction(k_slots - 1 - position, k_slots - 1)
 
 
-def reference_payments(requests: Sequence[AuctionRequest]) -> dict[str, Fraction]:
+def welfare(order: Sequence[int], bids: Sequence[int], slots: int | None = None) -> Fraction:
+    """W(order; bids) = sum of bid * (K-1-k)/(K-1), exactly."""
+    size = len(order)
+    return sum((bids[r] * priority(k, size, slots) for k, r in enumerate(order)), start=Fraction(0))
+
+
+def reference_payments(
+    requests: Sequence[AuctionRequest], slots: int | None = None
+) -> dict[str, Fraction]:
     """Exact VCG payments by re-solving the auction with each user's bids zeroed."""
     bids = [request.bid for request in requests]
     chosen = reference_order(requests, bids)
     payments: dict[str, Fraction] = {}
     for user in dict.fromkeys(request.user for request in requests):
         without = [0 if request.user == user else request.bid for request in requests]
-        best = welfare(reference_order(requests, without), without)
-        payments[user] = best - welfare(chosen, without)
+        best = welfare(reference_order(requests, without), without, slots)
+        payments[user] = best - welfare(chosen, without, slots)
     return payments
 
 
-def reference_charge(requests: Sequence[AuctionRequest], user: str, zeroed: set[str]) -> int:
+def reference_fees(requests: Sequence[AuctionRequest], fee: int) -> dict[str, int]:
+    """Every user's request fees: `fee` for each of the user's requests, zero bids included."""
+    fees: dict[str, int] = {}
+    for request in requests:
+        fees[request.user] = fees.get(request.user, 0) + fee
+    return fees
+
+
+def reference_charge(
+    requests: Sequence[AuctionRequest], user: str, zeroed: set[str], slots: int | None = None
+) -> int:
     """The user's charge (floored micros) when the bids of `zeroed` are set to zero."""
     changed = [
         AuctionRequest(r.rid, r.user, r.tokens, 0 if r.rid in zeroed else r.bid) for r in requests
     ]
-    return math.floor(reference_payments(changed).get(user, Fraction(0)))
+    return math.floor(reference_payments(changed, slots).get(user, Fraction(0)))
 
 
 def reference_failure_refund(
-    requests: Sequence[AuctionRequest], user: str, failed: set[str]
+    requests: Sequence[AuctionRequest], user: str, failed: set[str], slots: int | None = None
 ) -> int:
     """Charge minus the charge with the failed requests' bids zeroed, clipped to [0, charge]."""
-    charge = reference_charge(requests, user, set())
-    return min(max(charge - reference_charge(requests, user, failed), 0), charge)
+    charge = reference_charge(requests, user, set(), slots)
+    return min(max(charge - reference_charge(requests, user, failed, slots), 0), charge)
 
 
-def reference_shares(requests: Sequence[AuctionRequest], user: str) -> dict[str, int]:
+def reference_shares(
+    requests: Sequence[AuctionRequest], user: str, slots: int | None = None
+) -> dict[str, int]:
     """The user's charge split by marginals (else bids, else equally), largest remainder."""
-    charge = reference_charge(requests, user, set())
+    charge = reference_charge(requests, user, set(), slots)
     mine = [r for r in requests if r.user == user]
     positions = {
         requests[index].rid: place
         for place, index in enumerate(reference_order(requests, [r.bid for r in requests]))
     }
     weights = {
-        r.rid: min(max(charge - reference_charge(requests, user, {r.rid}), 0), charge) for r in mine
+        r.rid: min(max(charge - reference_charge(requests, user, {r.rid}, slots), 0), charge)
+        for r in mine
     }
     if not any(weights.values()):
         weights = {r.rid: r.bid for r in mine}
@@ -158,8 +185,9 @@ def reference_shares(requests: Sequence[AuctionRequest], user: str) -> dict[str,
 class ResolvingRepricer:
     """A user's charge with some bids zeroed, by re-solving the batch for every question."""
 
-    def __init__(self, requests: Sequence[AuctionRequest]) -> None:
+    def __init__(self, requests: Sequence[AuctionRequest], slots: int | None = None) -> None:
         batch = validate_batch(requests)
+        self._slots = len(batch.rids) if slots is None else slots
         self._tree = build_radix_tree(batch.prompts)
         self._bids = batch.bids
         self._users = batch.users
@@ -176,7 +204,7 @@ class ResolvingRepricer:
         schedule = average_bid_dfs(self._tree, bids)
         mine = [index for index, owner in enumerate(self._users) if owner == user]
         numerator = user_payment_numerator(self._tree, schedule, bids, mine)
-        return numerator // (len(bids) - 1)
+        return numerator // max(self._slots - 1, 1)
 
     def shares(self, user: str, charge: int, positions: Mapping[str, int]) -> dict[str, int]:
         """The user's charge split by marginals (else bids, else equally), largest remainder."""

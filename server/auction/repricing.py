@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping, Sequence
 from inference_auctions.server.auction.marginals import ZeroedCharges
 from inference_auctions.server.auction.mechanism import AuctionOutcome, run_auction
 from inference_auctions.server.auction.payments import PaymentContext
+from inference_auctions.server.auction.pricing import PAPER_RULE, PricingRule
 from inference_auctions.server.auction.request import AuctionRequest
 from inference_auctions.server.auction.tree import NO_PARENT, ROOT
 
@@ -27,9 +28,10 @@ from inference_auctions.server.auction.tree import NO_PARENT, ROOT
 class Repricer:
     """One batch, ready to be priced again with any of its requests' bids set to zero."""
 
-    def __init__(self, requests: Sequence[AuctionRequest]) -> None:
-        """Clear `requests` to price them; a batch already cleared goes to `from_outcome`."""
-        self._take(run_auction(requests))
+    def __init__(self, requests: Sequence[AuctionRequest], rule: PricingRule = PAPER_RULE) -> None:
+        """Clear `requests` under `rule` to price them; a batch already cleared goes to
+        `from_outcome`."""
+        self._take(run_auction(requests, rule))
 
     @classmethod
     def from_outcome(cls, outcome: AuctionOutcome) -> Repricer:
@@ -47,6 +49,7 @@ class Repricer:
             self._by_user.setdefault(outcome.users[rid], []).append(index)
         self._pricing: PaymentContext | None = outcome.pricing
         self._numerators = outcome.numerators
+        self._denominator = outcome.rule.denominator(len(self._rids))
         self._users: dict[str, ZeroedCharges] = {}
 
     def requests_of(self, user: str) -> list[str]:
@@ -61,7 +64,7 @@ class Repricer:
         numerator = charges.numerator
         if zeroed:
             numerator = charges.numerator_without({self._index[rid] for rid in zeroed})
-        return numerator // (len(self._rids) - 1)
+        return numerator // self._denominator
 
     def failure_refund(self, user: str, failed: Collection[str], charge: int) -> int:
         """What the user gets back when `failed` (the user's requests) were not served."""
@@ -75,7 +78,7 @@ class Repricer:
         if len(rids) == 1:
             return {rids[0]: charge}
         # m_r = clip(c - c({r}), 0, c), each c({r}) priced from the chosen schedule.
-        charges, denominator = self._charges(user), len(self._rids) - 1
+        charges, denominator = self._charges(user), self._denominator
         marginals = [
             min(max(charge - charges.numerator_without_one(index) // denominator, 0), charge)
             for index in self._by_user[user]

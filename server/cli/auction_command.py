@@ -10,12 +10,15 @@ import click
 from rich.table import Table
 
 from inference_auctions.billing import format_micros
+from inference_auctions.billing.errors import InvalidAmount
+from inference_auctions.billing.money import parse_credits
 from inference_auctions.server.auction import (
     AuctionInputError,
     AuctionOutcome,
     AuctionRequest,
     run_auction,
 )
+from inference_auctions.server.auction.pricing import PricingRule
 from inference_auctions.server.cli.console import table_console
 from inference_auctions.server.jsonlines import (
     RecordError,
@@ -34,7 +37,26 @@ class BatchFileError(click.ClickException):
 @click.command()
 @click.argument("batch", type=click.File("r", encoding="utf-8"))
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON for machines.")
-def auction(batch: TextIO, as_json: bool) -> None:
+@click.option(
+    "--slots",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Priority slots K every delay is priced in (the server's priority_slots, by default"
+    " its batch_size); a batch may not hold more requests.",
+)
+@click.option(
+    "--batch-size-slots",
+    is_flag=True,
+    help="Price in the batch's own size instead (the paper's rule, pricing_rule=batch-size).",
+)
+@click.option(
+    "--fee",
+    default="0",
+    show_default=True,
+    help="The request fee in credits: what every request pays besides its VCG charge.",
+)
+def auction(batch: TextIO, as_json: bool, slots: int, batch_size_slots: bool, fee: str) -> None:
     """Clear one batch of requests and print the schedule and the VCG payments.
 
     BATCH is a JSON-lines file (`-` reads standard input), one request per line:
@@ -48,9 +70,14 @@ def auction(batch: TextIO, as_json: bool) -> None:
     prompts go through the default tokenizer (see `server/tokenizer.py`; no download), so
     prompts that share a text prefix share a token prefix.
     """
+    try:
+        fee_micros = parse_credits(fee, "fee")
+    except InvalidAmount as error:
+        raise click.BadParameter(str(error), param_hint="--fee") from None
+    rule = PricingRule(slots=None if batch_size_slots else slots, request_fee_micros=fee_micros)
     requests = read_batch(batch, Path(batch.name).name)
     try:
-        outcome = run_auction(requests)
+        outcome = run_auction(requests, rule)
     except AuctionInputError as error:
         raise BatchFileError(str(error)) from None
     if as_json:
@@ -93,8 +120,16 @@ def outcome_json(outcome: AuctionOutcome) -> dict[str, Any]:
             }
             for rid in outcome.order
         ],
+        "rule": {
+            "name": outcome.rule.name,
+            "slots": outcome.slots,
+            "request_fee_micros": outcome.rule.request_fee_micros,
+        },
         "payments_micros": outcome.payments,
+        "fees_micros": outcome.fees,
+        "charges_micros": {user: outcome.charge(user) for user in outcome.payments},
         "revenue_micros": outcome.revenue,
+        "fee_revenue_micros": outcome.fee_revenue,
         "welfare_micros": int(outcome.welfare),  # rounded down, like the payments
         "tree": {
             "requests": outcome.tree.requests,
@@ -128,17 +163,29 @@ def print_outcome(outcome: AuctionOutcome) -> None:
         "be served after a lone lower bid."
     )
 
-    payments = Table(title="VCG payments (credits)")
-    for column in ("user", "requests", "value", "payment"):
+    rule = outcome.rule
+    payments = Table(
+        title=f"VCG payments and fees (credits; {outcome.slots} priority slots,"
+        f" fee {format_micros(rule.request_fee_micros)} a request)"
+    )
+    for column in ("user", "requests", "value", "payment", "fees", "charge"):
         payments.add_column(column, justify="left" if column == "user" else "right")
     for user, payment in sorted(outcome.payments.items()):
         rids = [rid for rid in outcome.order if outcome.users[rid] == user]
         value = sum(outcome.bids[rid] * outcome.priority(rid) for rid in rids)
-        payments.add_row(user, str(len(rids)), format_micros(int(value)), format_micros(payment))
+        payments.add_row(
+            user,
+            str(len(rids)),
+            format_micros(int(value)),
+            format_micros(payment),
+            format_micros(outcome.fees[user]),
+            format_micros(outcome.charge(user)),
+        )
     console.print(payments)
     stats = outcome.tree
     console.print(
         f"welfare {format_micros(int(outcome.welfare))}  revenue {format_micros(outcome.revenue)}"
+        f" + fees {format_micros(outcome.fee_revenue)}"
         f"  tree: {stats.nodes} nodes, depth {stats.depth}, {stats.shared_tokens:,} of "
         f"{stats.total_tokens:,} prompt tokens shared"
     )

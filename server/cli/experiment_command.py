@@ -22,7 +22,7 @@ from inference_auctions.server.deferral import (
 )
 from inference_auctions.server.engine.simulator import DEFAULT_CACHE_TOKENS
 
-TARGETS = ("figure1", "figure2", "figure3", "figure4", "all", "scale-out")
+TARGETS = ("figure1", "figure2", "figure3", "figure4", "all", "scale-out", "manipulation")
 # Figures 3 and 4 need the generators' cluster and user structure; a file has neither.
 FILE_FIGURES = ("figure1", "figure2")
 
@@ -133,6 +133,8 @@ def experiment(
     is written as a PNG, and every number goes to results.json and results.md in --out.
     scale-out runs K = 1, 2, 4, 8 workers, an auction each, behind a prefix-aware or a
     round-robin router (scale-out.png, .json and .md in --out; docs/SCALE-OUT.md).
+    manipulation runs the study of junk requests, decoys, split and merged accounts and joint
+    shading on both pricing rules (manipulation.md in --out; docs/RESULTS.md, "Manipulation").
 
     With --workload FILE, figure1 sweeps the batch size over your queue and figure2 compares
     the orders on it whole. FILE has one query per line, in arrival order:
@@ -154,6 +156,11 @@ def experiment(
     unknown = [name for name in chosen if name not in ORDERS]
     if unknown or not chosen:
         raise click.BadParameter(f"choose from {', '.join(ORDERS)}", param_hint="--orders")
+    if target == "manipulation":
+        if workload_file is not None:
+            raise click.UsageError("manipulation draws its own batches; drop --workload")
+        _run_manipulation(out, quick, seed)
+        return
     if target == "scale-out":
         if workload_file is not None:
             raise click.UsageError("scale-out needs the synthetic workload; drop --workload")
@@ -198,3 +205,19 @@ def experiment(
     console.print(table)
     written = sorted(path.name for path in out.iterdir() if path.suffix in (".png", ".json", ".md"))
     console.print(f"Wrote {', '.join(written)} to {out} in {sum(results.elapsed.values()):.0f} s.")
+
+
+def _run_manipulation(out: Path, quick: bool, seed: int) -> None:
+    """The manipulation study: 120 small instances and the paper-scale decoys (--quick: 12
+    instances, no paper scale), its tables printed and written to manipulation.md."""
+    from inference_auctions.experiments import manipulation  # noqa: PLC0415
+
+    cap = 16
+    results, checks = manipulation.study_small(seed, 12 if quick else 120, cap)
+    parts = [manipulation.report_small(results, checks, cap)]
+    if not quick:
+        parts.append(manipulation.report_scale(manipulation.study_scale(seed, attackers=6)))
+    text = "\n\n".join(parts) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "manipulation.md").write_text(text, encoding="utf-8")
+    click.echo(text)

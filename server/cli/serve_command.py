@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 import uvicorn
+from pydantic import ValidationError
 
 from inference_auctions.server.settings import ServerSettings, without_password
 
@@ -93,6 +94,18 @@ from inference_auctions.server.settings import ServerSettings, without_password
     help="The longest a request is held back.  [default: 60000]",
 )
 @click.option(
+    "--priority-slots",
+    type=click.IntRange(min=1),
+    help="Priority slots every batch is priced in, the same on every replica; at least the "
+    "batch size (docs/SPEC.md section 5).  [default: the batch size]",
+)
+@click.option(
+    "--pricing-rule",
+    type=click.Choice(["fixed-slots", "batch-size"]),
+    help="fixed-slots, or the paper's batch-size slots (open to price dilution).  "
+    "[default: fixed-slots]",
+)
+@click.option(
     "--ledger-writer",
     type=click.Choice(["process", "thread"]),
     help="Where the ledger's group commits run: a thread of the server, or a process of their "
@@ -108,7 +121,14 @@ def serve(log_level: str, **options: Any) -> None:
     e.g. INFERENCE_AUCTION_ENGINE_URL. The ledger schema is created or upgraded at start.
     """
     given = {key: value for key, value in options.items() if value is not None}
-    settings = ServerSettings(**given)
+    try:
+        settings = ServerSettings(**given)
+    except ValidationError as error:  # a setting that fits no other (priority_slots) or the env
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or 'settings'}: {e['msg']}"
+            for e in error.errors()
+        )
+        raise click.UsageError(problems) from None
     if settings.engine_url is not None:
         _check_tokenizer(settings.tokenizer)
     _check_database(settings.database_url, given="database_url" in given)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from inference_auctions.billing import MarketActivity, Spender
+from inference_auctions.billing.decoy_watch import PrefixSquatter
 from inference_auctions.server.dashboard.health import ReconcileWatch
 from inference_auctions.server.dashboard.sessions import SessionStore
 
@@ -47,3 +48,7 @@ class DashboardState:
     market: SharedSnapshot[MarketActivity] = field(default_factory=lambda: SharedSnapshot(1.0))
     # The period's top spenders sum every charge of the period: fresh enough every 5 s.
     spenders: SharedSnapshot[list[Spender]] = field(default_factory=lambda: SharedSnapshot(5.0))
+    # Low-bid requests under other users' prefixes over the window: as fresh as the spenders.
+    squatters: SharedSnapshot[list[PrefixSquatter]] = field(
+        default_factory=lambda: SharedSnapshot(5.0)
+    )

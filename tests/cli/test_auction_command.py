@@ -87,3 +87,32 @@ def test_reads_standard_input() -> None:
     result = _cli("auction", "-", "--json", stdin='{"user": "u", "tokens": [1, 2], "bid": 2}\n')
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["order"] == ["line-1"]
+
+
+def test_every_charge_the_server_would_make_fees_included() -> None:
+    # The price-dilution example: A [P, X] bids 10, C [Q, X] bids 6, one junk request.
+    batch = "\n".join(
+        json.dumps(line)
+        for line in (
+            {"rid": "a", "user": "A", "tokens": [1, 3], "bid": "10"},
+            {"rid": "c", "user": "C", "tokens": [2, 3], "bid": "6"},
+            {"rid": "junk", "user": "A", "tokens": [7], "bid": "0"},
+        )
+    )
+    fixed = json.loads(
+        _cli("auction", "-", "--json", "--slots", "8", "--fee", "0.01", stdin=batch).stdout
+    )
+    assert fixed["rule"] == {"name": "fixed-slots", "slots": 8, "request_fee_micros": 10_000}
+    # 6 credits of delay over 7 slots, whatever the junk; the junk pays its fee.
+    assert fixed["payments_micros"] == {"A": 6_000_000 // 7, "C": 0}
+    assert fixed["fees_micros"] == {"A": 20_000, "C": 10_000}
+    assert fixed["charges_micros"] == {"A": 6_000_000 // 7 + 20_000, "C": 10_000}
+    assert fixed["fee_revenue_micros"] == 30_000
+    paper = json.loads(_cli("auction", "-", "--json", "--batch-size-slots", stdin=batch).stdout)
+    assert paper["rule"]["name"] == "batch-size" and paper["payments_micros"]["A"] == 3_000_000
+    table = _cli("auction", "-", "--slots", "8", "--fee", "0.01", stdin=batch)
+    assert "+ fees 0.030000" in table.stdout and "charge" in table.stdout
+    too_small = _cli("auction", "-", "--slots", "2", stdin=batch)
+    assert too_small.returncode == 2 and "more than the rule's 2 priority slots" in too_small.stderr
+    bad_fee = _cli("auction", "-", "--fee", "-1", stdin=batch)
+    assert bad_fee.returncode == 2 and "--fee" in bad_fee.stderr

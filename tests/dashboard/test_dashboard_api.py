@@ -3,6 +3,7 @@ rules, numbers that agree with the ledger, and answers that stay small with 10,0
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -269,6 +270,8 @@ def test_the_market_view_matches_the_ledger_and_needs_an_admin(server: RunningSe
     assert body["ledger"]["open_holds"] == {"count": 0, "amount_micros": 0, "oldest": None}
     assert body["ledger"]["failed_writes_total"] == 0
     assert body["replicas"][0]["this"] and body["replicas"][0]["up"]
+    # Nobody bid low: the prefix watch has nobody to show.
+    assert body["prefix_squatters"] == {"low_bid_micros": 1_000, "accounts": []}
     # The reconciliation runs in the background and is reported on a later poll.
     deadline = time.monotonic() + 20
     with _sign_in(server, root) as client:
@@ -430,3 +433,48 @@ def test_no_key_reaches_the_servers_logs(
     secret = alice.split("_", 2)[2]
     assert len(secret) > 20
     assert alice not in text and secret not in text and root not in text
+
+
+def test_the_market_view_flags_zero_bids_under_other_users_prefixes(
+    server: RunningServer,
+) -> None:
+    keys = {name: server.create_user(name) for name in ("alice", "bob")}
+    mallory = server.create_user("mallory")
+    root = server.create_user("root", admin=True)
+
+    async def rounds() -> None:
+        async def send(key: str, rid: str, text: str, bid: str) -> None:
+            async with server.async_client(key) as client:
+                body = {
+                    "text": text,
+                    "bid": bid,
+                    "rid": rid,
+                    "sampling_params": {"max_new_tokens": 2},
+                }
+                reply = await client.post("/generate", json=body)
+                assert reply.status_code == 200, reply.text
+
+        for index in range(4):
+            await asyncio.gather(
+                *(
+                    send(
+                        key,
+                        f"{name}-{index}",
+                        f"A long shared system prompt. {name} asks {index}.",
+                        "0.5",
+                    )
+                    for name, key in keys.items()
+                ),
+                # Zero-bid requests under the others' shared prefix, and one with a fresh prompt.
+                send(mallory, f"m-{index}", f"A long shared system prompt. decoy {index}.", "0"),
+                send(mallory, f"f-{index}", f"Nothing alike {index}.", "0"),
+            )
+
+    asyncio.run(rounds())
+    with _sign_in(server, root) as client:
+        body = client.get("/v1/dashboard/market").json()
+    flagged = body["prefix_squatters"]["accounts"]
+    assert [entry["user"] for entry in flagged] == ["mallory"]
+    (entry,) = flagged
+    assert entry["low_bid_requests"] == 8
+    assert 1 <= entry["under_others"] <= 4 and entry["other_users"] >= 1

@@ -39,6 +39,7 @@ from sqlalchemy.engine import make_url
 
 from inference_auctions.billing import Ledger
 from inference_auctions.server.auction import AuctionRequest
+from inference_auctions.server.auction.pricing import PricingRule
 from inference_auctions.server.auction.repricing import Repricer
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
@@ -481,7 +482,15 @@ def test_sigkill_after_part_of_a_batch_was_answered_refunds_only_the_rest(
         AuctionRequest(rid, rid.split("/")[0], token_ids(text_), int(float(bid) * 1_000_000))
         for rid, (_, _, text_, bid) in sorted(sent.items(), key=lambda item: arrival[item[0]])
     ]
-    owed = Repricer(batch).failure_refund("ann", {"ann/slow"}, charged["ann"])
+    # ... and under the pricing rule the batch was cleared with, as the ledger recorded it.
+    with ledger_db.engine.connect() as connection:
+        slots = connection.execute(
+            text("SELECT priority_slots FROM auction_batches WHERE n = 4")
+        ).scalar_one()
+    assert slots is not None and slots >= 4  # the server's default: fixed slots
+    owed = Repricer(batch, PricingRule(slots=slots)).failure_refund(
+        "ann", {"ann/slow"}, charged["ann"]
+    )
     refunds = [e for e in ledger.entries("ann").entries if e.kind == "refund"]
     assert [e.amount_micros for e in refunds] == ([owed] if owed else [])
     assert ledger.balance("ann").balance_micros == GRANT - charged["ann"] + owed

@@ -23,7 +23,18 @@ import pytest
 
 from inference_auctions import sdk
 
-from .live_server import LiveServer
+from .live_server import LiveServer, live_server
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The server prices in the batch's own size here: the plan below (charges of about 1% of
+    it, from a rival's bids) was sized for that rule. Under fixed slots (docs/SPEC.md section 5)
+    the small batches of this test charge about (n-1)/(K-1) as much, and a pacer at full value
+    spends well under the plan: a budget is a cap, and light load sells little delay."""
+    with live_server(tmp_path_factory.mktemp("live"), pricing_rule="batch-size") as server:
+        yield server
+
 
 HORIZON = 40.0
 TOTAL = Decimal("0.2")

@@ -212,6 +212,11 @@ function drawMarket(data) {
     return row([u.user, credits(u.spent_micros), credits(u.budget_micros), cell], ["mono", "num mono", "num mono", ""]);
   });
   $("t-spenders").replaceChildren(...(spenders.length ? spenders : [row(["nobody has spent yet this period", "", "", ""])]));
+  const squatters = (data.prefix_squatters ? data.prefix_squatters.accounts : []).map((s) => row(
+    [s.user, count(s.under_others), count(s.low_bid_requests), count(s.other_users), count(s.batches)],
+    ["mono", "num mono", "num mono", "num mono", "num mono"],
+  ));
+  $("t-squatters").replaceChildren(...(squatters.length ? squatters : [row(["none in the window", "", "", "", ""])]));
   $("t-replicas").replaceChildren(...data.replicas.map((r) => row(
     [`${r.name}${r.this ? " (this one)" : ""}`, r.up ? "up" : "DOWN", r.engine, count(r.queue), count(r.inflight)],
     ["mono", r.up ? "ok" : "bad", "", "num", "num"],
