@@ -163,7 +163,11 @@ class ServerSettings(LedgerSettings):
     # comparison; it lets zero-bid junk requests dilute every charge. The request fee of the
     # rule is not charged by the server yet (the ledger has no entry for it): 0 here.
     pricing_rule: Literal["fixed-slots", "batch-size"] = "fixed-slots"
+    """How a batch is priced: `fixed-slots` (every batch in `priority_slots` slots) or the
+    paper's `batch-size` (each batch in its own size; open to price dilution)."""
     priority_slots: int | None = Field(default=None, ge=1, le=100_000)
+    """The slots K every batch is priced in under `fixed-slots` (default: `batch_size`; at
+    least `batch_size`; the same on every replica)."""
 
     # This replica's name on its health, responses and (only when set) metrics; by default
     # host:port.
