@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -111,6 +112,7 @@ def demo(port: int | None, exit_after: bool, as_json: bool) -> None:
             "the demo sends its requests through the SDK, which is not installed: "
             "pip install ./sdk (or `make run`, which installs both)"
         ) from None
+    _stop_on_termination()
     with tempfile.TemporaryDirectory(prefix="inference-auction-demo-") as folder:
         database_url = f"sqlite:///{Path(folder) / 'ledger.db'}"
         keys, admin_key = _create_users(database_url)
@@ -337,6 +339,17 @@ def _print_dashboard(base_url: str, admin_key: str, served: list[Served], *, sta
         """\n       -d '{"text": "Hello, auction!", "bid": "0.05"}'"""
         "\nCtrl-C stops the server and deletes the demo's ledger."
     )
+
+
+def _stop_on_termination() -> None:
+    """Make SIGTERM and SIGHUP stop the demo as Ctrl-C does: the default action would end
+    this process at once and leave its server running, orphaned, with the ledger's folder."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupt)
 
 
 def _wait_for_interrupt() -> None:

@@ -15,6 +15,7 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -82,8 +83,6 @@ def test_the_demo_keeps_the_server_up_and_points_at_the_dashboard(tmp_path: Path
         text = "".join(lines)
         url = re.search(r"See it on the dashboard: (\S+)/dashboard", text)
         assert url is not None, text
-        import httpx
-
         page = httpx.get(url.group(1) + "/dashboard", timeout=10)
         assert page.status_code == 200 and "<html" in page.text.lower()
         key = re.search(r"the operator's key (iak_\S+)", text)
@@ -98,6 +97,9 @@ def test_the_demo_keeps_the_server_up_and_points_at_the_dashboard(tmp_path: Path
         process.terminate()
         process.wait(30)
         process.stdout.close()
+    # Terminated as `kill` does, the demo stops its server too: nothing is left listening.
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url.group(1) + "/health", timeout=5)
 
 
 _BATCHES = st.lists(
