@@ -55,20 +55,23 @@ class ServerSettings(LedgerSettings):
 
     # Batching is work-conserving (server.batching): while the engine can take more, a batch
     # closes at once with whatever waits, up to `batch_size`; while it is saturated, requests
-    # wait here and the next batch auctions the whole backlog. Saturated: the requests sent to
-    # the engine that have no first token yet (queued there, prefilling, or held back by the
-    # prefix deferral) add up to `saturation_tokens` prompt tokens (about one prefill step:
-    # SGLang's default chunked prefill size is 8192) or to `saturation_requests` requests.
-    # Counting prompt tokens, cached ones included, errs on the side of holding back; the
-    # request count bounds what short prompts can queue at the engine. `max_wait_ms` is an
+    # wait here and the next batch auctions the whole backlog. Saturated
+    # (server.engine_capacity): the requests sent to the engine that have no first token yet
+    # (queued there, prefilling, or held back by the prefix deferral) are what the engine can
+    # admit at its next step. By default that is learnt from the engine: its running-request
+    # limit less this server's requests running there, and one prefill chunk of prompt tokens
+    # (`/server_info`), and any waiting queue of its own (`/v1/loads`, polled every
+    # `engine_poll_ms` while requests are outstanding). `saturation_tokens` and
+    # `saturation_requests`, when set, override what the engine says. `max_wait_ms` is an
     # optional collection window while the engine is free: a batch then closes only once
     # `batch_size` requests wait or the oldest has waited that long (0: at once).
     # `max_inflight` caps the requests outstanding at the engine, started or not.
     batch_size: int = Field(default=64, ge=1, le=100_000)
     max_wait_ms: float = Field(default=0.0, ge=0)
     max_inflight: int = Field(default=256, ge=1)
-    saturation_tokens: int = Field(default=8_192, ge=1)
-    saturation_requests: int = Field(default=32, ge=1)
+    saturation_tokens: int | None = Field(default=None, ge=1)
+    saturation_requests: int | None = Field(default=None, ge=1)
+    engine_poll_ms: float = Field(default=100.0, gt=0)
     max_queue: int = Field(default=10_000, ge=1)
 
     # Dispatch ahead of the commit (server.speculation): a batch of at most

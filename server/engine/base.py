@@ -174,6 +174,12 @@ class Engine(Protocol):
     async def flush_cache(self) -> bool:
         """Empty the engine's prefix cache; False while requests run or wait (SGLang's rule)."""
 
+    async def server_info(self) -> dict[str, Any] | None:
+        """SGLang's `/server_info` (limits in `internal_states`); None when not stated."""
+
+    async def loads(self) -> dict[str, Any] | None:
+        """SGLang's `/v1/loads` (`num_waiting_reqs` per rank); None when not stated."""
+
     def dispatch(self, requests: Sequence[EngineRequest]) -> list[Generation]:
         """Send `requests` in this order, in the background; one `Generation` each."""
 

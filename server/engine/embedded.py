@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from http import HTTPStatus
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +94,14 @@ class EmbeddedEngine(EngineBase):
     async def context_length(self) -> int:
         """The emulated model's context: its KV capacity, as the emulator's `/tokenize` says."""
         return self.live.simulator.cache.capacity
+
+    async def server_info(self) -> dict[str, Any]:
+        """The emulated `/server_info`: the simulator's limits, as SGLang states them."""
+        return self.live.server_info()
+
+    async def loads(self) -> dict[str, Any]:
+        """The emulated `/v1/loads`: one rank."""
+        return {"loads": [self.live.loads()]}
 
     async def flush_cache(self) -> bool:
         """Empty the emulated prefix cache, unless requests run or wait."""

@@ -338,23 +338,14 @@ class _Routes:
 
     async def server_info(self) -> dict[str, Any]:
         """`/server_info`: SGLang's scheduling settings as emulated, and the cost model."""
-        simulator = self.simulator
         return {
-            "model_path": self.live.model_name,
-            "served_model_name": self.live.model_name,
-            "schedule_policy": "fcfs",
-            "enable_priority_scheduling": simulator.priority_scheduling,
-            "schedule_low_priority_values_first": simulator.low_priority_values_first,
-            "chunked_prefill_size": simulator.chunked_prefill_size,
-            "max_running_requests": simulator.max_running_requests,
-            "max_total_num_tokens": self.capacity,
+            **self.live.server_info(),
             "enable_metrics": True,
             "version": _emulator_version(),
             "emulator": {
                 "time_scale": self.live.time_scale,
-                "cost_model": dataclasses.asdict(simulator.cost_model),
+                "cost_model": dataclasses.asdict(self.simulator.cost_model),
             },
-            "internal_states": [self.live.loads()],
         }
 
     async def flush_cache(self) -> PlainTextResponse:

@@ -271,6 +271,34 @@ class SGLangHTTPEngine(EngineBase):
             return False
         return response.status == HTTPStatus.OK
 
+    async def server_info(self) -> dict[str, Any] | None:
+        """SGLang's `/server_info`: its flags, and the effective limits in `internal_states`."""
+        return await self._control_json("/server_info")
+
+    async def loads(self) -> dict[str, Any] | None:
+        """SGLang's `/v1/loads`: each rank's waiting and running requests."""
+        return await self._control_json("/v1/loads")
+
+    async def _control_json(self, path: str) -> dict[str, Any] | None:
+        """A GET of a control route as a JSON object (None if SGLang does not serve it)."""
+        if self._client is None:
+            raise EngineUnavailable("the SGLang engine is not started")
+        try:
+            response = await self._client.request("GET", path, timeout=self.control_timeout)
+        except HTTPTimeout as error:
+            raise EngineTimeout(f"SGLang {path} timed out: {error!r}") from error
+        except HTTPClientError as error:
+            raise EngineUnavailable(f"SGLang {path} unreachable: {error!r}") from error
+        if response.status == HTTPStatus.NOT_FOUND:
+            return None
+        if response.status != HTTPStatus.OK:
+            raise _status_error(response.status, _error_message(response.content, response.status))
+        try:
+            data = response.json()
+        except ValueError as error:
+            raise EngineProtocolError(f"SGLang {path} sent a body that is not JSON") from error
+        return data if isinstance(data, dict) else None
+
     async def tokenize(self, text: str) -> list[int]:
         """SGLang's token ids for `text`, from the cache or its `/tokenize`, as a new list."""
         tokens: list[int] = (await self.tokenize_array(text)).tolist()
