@@ -236,3 +236,7 @@ async def _events(service: AuctionService, ticket: Ticket, render: Render) -> As
             # The client left before its batch closed; shielded so the hold is surely freed.
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(service.abandon(ticket))
+        elif not ticket.done and ticket.waiters == 0 and ticket.stop_engine is not None:
+            # It left mid-answer: the engine stops (SGLang aborts a request whose connection
+            # closes) and the request ends as a failed one, settled by that rule.
+            ticket.stop_engine("the client disconnected mid-stream")
