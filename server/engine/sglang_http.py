@@ -262,14 +262,23 @@ class SGLangHTTPEngine(EngineBase):
             self._client = None
 
     async def health(self) -> bool:
-        """True if SGLang's `/health` answers 200."""
+        """True if SGLang's scheduler answers `/v1/loads` (200).
+
+        Not SGLang's `/health`: that one queues a one-token generation at the lowest priority,
+        which under load waits behind every auctioned request and shows in the waiting queue
+        the saturation rule reads (`server.engine_capacity`). `/v1/loads` is answered by the
+        scheduler itself, so it proves the same liveness without generating. An SGLang without
+        it is asked `/health`."""
         if self._client is None:
             return False
-        try:
-            response = await self._client.request("GET", "/health", timeout=self.control_timeout)
-        except HTTPClientError:
-            return False
-        return response.status == HTTPStatus.OK
+        for path in ("/v1/loads", "/health"):
+            try:
+                response = await self._client.request("GET", path, timeout=self.control_timeout)
+            except HTTPClientError:
+                return False
+            if response.status != HTTPStatus.NOT_FOUND:
+                return response.status == HTTPStatus.OK
+        return False
 
     async def server_info(self) -> dict[str, Any] | None:
         """SGLang's `/server_info`: its flags, and the effective limits in `internal_states`."""
