@@ -78,6 +78,7 @@ from inference_auctions.server.engine.local_tokenizer import (
     TokenizerMismatch,
     tokenizer_disagreement,
 )
+from inference_auctions.server.engine.sglang_request import REQUEST_LEVEL_KEYS
 
 __all__ = ["SGLangHTTPEngine"]
 
@@ -478,12 +479,17 @@ class SGLangHTTPEngine(EngineBase):
 
     def _body(self, generation: Generation) -> dict[str, Any]:
         request = generation.request
+        params = request.sampling_params
         body: dict[str, Any] = {
             "input_ids": request.input_ids,
-            "sampling_params": request.sampling_params,
+            "sampling_params": params,
             "rid": request.rid,
             "stream": self._streams(request),
         }
+        if "return_logprob" in params:  # request options carried with the sampling ones
+            params = dict(params)
+            body.update((key, params.pop(key)) for key in REQUEST_LEVEL_KEYS if key in params)
+            body["sampling_params"] = params
         if self.mode == "priority":
             body["priority"] = request.priority
         return body
