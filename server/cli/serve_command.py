@@ -66,6 +66,12 @@ from inference_auctions.server.settings import ServerSettings, without_password
     "engine can start, from its running-request limit, else 32]",
 )
 @click.option(
+    "--engine-poll-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    help="How often the engine's waiting queue (/v1/loads) is read while requests are out.  "
+    "[default: 100]",
+)
+@click.option(
     "--dispatch-ahead/--no-dispatch-ahead",
     default=None,
     help="Send a batch to the engine while its settlement commits, when its users could afford "
