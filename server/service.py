@@ -152,6 +152,10 @@ class AuctionService:
         """The engine's token ids for a prompt (cached, read-only)."""
         return await self._engine.tokenize_array(text)
 
+    async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
+        """A conversation's prompt ids, rendered with the engine's chat template."""
+        return await self._engine.tokenize_chat(messages)
+
     def load(self) -> Load:
         """Requests waiting in the pool, and outstanding at the engine, now."""
         return Load(queue=len(self._pool), inflight=self._dispatch.inflight)

@@ -109,11 +109,14 @@ async def chat_completions(request: Request) -> Response:
         sampling=sampling,
         streamed=body.stream,
         kind="chat.completion",
+        messages=[(m.role, m.content) for m in body.messages],
     )
 
 
 def chat_prompt(messages: list[ChatMessage]) -> str:
-    """A plain role-tagged transcript ending with the assistant's turn.
+    """A plain role-tagged transcript ending with the assistant's turn: the request's payload
+    (its fingerprint), and the prompt the emulator tokenizes. An SGLang engine renders the
+    messages with the served model's own chat template instead (`Engine.tokenize_chat`).
 
     Every conversation that shares its first messages shares a prompt prefix, so the cache
     and the auction's tree see multi-turn chats as the prefix tree they are.
@@ -153,9 +156,11 @@ async def _run(
     sampling: dict[str, Any],
     streamed: bool,
     kind: str,
+    messages: list[tuple[str, str]] | None = None,
 ) -> Response:
     bid = parse_bid(bid_value, state)
-    tokens = await prompt_tokens(state, text, input_ids, "prompt")
+    field = "prompt" if messages is None else "messages"
+    tokens = await prompt_tokens(state, text, input_ids, field, messages)
     payload = {"kind": kind, "text": text, "input_ids": input_ids, "sampling": sampling, "bid": bid}
     job = make_job(rid, tokens, bid, sampling, payload, streamed=streamed)
     ticket = await admit(state, user, job)

@@ -168,6 +168,10 @@ class Engine(Protocol):
     async def tokenize(self, text: str) -> list[int]:
         """The engine's token ids for `text` (cached by prompt where that costs I/O)."""
 
+    async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
+        """The prompt ids of (role, content) messages in the engine's chat template, ending
+        with the opening of the assistant's turn, as its own chat route renders them."""
+
     async def context_length(self) -> int | None:
         """The model's context length in tokens (None when the engine does not say)."""
 

@@ -24,6 +24,7 @@ from inference_auctions.server.engine.errors import (
 )
 from inference_auctions.server.engine.generation import EngineBase, Generation
 from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME, LiveRequest, LiveSimulator
+from inference_auctions.server.engine.sglang_openai import render_chat
 from inference_auctions.server.engine.sglang_request import (
     check_context_length,
     parse_sampling_params,
@@ -90,6 +91,10 @@ class EmbeddedEngine(EngineBase):
         if len(text) > _INLINE_TOKENIZE_CHARS:
             return await asyncio.to_thread(encode, text)
         return encode(text)
+
+    async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
+        """The emulator's fixed chat template (`server.engine.sglang_openai.render_chat`)."""
+        return await self.tokenize_array(render_chat(messages))
 
     async def context_length(self) -> int:
         """The emulated model's context: its KV capacity, as the emulator's `/tokenize` says."""

@@ -78,6 +78,7 @@ from inference_auctions.server.engine.local_tokenizer import (
     TokenizerMismatch,
     tokenizer_disagreement,
 )
+from inference_auctions.server.engine.sglang_openai import render_chat
 from inference_auctions.server.engine.sglang_request import REQUEST_LEVEL_KEYS
 
 __all__ = ["SGLangHTTPEngine"]
@@ -203,6 +204,7 @@ class SGLangHTTPEngine(EngineBase):
         self._tokens: OrderedDict[str, TokenArray] = OrderedDict()
         self._context_length: int | None = None
         self._context_asked = False  # an SGLang without `max_model_len` is asked only once
+        self._renders_chats = True  # its /tokenize takes chat `messages` (SGLang 0.5.23 does)
         self._tokenize_cache_size = tokenize_cache_size
         self._tokenizing: dict[str, asyncio.Task[TokenArray]] = {}
         self.tokenizer = tokenizer
@@ -335,6 +337,45 @@ class SGLangHTTPEngine(EngineBase):
             self.tokenize_hits += 1
         # Shielded: one caller giving up must not cancel the request the others wait on.
         return await asyncio.shield(task)
+
+    async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
+        """The conversation rendered by SGLang with the served model's chat template: its
+        `/tokenize` with `messages`, which renders exactly as its own chat route does (with
+        the assistant turn's opening). One round trip per conversation, not cached: every
+        turn of a chat is a new prompt. An engine whose `/tokenize` refuses `messages` (one
+        older than SGLang 0.5.23, or without a chat template) is sent the plain transcript
+        (`server.engine.sglang_openai.render_chat`) from then on."""
+        if self._client is None:
+            raise EngineUnavailable("the SGLang engine is not started")
+        if not self._renders_chats:
+            return await self.tokenize_array(render_chat(messages))
+        body = {"messages": [{"role": role, "content": content} for role, content in messages]}
+        try:
+            response = await self._client.request(
+                "POST", "/tokenize", body, timeout=self.control_timeout
+            )
+        except HTTPTimeout as error:
+            raise EngineTimeout(f"SGLang /tokenize timed out: {error!r}") from error
+        except HTTPClientError as error:
+            raise EngineUnavailable(f"SGLang /tokenize unreachable: {error!r}") from error
+        if HTTPStatus.BAD_REQUEST <= response.status < HTTPStatus.INTERNAL_SERVER_ERROR:
+            log.warning(
+                "SGLang's /tokenize refused chat messages (%s): chats are sent as plain "
+                "transcripts",
+                _error_message(response.content, response.status),
+            )
+            self._renders_chats = False
+            return await self.tokenize_array(render_chat(messages))
+        if response.status != HTTPStatus.OK:
+            status = response.status
+            raise _status_error(status, _error_message(response.content, status))
+        try:
+            tokens = response.json().get("tokens")
+        except (ValueError, AttributeError) as error:
+            raise EngineProtocolError("SGLang /tokenize sent a malformed body") from error
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise EngineProtocolError("SGLang /tokenize sent no token list")
+        return _token_array(tokens)
 
     async def context_length(self) -> int | None:
         """SGLang's context length (`max_model_len` of its `/tokenize`), asked once."""

@@ -221,3 +221,32 @@ def test_the_openai_routes_through_the_server(server: RunningServer) -> None:
     assert chat.json()["choices"][0]["message"]["role"] == "assistant"
     assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
     assert_ledger_settled(server, ["ann"])
+
+
+def test_chats_are_rendered_with_the_models_template_as_sglangs_chat_route_does(
+    server: RunningServer,
+) -> None:
+    key = server.create_user("ann")
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What is a bid?"},
+    ]
+    request = {"messages": messages, "max_tokens": 6, "temperature": 0}
+    with server.client(key) as client:
+        ours = client.post("/v1/chat/completions", json={**request, "bid": "0.1"})
+    theirs = httpx.post(
+        str(server.settings.engine_url) + "/v1/chat/completions", json=request, timeout=60
+    )
+    assert ours.status_code == 200 and theirs.status_code == 200, (ours.text, theirs.text)
+    # The same prompt tokens (the ChatML template, its assistant opening included)...
+    rendered = httpx.post(
+        str(server.settings.engine_url) + "/tokenize", json={"messages": messages}, timeout=30
+    ).json()
+    assert ours.json()["usage"]["prompt_tokens"] == theirs.json()["usage"]["prompt_tokens"]
+    assert ours.json()["usage"]["prompt_tokens"] == rendered["count"]
+    # ...so greedy decoding of the same weights says the same thing.
+    assert (
+        ours.json()["choices"][0]["message"]["content"]
+        == theirs.json()["choices"][0]["message"]["content"]
+    )
+    assert_ledger_settled(server, ["ann"])
