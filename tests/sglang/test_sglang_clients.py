@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
             "run_sglang_bench_serving.sh",
             # Short prompts: the tiny model's context is 2048 tokens.
             {
-                "GSP_GROUPS": "4",
+                "GSP_GROUPS": "2",
                 "GSP_PROMPTS_PER_GROUP": "8",
                 "GSP_SYSTEM_PROMPT_LEN": "64",
                 "GSP_QUESTION_LEN": "16",
@@ -44,4 +44,5 @@ def test_sglangs_own_clients_through_the_server(
         check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "reconcile" in run.stdout or "ok" in run.stdout.lower(), run.stdout[-2000:]
+    # The script's last check: `ledger reconcile`, after no money was left held.
+    assert "agree with their entries" in run.stdout, run.stdout[-2000:]
