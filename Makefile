@@ -6,15 +6,18 @@ STAMP := $(VENV)/.installed
 # What `make run` and `make demo` need: the server and the SDK, without the dev tool chain.
 RUNTIME_STAMP := $(VENV)/.runtime
 
-.PHONY: demo run test test-cluster lint types check bench experiments clean
+.PHONY: demo run run-sglang sglang-env test test-cluster lint types check bench experiments clean
 
-# `make test` leaves out the scale-out tests (SMG in front of several servers) and the
-# packaging tests (they build both wheels and install the SDK's alone); CI sets
-# INFERENCE_AUCTION_FULL_SUITE=1 and runs everything.
+# `make test` leaves out the scale-out tests (SMG in front of several servers), the packaging
+# tests (they build both wheels and install the SDK's alone) and the tests against the real
+# SGLang (its CPU environment takes minutes to build once); CI sets
+# INFERENCE_AUCTION_FULL_SUITE=1, builds that environment first and runs everything.
 ifeq ($(INFERENCE_AUCTION_FULL_SUITE),1)
 TEST_SELECTION :=
+TEST_PREREQUISITES := sglang-env
 else
-TEST_SELECTION := -m "not cluster and not packaging"
+TEST_SELECTION := -m "not cluster and not packaging and not sglang"
+TEST_PREREQUISITES :=
 endif
 
 $(STAMP): pyproject.toml sdk/pyproject.toml
@@ -35,7 +38,13 @@ demo: $(RUNTIME_STAMP)  ## Four users bid for one batch on a real server; then t
 run: $(RUNTIME_STAMP)  ## Start the auction server with the embedded engine and an SQLite ledger
 	$(BIN)/inference-auction serve
 
-test: $(STAMP)  ## Run the test suite (PostgreSQL tests run when reachable); see TEST_SELECTION
+run-sglang: $(STAMP) sglang-env  ## The same in front of the real SGLang on this CPU (MODEL=dir: another model)
+	$(BIN)/python -m bench.sglang_cpu.launcher $(if $(MODEL),--model $(MODEL))
+
+sglang-env:  ## Build the real SGLang's CPU environment once (in ~/.cache/inference-auctions)
+	bench/setup_sglang_reference.sh
+
+test: $(STAMP) $(TEST_PREREQUISITES)  ## Run the test suite (PostgreSQL tests run when reachable); see TEST_SELECTION
 	$(BIN)/python -m pytest $(TEST_SELECTION)
 
 test-cluster: $(STAMP)  ## Run the scale-out tests: SMG in front of several auction servers

@@ -4,7 +4,8 @@
 #
 #   bench/run_sglang_bench_serving.sh [SGLANG_DIR] [EXTRA bench_serving ARGS...]
 #
-# SGLANG_DIR (default .sglang-ref in the repository) holds the separate SGLang virtualenv made by
+# SGLANG_DIR (default $INFERENCE_AUCTION_SGLANG_HOME, else
+# ~/.cache/inference-auctions/sglang-cpu-0.5.23) holds the separate SGLang virtualenv made by
 # bench/setup_sglang_reference.sh, in SGLANG_DIR/.venv. The project's own virtualenv (.venv at
 # the repository root, `make` creates it) runs the server.
 #
@@ -32,7 +33,7 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Absolute, because the run changes into a temporary folder.
-SGLANG_DIR="$(realpath -m "${1:-$REPO/.sglang-ref}")"
+SGLANG_DIR="$(realpath -m "${1:-${INFERENCE_AUCTION_SGLANG_HOME:-$HOME/.cache/inference-auctions/sglang-cpu-0.5.23}}")"
 shift $(( $# > 0 ? 1 : 0 ))
 EXTRA_ARGS=("$@")
 
@@ -41,8 +42,11 @@ PROJECT_PY="$REPO/.venv/bin/python"
 IA="$REPO/.venv/bin/inference-auction"
 SHIM="$REPO/bench/sglang_client_shim.py"
 
-GROUPS_N=8
-PER_GROUP=16
+# The workload's size; the environment may shrink it (a small model's short context).
+GROUPS_N="${GSP_GROUPS:-8}"
+PER_GROUP="${GSP_PROMPTS_PER_GROUP:-16}"
+SYSTEM_LEN="${GSP_SYSTEM_PROMPT_LEN:-512}"
+QUESTION_LEN="${GSP_QUESTION_LEN:-64}"
 NUM_PROMPTS=$(( GROUPS_N * PER_GROUP ))
 BID="0.01"
 
@@ -128,7 +132,7 @@ BENCH_CMD=(
     --backend sglang --base-url "$BASE_URL"
     --dataset-name generated-shared-prefix
     --gsp-num-groups "$GROUPS_N" --gsp-prompts-per-group "$PER_GROUP"
-    --gsp-system-prompt-len 512 --gsp-question-len 64 --gsp-output-len 16
+    --gsp-system-prompt-len "$SYSTEM_LEN" --gsp-question-len "$QUESTION_LEN" --gsp-output-len 16
     --tokenizer "$WORK/tokenizer"
     --extra-request-body "{\"bid\": \"$BID\"}"
     --num-prompts "$NUM_PROMPTS" --request-rate inf

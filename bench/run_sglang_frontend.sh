@@ -4,7 +4,8 @@
 #
 #   bench/run_sglang_frontend.sh [SGLANG_DIR]
 #
-# SGLANG_DIR (default .sglang-ref in the repository) holds the separate SGLang virtualenv made by
+# SGLANG_DIR (default $INFERENCE_AUCTION_SGLANG_HOME, else
+# ~/.cache/inference-auctions/sglang-cpu-0.5.23) holds the separate SGLang virtualenv made by
 # bench/setup_sglang_reference.sh, in SGLANG_DIR/.venv. The project's own virtualenv (.venv at
 # the repository root, `make` creates it) runs the server.
 #
@@ -21,7 +22,7 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SGLANG_DIR="$(realpath -m "${1:-$REPO/.sglang-ref}")"
+SGLANG_DIR="$(realpath -m "${1:-${INFERENCE_AUCTION_SGLANG_HOME:-$HOME/.cache/inference-auctions/sglang-cpu-0.5.23}}")"
 SGLANG_PY="$SGLANG_DIR/.venv/bin/python"
 PROJECT_PY="$REPO/.venv/bin/python"
 IA="$REPO/.venv/bin/inference-auction"

@@ -25,6 +25,7 @@ from inference_auctions.server.deferred_dispatch import DeferredDispatch
 from inference_auctions.server.dispatch import Serving
 from inference_auctions.server.engine.base import Engine, EngineRequest
 from inference_auctions.server.engine.generation import Generation
+from inference_auctions.server.engine_capacity import EngineCapacity
 from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.settings import ServerSettings
@@ -63,6 +64,15 @@ class BatchDispatch:
         # Recent (overhead, batching wait) of each request, for benchmarks and operators.
         self._timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._followers: set[asyncio.Task[None]] = set()
+        # What the engine can admit next, learnt from it (`server.engine_capacity`).
+        self.capacity = EngineCapacity(
+            engine,
+            tokens_override=settings.saturation_tokens,
+            requests_override=settings.saturation_requests,
+            poll_seconds=settings.engine_poll_ms / 1000,
+            unstarted=lambda: len(self._unstarted),
+            wake=wake,
+        )
 
     def dispatch(
         self,
@@ -96,6 +106,7 @@ class BatchDispatch:
         settled = None if speculation is None else speculation.settled
 
         def follow(place: int, generation: Generation) -> None:
+            ordered[place].stop_engine = generation.cancel
             task = self._follow(self._serving.serve(ordered[place], generation, batch, settled))
             if speculation is not None:
                 speculation.follow(generation, task)
@@ -108,11 +119,8 @@ class BatchDispatch:
             self.freed(engine_rid)
 
     def saturated(self) -> bool:
-        """Whether the engine has about a prefill step's worth of requests it has not started."""
-        return (
-            self._unstarted_tokens >= self._settings.saturation_tokens
-            or len(self._unstarted) >= self._settings.saturation_requests
-        )
+        """Whether the engine has what it can admit at its next step (`engine_capacity`)."""
+        return self.capacity.saturated(self._unstarted_tokens, len(self._unstarted), self.inflight)
 
     def freed(self, engine_rid: str) -> None:
         """A request left the engine (or failed before it started)."""

@@ -152,17 +152,26 @@ class AuctionService:
         """The engine's token ids for a prompt (cached, read-only)."""
         return await self._engine.tokenize_array(text)
 
+    async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
+        """A conversation's prompt ids, rendered with the engine's chat template."""
+        return await self._engine.tokenize_chat(messages)
+
     def load(self) -> Load:
         """Requests waiting in the pool, and outstanding at the engine, now."""
         return Load(queue=len(self._pool), inflight=self._dispatch.inflight)
+
+    def engine_capacity(self) -> dict[str, Any]:
+        """The saturation limits in force and the engine facts they come from."""
+        return self._dispatch.capacity.describe()
 
     def recent_timings(self) -> list[tuple[float, float]]:
         """(overhead, batching wait) in seconds of the most recent requests, oldest first."""
         return self._dispatch.recent_timings()
 
     async def start(self) -> None:
-        """Start the ledger writer, then closing batches."""
+        """Start the ledger writer, learn the engine's limits, then close batches."""
         await self.writer.start()
+        await self._dispatch.capacity.start()
         self._runner = asyncio.create_task(self._pool.run(), name="batch-pool")
 
     async def stop(self) -> None:
@@ -176,6 +185,7 @@ class AuctionService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
         self._dispatch.close()
+        await self._dispatch.capacity.close()
         await self.writer.close()
 
     # Admission

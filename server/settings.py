@@ -77,12 +77,14 @@ class ServerSettings(LedgerSettings):
 
     # Batching is work-conserving (server.batching): while the engine can take more, a batch
     # closes at once with whatever waits, up to `batch_size`; while it is saturated, requests
-    # wait here and the next batch auctions the whole backlog. Saturated: the requests sent to
-    # the engine that have no first token yet (queued there, prefilling, or held back by the
-    # prefix deferral) add up to `saturation_tokens` prompt tokens (about one prefill step:
-    # SGLang's default chunked prefill size is 8192) or to `saturation_requests` requests.
-    # Counting prompt tokens, cached ones included, errs on the side of holding back; the
-    # request count bounds what short prompts can queue at the engine. `max_wait_ms` is an
+    # wait here and the next batch auctions the whole backlog. Saturated
+    # (server.engine_capacity): the requests sent to the engine that have no first token yet
+    # (queued there, prefilling, or held back by the prefix deferral) are what the engine can
+    # admit at its next step. By default that is learnt from the engine: its running-request
+    # limit less this server's requests running there, and one prefill chunk of prompt tokens
+    # (`/server_info`), and any waiting queue of its own (`/v1/loads`, polled every
+    # `engine_poll_ms` while requests are outstanding). `saturation_tokens` and
+    # `saturation_requests`, when set, override what the engine says. `max_wait_ms` is an
     # optional collection window while the engine is free: a batch then closes only once
     # `batch_size` requests wait or the oldest has waited that long (0: at once).
     # `max_inflight` caps the requests outstanding at the engine, started or not.
@@ -93,11 +95,15 @@ class ServerSettings(LedgerSettings):
     `batch_size` requests wait or the oldest waited this long (0: at once)."""
     max_inflight: int = Field(default=256, ge=1)
     """Hard cap on requests outstanding at the engine, started or not."""
-    saturation_tokens: int = Field(default=8_192, ge=1)
+    saturation_tokens: int | None = Field(default=None, ge=1)
     """The engine counts as saturated, and requests wait for the next auction, while the requests
-    sent to it without a first token hold this many prompt tokens."""
-    saturation_requests: int = Field(default=32, ge=1)
-    """...or while this many requests sent to it have no first token."""
+    sent to it without a first token hold this many prompt tokens (default: learned from the
+    engine, its chunked prefill size)."""
+    saturation_requests: int | None = Field(default=None, ge=1)
+    """...or while this many requests sent to it have no first token (default: learned from the
+    engine, its free running slots)."""
+    engine_poll_ms: float = Field(default=100.0, gt=0)
+    """How often the engine's waiting queue (`/v1/loads`) is read while requests are there."""
     max_queue: int = Field(default=10_000, ge=1)
     """The most requests waiting for a batch; beyond it new ones are answered 503."""
 

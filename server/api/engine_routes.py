@@ -52,8 +52,7 @@ async def server_info(state: State) -> dict[str, Any]:
         "batch_size": settings.batch_size,
         "max_wait_ms": settings.max_wait_ms,
         "max_inflight": settings.max_inflight,
-        "saturation_tokens": settings.saturation_tokens,
-        "saturation_requests": settings.saturation_requests,
+        **state.service.engine_capacity(),
         "schedule_policy": "average-bid-dfs auction",
         "replica": replica_name(settings),
     }

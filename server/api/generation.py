@@ -61,9 +61,15 @@ def parse_bid(value: Any, state: AppState) -> int:
 
 
 async def prompt_tokens(
-    state: AppState, text: str | None, input_ids: list[int] | None, field: str
+    state: AppState,
+    text: str | None,
+    input_ids: list[int] | None,
+    field: str,
+    messages: list[tuple[str, str]] | None = None,
 ) -> TokenArray:
-    """Token ids of the prompt (tokenized by the engine, cached), within the size limits."""
+    """Token ids of the prompt (tokenized by the engine, cached), within the size limits; a
+    chat's (`messages`, `text` their plain rendering) as the engine's chat template renders
+    them."""
     settings = state.settings
     if text is None and input_ids is None:
         raise InvalidRequest(
@@ -80,7 +86,10 @@ async def prompt_tokens(
                 param=field,
             )
         try:
-            tokens = await state.service.tokenize(text)
+            if messages is None:
+                tokens = await state.service.tokenize(text)
+            else:
+                tokens = await state.service.tokenize_chat(messages)
         except EngineTimeout as error:
             raise EngineTimedOut(f"tokenizing the prompt timed out: {error}") from None
         except EngineError as error:
@@ -236,3 +245,7 @@ async def _events(service: AuctionService, ticket: Ticket, render: Render) -> As
             # The client left before its batch closed; shielded so the hold is surely freed.
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(service.abandon(ticket))
+        elif not ticket.done and ticket.waiters == 0 and ticket.stop_engine is not None:
+            # It left mid-answer: the engine stops (SGLang aborts a request whose connection
+            # closes) and the request ends as a failed one, settled by that rule.
+            ticket.stop_engine("the client disconnected mid-stream")

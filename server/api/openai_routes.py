@@ -26,6 +26,13 @@ from inference_auctions.server.api.generation import (
     stream,
 )
 from inference_auctions.server.api.json_response import JSONBytes
+from inference_auctions.server.api.logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    new_entries,
+    openai_options,
+    refuse_unless_served,
+)
 from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.tickets import Chunk, Clearance
@@ -59,6 +66,9 @@ async def completions(request: Request) -> Response:
     ids = None if isinstance(prompt, str) else [int(t) for t in prompt]
     check_max_new_tokens(body.max_tokens, state, "max_tokens")
     sampling = _sampling(body.max_tokens, body.temperature, body.top_p, body.stop, body.seed)
+    if body.logprobs is not None:
+        refuse_unless_served(state, "logprobs")
+        sampling.update(openai_options(body.logprobs))
     return await _run(
         request,
         user,
@@ -84,6 +94,9 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = 128 if limit is None else limit
     check_max_new_tokens(max_tokens, state, "max_tokens")
     sampling = _sampling(max_tokens, body.temperature, body.top_p, body.stop, body.seed)
+    if body.logprobs or body.top_logprobs is not None:
+        refuse_unless_served(state, "logprobs" if body.logprobs else "top_logprobs")
+        sampling.update(openai_options(body.top_logprobs))
     text = chat_prompt(body.messages)
     return await _run(
         request,
@@ -96,11 +109,14 @@ async def chat_completions(request: Request) -> Response:
         sampling=sampling,
         streamed=body.stream,
         kind="chat.completion",
+        messages=[(m.role, m.content) for m in body.messages],
     )
 
 
 def chat_prompt(messages: list[ChatMessage]) -> str:
-    """A plain role-tagged transcript ending with the assistant's turn.
+    """A plain role-tagged transcript ending with the assistant's turn: the request's payload
+    (its fingerprint), and the prompt the emulator tokenizes. An SGLang engine renders the
+    messages with the served model's own chat template instead (`Engine.tokenize_chat`).
 
     Every conversation that shares its first messages shares a prompt prefix, so the cache
     and the auction's tree see multi-turn chats as the prefix tree they are.
@@ -140,14 +156,16 @@ async def _run(
     sampling: dict[str, Any],
     streamed: bool,
     kind: str,
+    messages: list[tuple[str, str]] | None = None,
 ) -> Response:
     bid = parse_bid(bid_value, state)
-    tokens = await prompt_tokens(state, text, input_ids, "prompt")
+    field = "prompt" if messages is None else "messages"
+    tokens = await prompt_tokens(state, text, input_ids, field, messages)
     payload = {"kind": kind, "text": text, "input_ids": input_ids, "sampling": sampling, "bid": bid}
     job = make_job(rid, tokens, bid, sampling, payload, streamed=streamed)
     ticket = await admit(state, user, job)
     model = state.settings.model_name
-    renderer = _Renderer(job.rid, model, kind)
+    renderer = _Renderer(job.rid, model, kind, logprobs="return_logprob" in sampling)
     if streamed:
         return stream(state.service, ticket, renderer.chunk)
     clearance, final = await complete(request, state.service, ticket)
@@ -157,10 +175,21 @@ async def _run(
 class _Renderer:
     """OpenAI-shaped bodies of one request: whole, or streamed as text deltas."""
 
-    def __init__(self, rid: str, model: str, kind: str) -> None:
+    def __init__(self, rid: str, model: str, kind: str, logprobs: bool = False) -> None:
         self.rid, self.model, self.kind = rid, model, kind
         self.created = int(time.time())
         self._sent = 0
+        self.logprobs = logprobs  # asked of the engine: OpenAI's shape of them goes out
+        self._logprobs_sent = 0
+
+    def _logprobs(self, meta: dict[str, Any]) -> dict[str, Any] | None:
+        """OpenAI's logprobs of the tokens not sent yet (None when not asked for)."""
+        if not self.logprobs:
+            return None
+        tokens, top, self._logprobs_sent = new_entries(meta, self._logprobs_sent)
+        if self.kind == "chat.completion":
+            return chat_logprobs(tokens, top)
+        return completion_logprobs(tokens, top)
 
     def _envelope(self, clearance: Clearance, suffix: str = "") -> dict[str, Any]:
         return {
@@ -174,27 +203,34 @@ class _Renderer:
     def whole(self, clearance: Clearance, final: Chunk) -> dict[str, Any]:
         """The non-streamed response."""
         reason = finish_reason(final.meta_info)
+        logprobs = self._logprobs(final.meta_info)
         if self.kind == "chat.completion":
             message = {"role": "assistant", "content": final.text}
             choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": reason}
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
         else:
-            choice = {"index": 0, "text": final.text, "finish_reason": reason, "logprobs": None}
+            choice = {"index": 0, "text": final.text, "finish_reason": reason, "logprobs": logprobs}
         return {**self._envelope(clearance), "choices": [choice], "usage": usage(final.meta_info)}
 
     def chunk(self, clearance: Clearance, chunk: Chunk | None) -> dict[str, Any]:
         """One streamed chunk: the delta since the previous one (empty before the first)."""
         delta = ""
         reason = None
+        logprobs = None
         if chunk is not None:
             delta, self._sent = chunk.text[self._sent :], len(chunk.text)
             reason = finish_reason(chunk.meta_info)
+            logprobs = self._logprobs(chunk.meta_info)
         if self.kind == "chat.completion":
             content: dict[str, Any] = {"content": delta}
             if chunk is None:
                 content["role"] = "assistant"
             choice: dict[str, Any] = {"index": 0, "delta": content, "finish_reason": reason}
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
         else:
-            choice = {"index": 0, "text": delta, "finish_reason": reason, "logprobs": None}
+            choice = {"index": 0, "text": delta, "finish_reason": reason, "logprobs": logprobs}
         body = {
             **self._envelope(clearance, ".chunk" if self.kind == "chat.completion" else ""),
             "choices": [choice],

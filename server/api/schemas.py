@@ -232,14 +232,6 @@ class SamplingParams(BaseModel):
         return self.model_dump(exclude_unset=True)
 
 
-_LOGPROBS_REFUSED = (
-    "return_logprob: this server returns no logprobs. The embedded SGLang emulator has no "
-    "model to score tokens with, and each request is one bid on one prompt, so SGLang's "
-    "frontend `select` (which scores all its choices in one batched request) cannot run "
-    "here; constrain `gen` with a `regex` such as '(yes|no)' instead"
-)
-
-
 class GenerateBody(RequestBody):
     """`POST /generate`: SGLang's request plus `bid` (credits; number or decimal string)."""
 
@@ -248,16 +240,20 @@ class GenerateBody(RequestBody):
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     rid: RequestId | None = None
     stream: bool = False
+    # Log probabilities, as SGLang's (`server.api.logprobs`: a real SGLang computes them).
+    return_logprob: bool = False
+    logprob_start_len: StrictInt | None = Field(default=None, ge=-1)
+    top_logprobs_num: StrictInt | None = Field(default=None, ge=0, le=20)
+    token_ids_logprob: list[TokenId] | None = Field(default=None, max_length=256)
+    return_text_in_logprobs: bool = False
     bid: Any = Field(
         default="0", description="Credits: a JSON number or a decimal string; none means 0"
     )
 
     @classmethod
     def check_raw(cls, data: Mapping[str, Any], limits: BodyLimits) -> None:
-        """Near-miss keys, logprobs (not served here), then the sampling size limits."""
+        """Near-miss keys, then the sampling size limits."""
         super().check_raw(data, limits)
-        if data.get("return_logprob"):
-            raise BodyRefused(_LOGPROBS_REFUSED, param="return_logprob")
         params = data.get("sampling_params")
         if isinstance(params, dict):
             check_sampling_limits(params, limits, "sampling_params.")
@@ -290,6 +286,8 @@ class CompletionBody(RequestBody):
     stream: bool = False
     seed: StrictInt | None = None
     rid: RequestId | None = None
+    # OpenAI's: the most likely alternatives per token, 0-5 (`server.api.logprobs`).
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
     bid: Any = Field(
         default="0", description="Credits: a JSON number or a decimal string; none means 0"
     )
@@ -318,6 +316,9 @@ class ChatBody(RequestBody):
     stream: bool = False
     seed: StrictInt | None = None
     rid: RequestId | None = None
+    # OpenAI's (`server.api.logprobs`): per-token logprobs, and 0-20 alternatives each.
+    logprobs: bool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     bid: Any = Field(
         default="0", description="Credits: a JSON number or a decimal string; none means 0"
     )

@@ -19,6 +19,7 @@ from inference_auctions.server.api.generation import (
     stream,
 )
 from inference_auctions.server.api.json_response import JSONBytes
+from inference_auctions.server.api.logprobs import native_options, refuse_unless_served
 from inference_auctions.server.api.schemas import GenerateBody
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.tickets import Chunk, Clearance
@@ -33,6 +34,8 @@ async def generate(request: Request) -> Response:
     """SGLang's `/generate` plus `bid` (credits); `meta_info.auction` tells the outcome."""
     state, user = await authenticated(request)
     body = await parse_body(request, GenerateBody)
+    if body.return_logprob:
+        refuse_unless_served(state, "return_logprob")
     if isinstance(body.text, list):
         raise InvalidRequest("batched requests are not supported; send one prompt per request")
     check_max_new_tokens(
@@ -42,6 +45,8 @@ async def generate(request: Request) -> Response:
     text = body.text if isinstance(body.text, str) else None
     tokens = await prompt_tokens(state, text, body.input_ids, "text")
     sampling = body.sampling_params.for_engine()
+    if body.return_logprob:
+        sampling.update(native_options(body))
     payload = {"text": body.text, "input_ids": body.input_ids, "sampling": sampling, "bid": bid}
     job = make_job(body.rid, tokens, bid, sampling, payload, streamed=body.stream)
     ticket = await admit(state, user, job)

@@ -57,12 +57,20 @@ from inference_auctions.server.settings import ServerSettings, without_password
     "--saturation-tokens",
     type=click.IntRange(min=1),
     help="The engine counts as saturated, and requests wait for the next auction, while the "
-    "requests sent to it without a first token hold this many prompt tokens.  [default: 8192]",
+    "requests sent to it without a first token hold this many prompt tokens.  [default: the "
+    "engine's chunked prefill size, else 8192]",
 )
 @click.option(
     "--saturation-requests",
     type=click.IntRange(min=1),
-    help="...or while this many requests sent to it have no first token.  [default: 32]",
+    help="...or while this many requests sent to it have no first token.  [default: what the "
+    "engine can start, from its running-request limit, else 32]",
+)
+@click.option(
+    "--engine-poll-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    help="How often the engine's waiting queue (/v1/loads) is read while requests are out.  "
+    "[default: 100]",
 )
 @click.option(
     "--dispatch-ahead/--no-dispatch-ahead",

@@ -168,11 +168,21 @@ class Engine(Protocol):
     async def tokenize(self, text: str) -> list[int]:
         """The engine's token ids for `text` (cached by prompt where that costs I/O)."""
 
+    async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
+        """The prompt ids of (role, content) messages in the engine's chat template, ending
+        with the opening of the assistant's turn, as its own chat route renders them."""
+
     async def context_length(self) -> int | None:
         """The model's context length in tokens (None when the engine does not say)."""
 
     async def flush_cache(self) -> bool:
         """Empty the engine's prefix cache; False while requests run or wait (SGLang's rule)."""
+
+    async def server_info(self) -> dict[str, Any] | None:
+        """SGLang's `/server_info` (limits in `internal_states`); None when not stated."""
+
+    async def loads(self) -> dict[str, Any] | None:
+        """SGLang's `/v1/loads` (`num_waiting_reqs` per rank); None when not stated."""
 
     def dispatch(self, requests: Sequence[EngineRequest]) -> list[Generation]:
         """Send `requests` in this order, in the background; one `Generation` each."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from http import HTTPStatus
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from inference_auctions.server.engine.errors import (
 )
 from inference_auctions.server.engine.generation import EngineBase, Generation
 from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME, LiveRequest, LiveSimulator
+from inference_auctions.server.engine.sglang_openai import render_chat
 from inference_auctions.server.engine.sglang_request import (
     check_context_length,
     parse_sampling_params,
@@ -90,9 +92,21 @@ class EmbeddedEngine(EngineBase):
             return await asyncio.to_thread(encode, text)
         return encode(text)
 
+    async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
+        """The emulator's fixed chat template (`server.engine.sglang_openai.render_chat`)."""
+        return await self.tokenize_array(render_chat(messages))
+
     async def context_length(self) -> int:
         """The emulated model's context: its KV capacity, as the emulator's `/tokenize` says."""
         return self.live.simulator.cache.capacity
+
+    async def server_info(self) -> dict[str, Any]:
+        """The emulated `/server_info`: the simulator's limits, as SGLang states them."""
+        return self.live.server_info()
+
+    async def loads(self) -> dict[str, Any]:
+        """The emulated `/v1/loads`: one rank."""
+        return {"loads": [self.live.loads()]}
 
     async def flush_cache(self) -> bool:
         """Empty the emulated prefix cache, unless requests run or wait."""

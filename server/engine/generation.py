@@ -221,6 +221,14 @@ class EngineBase(ABC):
             if not generation.done():
                 generation.cancel()
 
+    async def server_info(self) -> dict[str, Any] | None:
+        """The engine's `/server_info` (its limits); None for an engine that states none."""
+        return None
+
+    async def loads(self) -> dict[str, Any] | None:
+        """The engine's `/v1/loads` (its waiting queue); None for an engine that has none."""
+        return None
+
     @abstractmethod
     def _send(self, generations: list[Generation]) -> None:
         """Start `generations` in this order (each ends by `finish` or `fail`)."""

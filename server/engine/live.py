@@ -218,6 +218,33 @@ class LiveSimulator:
             "cache_hit_rate": simulator.stats.cache_hit_rate,
         }
 
+    def internal_state(self) -> dict[str, Any]:
+        """One rank's entry in `/server_info`'s `internal_states`: its load and the effective
+        limits, as SGLang's scheduler states them (no running-request limit: none stated)."""
+        simulator = self.simulator
+        state = {
+            **self.loads(),
+            "chunked_prefill_size": simulator.chunked_prefill_size,
+        }
+        if simulator.max_running_requests is not None:
+            state["effective_max_running_requests_per_dp"] = simulator.max_running_requests
+        return state
+
+    def server_info(self) -> dict[str, Any]:
+        """The scheduling facts of SGLang's `/server_info`, as emulated."""
+        simulator = self.simulator
+        return {
+            "model_path": self.model_name,
+            "served_model_name": self.model_name,
+            "schedule_policy": "fcfs",
+            "enable_priority_scheduling": simulator.priority_scheduling,
+            "schedule_low_priority_values_first": simulator.low_priority_values_first,
+            "chunked_prefill_size": simulator.chunked_prefill_size,
+            "max_running_requests": simulator.max_running_requests,
+            "max_total_num_tokens": simulator.cache.capacity,
+            "internal_states": [self.internal_state()],
+        }
+
     async def _drive(self) -> None:
         try:
             await self._follow_the_clock()

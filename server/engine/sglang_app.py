@@ -42,6 +42,7 @@ from inference_auctions.server.engine.sglang_openai import (
     openai_error_body,
     parse_chat_body,
     parse_completion_body,
+    render_chat,
     sendable,
     stop_cut,
 )
@@ -278,9 +279,15 @@ class _Routes:
         return await _openai_answer(submitted, shaper, request)
 
     async def tokenize(self, request: Request) -> Response:
-        """`/tokenize`: a prompt or a list of prompts."""
+        """`/tokenize`: a prompt, a list of prompts, or chat `messages` (in the emulator's
+        fixed chat template, with the assistant turn's opening, as its chat route renders)."""
         body = await _body(request)
         prompt = body.get("prompt") if isinstance(body, dict) else None
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if prompt is None and isinstance(messages, list):
+            turns = [(m.get("role"), m.get("content")) for m in messages if isinstance(m, dict)]
+            if turns and all(isinstance(r, str) and isinstance(c, str) for r, c in turns):
+                prompt = render_chat(turns)  # type: ignore[arg-type]
         if isinstance(prompt, str):
             tokens = self.book.learn(prompt)
             return JSONResponse(
@@ -338,23 +345,14 @@ class _Routes:
 
     async def server_info(self) -> dict[str, Any]:
         """`/server_info`: SGLang's scheduling settings as emulated, and the cost model."""
-        simulator = self.simulator
         return {
-            "model_path": self.live.model_name,
-            "served_model_name": self.live.model_name,
-            "schedule_policy": "fcfs",
-            "enable_priority_scheduling": simulator.priority_scheduling,
-            "schedule_low_priority_values_first": simulator.low_priority_values_first,
-            "chunked_prefill_size": simulator.chunked_prefill_size,
-            "max_running_requests": simulator.max_running_requests,
-            "max_total_num_tokens": self.capacity,
+            **self.live.server_info(),
             "enable_metrics": True,
             "version": _emulator_version(),
             "emulator": {
                 "time_scale": self.live.time_scale,
-                "cost_model": dataclasses.asdict(simulator.cost_model),
+                "cost_model": dataclasses.asdict(self.simulator.cost_model),
             },
-            "internal_states": [self.live.loads()],
         }
 
     async def flush_cache(self) -> PlainTextResponse:

@@ -78,6 +78,8 @@ from inference_auctions.server.engine.local_tokenizer import (
     TokenizerMismatch,
     tokenizer_disagreement,
 )
+from inference_auctions.server.engine.sglang_openai import render_chat
+from inference_auctions.server.engine.sglang_request import REQUEST_LEVEL_KEYS
 
 __all__ = ["SGLangHTTPEngine"]
 
@@ -202,6 +204,7 @@ class SGLangHTTPEngine(EngineBase):
         self._tokens: OrderedDict[str, TokenArray] = OrderedDict()
         self._context_length: int | None = None
         self._context_asked = False  # an SGLang without `max_model_len` is asked only once
+        self._renders_chats = True  # its /tokenize takes chat `messages` (SGLang 0.5.23 does)
         self._tokenize_cache_size = tokenize_cache_size
         self._tokenizing: dict[str, asyncio.Task[TokenArray]] = {}
         self.tokenizer = tokenizer
@@ -262,14 +265,51 @@ class SGLangHTTPEngine(EngineBase):
             self._client = None
 
     async def health(self) -> bool:
-        """True if SGLang's `/health` answers 200."""
+        """True if SGLang's scheduler answers `/v1/loads` (200).
+
+        Not SGLang's `/health`: that one queues a one-token generation at the lowest priority,
+        which under load waits behind every auctioned request and shows in the waiting queue
+        the saturation rule reads (`server.engine_capacity`). `/v1/loads` is answered by the
+        scheduler itself, so it proves the same liveness without generating. An SGLang without
+        it is asked `/health`."""
         if self._client is None:
             return False
+        for path in ("/v1/loads", "/health"):
+            try:
+                response = await self._client.request("GET", path, timeout=self.control_timeout)
+            except HTTPClientError:
+                return False
+            if response.status != HTTPStatus.NOT_FOUND:
+                return response.status == HTTPStatus.OK
+        return False
+
+    async def server_info(self) -> dict[str, Any] | None:
+        """SGLang's `/server_info`: its flags, and the effective limits in `internal_states`."""
+        return await self._control_json("/server_info")
+
+    async def loads(self) -> dict[str, Any] | None:
+        """SGLang's `/v1/loads`: each rank's waiting and running requests."""
+        return await self._control_json("/v1/loads")
+
+    async def _control_json(self, path: str) -> dict[str, Any] | None:
+        """A GET of a control route as a JSON object (None if SGLang does not serve it)."""
+        if self._client is None:
+            raise EngineUnavailable("the SGLang engine is not started")
         try:
-            response = await self._client.request("GET", "/health", timeout=self.control_timeout)
-        except HTTPClientError:
-            return False
-        return response.status == HTTPStatus.OK
+            response = await self._client.request("GET", path, timeout=self.control_timeout)
+        except HTTPTimeout as error:
+            raise EngineTimeout(f"SGLang {path} timed out: {error!r}") from error
+        except HTTPClientError as error:
+            raise EngineUnavailable(f"SGLang {path} unreachable: {error!r}") from error
+        if response.status == HTTPStatus.NOT_FOUND:
+            return None
+        if response.status != HTTPStatus.OK:
+            raise _status_error(response.status, _error_message(response.content, response.status))
+        try:
+            data = response.json()
+        except ValueError as error:
+            raise EngineProtocolError(f"SGLang {path} sent a body that is not JSON") from error
+        return data if isinstance(data, dict) else None
 
     async def tokenize(self, text: str) -> list[int]:
         """SGLang's token ids for `text`, from the cache or its `/tokenize`, as a new list."""
@@ -297,6 +337,45 @@ class SGLangHTTPEngine(EngineBase):
             self.tokenize_hits += 1
         # Shielded: one caller giving up must not cancel the request the others wait on.
         return await asyncio.shield(task)
+
+    async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
+        """The conversation rendered by SGLang with the served model's chat template: its
+        `/tokenize` with `messages`, which renders exactly as its own chat route does (with
+        the assistant turn's opening). One round trip per conversation, not cached: every
+        turn of a chat is a new prompt. An engine whose `/tokenize` refuses `messages` (one
+        older than SGLang 0.5.23, or without a chat template) is sent the plain transcript
+        (`server.engine.sglang_openai.render_chat`) from then on."""
+        if self._client is None:
+            raise EngineUnavailable("the SGLang engine is not started")
+        if not self._renders_chats:
+            return await self.tokenize_array(render_chat(messages))
+        body = {"messages": [{"role": role, "content": content} for role, content in messages]}
+        try:
+            response = await self._client.request(
+                "POST", "/tokenize", body, timeout=self.control_timeout
+            )
+        except HTTPTimeout as error:
+            raise EngineTimeout(f"SGLang /tokenize timed out: {error!r}") from error
+        except HTTPClientError as error:
+            raise EngineUnavailable(f"SGLang /tokenize unreachable: {error!r}") from error
+        if HTTPStatus.BAD_REQUEST <= response.status < HTTPStatus.INTERNAL_SERVER_ERROR:
+            log.warning(
+                "SGLang's /tokenize refused chat messages (%s): chats are sent as plain "
+                "transcripts",
+                _error_message(response.content, response.status),
+            )
+            self._renders_chats = False
+            return await self.tokenize_array(render_chat(messages))
+        if response.status != HTTPStatus.OK:
+            status = response.status
+            raise _status_error(status, _error_message(response.content, status))
+        try:
+            tokens = response.json().get("tokens")
+        except (ValueError, AttributeError) as error:
+            raise EngineProtocolError("SGLang /tokenize sent a malformed body") from error
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise EngineProtocolError("SGLang /tokenize sent no token list")
+        return _token_array(tokens)
 
     async def context_length(self) -> int | None:
         """SGLang's context length (`max_model_len` of its `/tokenize`), asked once."""
@@ -441,12 +520,17 @@ class SGLangHTTPEngine(EngineBase):
 
     def _body(self, generation: Generation) -> dict[str, Any]:
         request = generation.request
+        params = request.sampling_params
         body: dict[str, Any] = {
             "input_ids": request.input_ids,
-            "sampling_params": request.sampling_params,
+            "sampling_params": params,
             "rid": request.rid,
             "stream": self._streams(request),
         }
+        if "return_logprob" in params:  # request options carried with the sampling ones
+            params = dict(params)
+            body.update((key, params.pop(key)) for key in REQUEST_LEVEL_KEYS if key in params)
+            body["sampling_params"] = params
         if self.mode == "priority":
             body["priority"] = request.priority
         return body

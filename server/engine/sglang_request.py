@@ -23,6 +23,8 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
+    "LOGPROBS_REFUSED",
+    "REQUEST_LEVEL_KEYS",
     "SAMPLING_PARAM_NAMES",
     "ContractError",
     "GenerateInput",
@@ -32,6 +34,18 @@ __all__ = [
 ]
 
 DEFAULT_MAX_NEW_TOKENS = 128
+# Request options of SGLang's `/generate` body that the auction server carries with a
+# request's sampling parameters; its SGLang backend sends them at the top level.
+REQUEST_LEVEL_KEYS = (
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "return_text_in_logprobs",
+)
+LOGPROBS_REFUSED = (
+    "return_logprob: the SGLang emulator returns no logprobs (it has no model to score tokens with)"
+)
 _INT64_LIMIT = 2**63
 
 
@@ -270,7 +284,9 @@ def parse_generate_body(body: Any) -> GenerateInput:
     params = body.get("sampling_params")
     if params is not None:
         _check_sampling_contract(params)
-    # Then what SGLang checks while handling the request.
+    # Then what SGLang checks while handling the request, and what the emulator cannot do.
+    if body.get("return_logprob"):
+        raise ValueError(LOGPROBS_REFUSED)
     if batch or isinstance(rid, list) or isinstance(text, list) or isinstance(params, list):
         raise ValueError("Batch requests are not supported by this engine.")
     if (text is None) == (tokens is None):
