@@ -3,7 +3,10 @@
 Three paths, driven by the same `wrk` settings (2 threads, the same connection counts and
 duration, a short warm-up before each measured run), on this machine, in one run:
 
-* direct: `wrk` -> the SGLang emulator (`emulate-sglang --time-scale 0.001`, its own process);
+* direct: `wrk` -> the SGLang emulator (`emulate-sglang --time-scale 0.001`, its own process),
+  or with `--engine sglang` the real SGLang 0.5.23 on this CPU (`make sglang-env` builds it;
+  the tiny random-weight model, `--sglang-max-running` requests at once; the auction server
+  then tokenizes with that model's own tokenizer.json, and LiteLLM is left out);
 * auction: `wrk` -> the auction server (`inference-auction serve --engine-url <emulator>
   --tokenizer builtin`, its own process, a fresh one per connection count, over one ledger) ->
   the emulator; 8 users with large budgets, keys rotated and bids varied per request
@@ -74,6 +77,7 @@ from bench import serving_litellm as litellm
 from bench.serving_ledger import Audit, add_postgres_option, audit, create_users, fresh_database
 from bench.serving_processes import Service, free_port, settle, start_service
 from bench.serving_wrk import WrkResult, add_load_options, run_wrk
+from bench.sglang_cpu.launcher import SGLangServer, sglang_home
 from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME
 from inference_auctions.server.settings import ServerSettings
 
@@ -126,6 +130,8 @@ class Settings:
     output_tokens: int
     repeat: int
     direct_streamed: bool = False
+    engine: str = "emulator"  # or "sglang": the real SGLang on this CPU
+    sglang_max_running: int = 32
 
 
 class Bench:
@@ -156,7 +162,10 @@ class Bench:
         return service
 
     def start_shared(self) -> None:
-        """The emulator and, unless skipped, LiteLLM in front of it: both serve every table."""
+        """The engine and, unless skipped, LiteLLM in front of it: both serve every table."""
+        if self.settings.engine == "sglang":
+            self._start_sglang()
+            return
         port = free_port()
         command = [*_CLI, "emulate-sglang", "--port", str(port), "--log-level", "warning"]
         command += ["--time-scale", self.settings.time_scale]
@@ -191,6 +200,16 @@ class Bench:
         )
         if reply.status_code != 200:
             raise RuntimeError(f"LiteLLM -> emulator failed: {reply.status_code} {reply.text}")
+
+    def _start_sglang(self) -> None:
+        """The real SGLang as the engine, wrapped as a service so its CPU is read the same way."""
+        self.progress.update(self.task, description="starting SGLang (about 30 s)")
+        log = self.folder / "sglang.log"
+        server = SGLangServer(max_running_requests=self.settings.sglang_max_running, log_path=log)
+        server.start()
+        self.stack.callback(server.stop)
+        assert server.process is not None
+        self.emulator = Service("sglang", server.process, server.url, log)
 
     def _measure(
         self,
@@ -493,26 +512,46 @@ def _parse(argv: Sequence[str] | None) -> Settings:
         help="measure every connection count this many times, the paths alternating; the "
         "notes give the median and range (default: 1)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=["emulator", "sglang"],
+        default="emulator",
+        help="the engine behind every path: the emulator, or the real SGLang on this CPU "
+        "(built by `make sglang-env`; implies --skip-litellm and the model's own tokenizer) "
+        "(default: emulator)",
+    )
+    parser.add_argument(
+        "--sglang-max-running",
+        type=int,
+        default=32,
+        help="with --engine sglang: its --max-running-requests (default: 32)",
+    )
     parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     databases = ["sqlite", "postgresql"] if args.database == "both" else [args.database]
+    real_engine = args.engine == "sglang"
+    # The real engine's model has its own tokenizer: the server loads the very file SGLang
+    # loads, as a production deployment would.
+    tokenizer = str(sglang_home() / "model") if real_engine else args.tokenizer
     return Settings(
         connections=args.connections,
         seconds=args.seconds,
         warmup=args.warmup,
         single=not args.no_single,
         databases=databases,
-        litellm=not args.skip_litellm,
+        litellm=not (args.skip_litellm or real_engine),
         postgres_url=args.postgres_url,
         time_scale=args.time_scale,
         markdown=args.markdown,
         server_args=args.server_arg,
-        tokenizer=args.tokenizer,
+        tokenizer=tokenizer,
         output_tokens=args.output_tokens,
         repeat=args.repeat,
         direct_streamed=args.direct_streamed,
+        engine=args.engine,
+        sglang_max_running=args.sglang_max_running,
     )
 
 
