@@ -52,7 +52,7 @@ from inference_auctions.billing.errors import (
 )
 from inference_auctions.billing.export import render
 from inference_auctions.billing.group_commit import ClaimFailed, GroupOutcome
-from inference_auctions.billing.models import EntryKind
+from inference_auctions.billing.models import EntryKind, RequestStatus
 from inference_auctions.billing.periods import require_aware
 from inference_auctions.billing.records import (
     BalanceView,
@@ -583,6 +583,24 @@ class Ledger:
         if len(records) == 1:
             return [self._serve_one(records[0], now)]
         return self._write(lambda s: request_log.serve_scheduled(s, records, now))
+
+    def record_abandoned(
+        self, rid: str, cached_tokens: int | None = None, ttft_ms: float | None = None
+    ) -> None:
+        """Record a scheduled request `abandoned`: its client left after its first token was
+        produced, so it keeps its charge (docs/SPEC.md, "A client that leaves"); raises
+        `RequestNotScheduled` as `record_served`."""
+        now = self._now()
+        self._write(
+            lambda s: request_log.finish_scheduled(
+                s,
+                rid,
+                status=RequestStatus.ABANDONED,
+                cached_tokens=cached_tokens,
+                ttft_ms=ttft_ms,
+                now=now,
+            )
+        )
 
     def record_failed(
         self, rid: str, batch_id: str, name: str, *, target_micros: int, reason: str

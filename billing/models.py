@@ -110,11 +110,14 @@ class HoldState(enum.StrEnum):
 
 
 class RequestStatus(enum.StrEnum):
-    """A settled request's serving status."""
+    """A settled request's serving status: `served`, its whole answer delivered; `abandoned`,
+    its client left after its first token was produced (charged: its priority was delivered);
+    `failed`, the engine failed it or its client left before its first token (refunded)."""
 
     SCHEDULED = "scheduled"
     SERVED = "served"
     FAILED = "failed"
+    ABANDONED = "abandoned"
 
 
 def _in(column: str, values: type[enum.StrEnum]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +105,11 @@ class Ticket:
     error: ServiceError | None = None
     done: bool = False
     waiters: int = 0  # HTTP handlers following it (a retry adds one)
+    # Set once every client following it left after its batch closed (`server.departure`);
+    # `stop` ends its generation at the engine once it was sent.
+    left: bool = False
+    stop: Callable[[str], None] | None = None
+    first_token: float | None = None  # seconds from dispatch to its first token, once produced
     # The readers waiting for each kind of change (`server.waiters`): each wakes once per
     # change, and one that is cancelled cancels only its own wait.
     _on_cleared: Waiters = field(default_factory=Waiters)
@@ -166,6 +171,14 @@ class Ticket:
                 if self.error is not None:
                     raise self.error
                 return
+
+    def when_done(self) -> asyncio.Future[None]:
+        """A future of this reader's own, resolved once the request ended (as `when_cleared`)."""
+        if not self.done:
+            return self._on_done.wait()
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
 
     async def result(self) -> Chunk:
         """The final chunk; raises the error if the request failed."""

@@ -213,6 +213,7 @@ class SGLangHTTPEngine(EngineBase):
         self.tokenize_misses = 0
         self._queue: asyncio.Queue[Generation] = asyncio.Queue()
         self._sender: asyncio.Task[None] | None = None
+        self._aborting: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Open the connection pool and start the sender."""
@@ -487,6 +488,26 @@ class SGLangHTTPEngine(EngineBase):
             raise EngineTimeout(f"SGLang timed out on {request.rid!r}: {error!r}") from error
         except HTTPClientError as error:
             raise EngineUnavailable(f"SGLang unreachable for {request.rid!r}: {error!r}") from error
+        except asyncio.CancelledError:
+            # Cancelled (its client left, a deadline passed): the dropped connection aborts it
+            # too, but SGLang notices that only at its next check; `/abort_request` at once.
+            self._abort_at_engine(request.rid)
+            raise
+
+    def _abort_at_engine(self, rid: str) -> None:
+        if self._client is None or self._closed:
+            return
+        task = asyncio.create_task(self._post_abort(self._client, rid))
+        self._aborting.add(task)
+        task.add_done_callback(self._aborting.discard)
+
+    async def _post_abort(self, client: HTTPClient, rid: str) -> None:
+        try:
+            await client.request(
+                "POST", "/abort_request", {"rid": rid}, timeout=self.control_timeout
+            )
+        except HTTPClientError as error:  # the dropped connection still aborts it
+            log.info("SGLang's /abort_request for %r failed: %r", rid, error)
 
     async def _generate_once(
         self,
