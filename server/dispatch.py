@@ -138,10 +138,10 @@ class Serving:
                             ttft = ticket.first_token = time.monotonic() - ticket.dispatched
                             self.metrics.engine_ttft.observe(ttft)
                             self.started(ticket.engine_rid)
+                        # The engine's own objects, not copies: each chunk is made afresh,
+                        # and copying its cumulative ids would cost time quadratic in them.
                         chunk = Chunk(
-                            engine_chunk.text,
-                            list(engine_chunk.output_ids),
-                            dict(engine_chunk.meta_info),
+                            engine_chunk.text, engine_chunk.output_ids, engine_chunk.meta_info
                         )
                         if engine_chunk.finished:
                             return _Streamed(chunk, ttft, streamed=True)  # withheld until recorded
@@ -159,7 +159,7 @@ class Serving:
 
     async def _record_served(self, ticket: Ticket, streamed: _Streamed) -> ServiceError | None:
         """Commit `served`; the error to answer instead if that fails (None: committed)."""
-        final = streamed.final or (ticket.chunks[-1] if ticket.chunks else None)
+        final = streamed.final or ticket.last_chunk
         meta = {} if final is None else final.meta_info
         cached = meta.get("cached_tokens")
         cached_tokens = (

@@ -101,7 +101,10 @@ class Ticket:
         return self.closed - self.queued
 
     clearance: Clearance | None = None
-    chunks: list[Chunk] = field(default_factory=list)
+    # Only its latest chunk: chunks are cumulative (each holds the whole text so far), so
+    # keeping every one would cost memory quadratic in the answer's length.
+    last_chunk: Chunk | None = None
+    chunk_count: int = 0
     error: ServiceError | None = None
     done: bool = False
     waiters: int = 0  # HTTP handlers following it (a retry adds one)
@@ -122,9 +125,15 @@ class Ticket:
         self._on_cleared.wake()
 
     async def push(self, chunk: Chunk) -> None:
-        """Record one engine chunk."""
-        self.chunks.append(chunk)
+        """Record one engine chunk (it replaces the one before: chunks are cumulative)."""
+        self.last_chunk = chunk
+        self.chunk_count += 1
         self._on_chunk.wake()
+
+    def forget_chunks(self) -> None:
+        """Drop what the engine sent (it is sent again, from the start)."""
+        self.last_chunk = None
+        self.chunk_count = 0
 
     async def finish(self, error: ServiceError | None = None) -> None:
         """Record the end: the last chunk was pushed, or the request failed with `error`."""
@@ -157,20 +166,22 @@ class Ticket:
         return self.cleared()
 
     async def follow(self) -> AsyncIterator[Chunk]:
-        """Every chunk from the first, as they arrive; raises the error if the request fails."""
+        """The chunks as they arrive, the latest whenever there is a new one (a reader that
+        falls behind skips to it: each chunk holds everything before it); raises the error if
+        the request fails."""
         seen = 0
         while True:
-            if len(self.chunks) == seen and not self.done:
+            if self.chunk_count == seen and not self.done:
                 await self._on_chunk.wait()
                 continue
-            fresh = self.chunks[seen:]
-            seen += len(fresh)
-            for chunk in fresh:
-                yield chunk
-            if self.done and seen == len(self.chunks):
-                if self.error is not None:
-                    raise self.error
-                return
+            if self.chunk_count != seen:
+                seen = self.chunk_count
+                assert self.last_chunk is not None
+                yield self.last_chunk
+                continue
+            if self.error is not None:
+                raise self.error
+            return
 
     def when_done(self) -> asyncio.Future[None]:
         """A future of this reader's own, resolved once the request ended (as `when_cleared`)."""
@@ -187,6 +198,6 @@ class Ticket:
             await self._on_done.wait()
         if self.error is not None:
             raise self.error
-        if not self.chunks:
+        if self.last_chunk is None:
             raise ServiceError("the engine returned no output")
-        return self.chunks[-1]
+        return self.last_chunk
