@@ -39,6 +39,7 @@ from inference_auctions.server.admission import (
     release_hold,
     unavailable,
 )
+from inference_auctions.server.answer_memory import AnswerMemory
 from inference_auctions.server.batch_closing import BatchClosing
 from inference_auctions.server.batch_dispatch import BatchDispatch
 from inference_auctions.server.batching import BatchingPolicy, BatchPool, PoolClosed, QueueFull
@@ -130,6 +131,7 @@ class AuctionService:
             policy, closing, lambda: self._dispatch.inflight, saturated=self._dispatch.saturated
         )
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
+        self._answers = AnswerMemory(settings.answer_memory_mib * 2**20, self._forget_ticket)
         self._tasks: set[asyncio.Task[None]] = set()  # releases of abandoned requests
         self._runner: asyncio.Task[None] | None = None
 
@@ -209,6 +211,7 @@ class AuctionService:
             fingerprint=fingerprint,
             streamed=streamed,
         )
+        self._answers.reserve(ticket, self.settings.max_new_tokens_limit)  # 503 if over
         # Claimed before the first await, so a concurrent retry joins instead of racing.
         self._remember(key, ticket)
         try:
@@ -286,6 +289,10 @@ class AuctionService:
 
     def _forget(self, key: tuple[str, str]) -> None:
         self._tickets.pop(key, None)
+
+    def _forget_ticket(self, ticket: Ticket) -> None:
+        if self._tickets.get((ticket.user, ticket.rid)) is ticket:
+            del self._tickets[(ticket.user, ticket.rid)]
 
     def _wake_pool(self) -> None:
         # A method, not `self._pool.wake`: dispatch is made before the pool it wakes.

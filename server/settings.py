@@ -70,6 +70,10 @@ class ServerSettings(LedgerSettings):
     saturation_tokens: int = Field(default=8_192, ge=1)
     saturation_requests: int = Field(default=32, ge=1)
     max_queue: int = Field(default=10_000, ge=1)
+    # Memory for answers (server.answer_memory): each request in flight reserves what its
+    # `max_new_tokens` can hold, finished answers kept for retries count at their size; a
+    # request that cannot fit is refused with 503 and Retry-After (kept answers go first).
+    answer_memory_mib: int = Field(default=2_048, ge=1)
 
     # Dispatch ahead of the commit (server.speculation): a batch of at most
     # `dispatch_ahead_max_batch` requests, all of whose users could afford their queued bids

@@ -21,6 +21,7 @@ import httpx
 from inference_auctions.billing import Ledger
 from tests.db_fixtures import MigratedDatabase
 from tests.processes import free_port, wait_until_healthy
+from tests.server.harness import running_server
 from tests.server.money_audit import audit_money_against_answers
 
 _CLI = [sys.executable, "-m", "inference_auctions.server.cli"]
@@ -97,3 +98,52 @@ def test_long_free_answers_cost_memory_linear_in_their_length(
 
         assert asyncio.run(attack()) == [4_000] * 4  # whole answers
     audit_money_against_answers(ledger, {f"free/r{i}": "served" for i in range(4)})
+
+
+def test_answers_beyond_the_memory_budget_wait_their_turn_as_503s(
+    ledger_db: MigratedDatabase,
+) -> None:
+    # A budget of 1 MiB: four answers of 2,000 tokens at most (128 bytes a token reserved).
+    with running_server(
+        ledger_db, answer_memory_mib=1, emulator_time_scale=0.05, batch_size=64
+    ) as server:
+        key = server.create_user("free", budget=0)
+
+        async def flood() -> list[httpx.Response]:
+            async with server.async_client(key) as client:
+                long = {"max_new_tokens": 2_000, "ignore_eos": True}
+                return list(
+                    await asyncio.gather(
+                        *(
+                            client.post(
+                                "/generate",
+                                json={"rid": f"r{i}", "text": f"q {i}", "sampling_params": long},
+                            )
+                            for i in range(12)
+                        )
+                    )
+                )
+
+        responses = asyncio.run(flood())
+        statuses = sorted(r.status_code for r in responses)
+        assert set(statuses) == {200, 503}, statuses
+        assert statuses.count(200) <= 4
+        refused = [r for r in responses if r.status_code == 503]
+        assert all(r.headers["Retry-After"] == "1" for r in refused)
+        assert "answer_memory_mib" in refused[0].json()["error"]["message"]
+        # Too long for the whole budget: refused by name, even on an idle server.
+        alone = httpx.post(
+            f"{server.url}/generate",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"text": "q", "sampling_params": {"max_new_tokens": 9_000}},
+        )
+        assert alone.status_code == 503
+        served = {
+            f"free/{r.json()['meta_info']['id']}": "served"
+            for r in responses
+            if r.status_code == 200
+        }
+        audit_money_against_answers(server.ledger, served)
+        for i in range(12):
+            if f"free/r{i}" not in served:
+                assert server.ledger.find_request(f"free/r{i}") is None  # never settled
