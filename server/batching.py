@@ -121,7 +121,9 @@ class BatchPool(Generic[Item]):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
             while self._ready():
-                batch = self._waiting[: self._policy.batch_size]
+                # `max_inflight` is a hard cap: a batch takes only the room left under it.
+                room = min(self._policy.batch_size, self._policy.max_inflight - self._inflight())
+                batch = self._waiting[:room]
                 del self._waiting[: len(batch)]
                 await self._clear([waiting.item for waiting in batch])
                 self._mark_idle()
