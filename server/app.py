@@ -50,15 +50,12 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # An empty database gets the schema; a current one is kept.
         upgrade_schema(settings.database_url)
-        in_process = settings.ledger_writer == "process"
-        # The WAL checkpoints of a SQLite file run beside whoever writes most: the writer
-        # process, or this one's ledger thread (`billing.wal_checkpoints`).
-        ledger = Ledger.from_url(settings.database_url, checkpoint_in_background=not in_process)
+        # The WAL checkpoints of a SQLite file run beside this process's ledger thread
+        # (`billing.wal_checkpoints`).
+        ledger = Ledger.from_url(settings.database_url, checkpoint_in_background=True)
         backend = engine or make_engine_from(settings)
         await backend.start()
-        service = AuctionService(
-            settings, ledger, backend, ledger_url=settings.database_url if in_process else None
-        )
+        service = AuctionService(settings, ledger, backend)
         limiter = RateLimiter(*rate_limit_share(settings))
         app.state.services = AppState(
             settings=settings,

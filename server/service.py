@@ -88,12 +88,7 @@ class AuctionService:
         ledger: Ledger,
         engine: Engine,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        *,
-        ledger_url: str | None = None,
     ) -> None:
-        """`ledger_url`: the ledger's database as the operator named it, for a ledger writer
-        in processes of its own (`server.ledger_lanes`); without it, or for a SQLite database
-        in memory, the writer runs on threads of this process."""
         self.settings = settings
         self.ledger = ledger
         self._engine = engine
@@ -104,7 +99,6 @@ class AuctionService:
         self.writer = LedgerWriter(
             ledger,
             observe_group=self.metrics.ledger_group_writes.observe,
-            process_url=None if ledger.in_memory else ledger_url,
         )
         self._dispatch = BatchDispatch(
             settings, engine, ledger, self.writer, self.metrics, wake=self._wake_pool

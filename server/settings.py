@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from inference_auctions.billing import LedgerSettings, mask_database_url
 
@@ -83,12 +83,19 @@ class ServerSettings(LedgerSettings):
     dispatch_ahead: bool = True
     dispatch_ahead_max_batch: int = Field(default=64, ge=1)
 
-    # Where the serving path's group commits run (server.ledger_lanes): `thread`, threads of
-    # the server's own process; `process`, a process of their own beside the server's (two on
-    # PostgreSQL), so that they and the event loop never wait for each other's interpreter
-    # lock (docs/PERFORMANCE.md measures both). A SQLite database in memory always uses
-    # threads.
-    ledger_writer: Literal["process", "thread"] = "thread"
+    # The serving path's group commits run on threads of the server (server.ledger_lanes).
+    # `process` (a writer process of their own) was removed: it is refused by name.
+    ledger_writer: Literal["thread"] = "thread"
+
+    @field_validator("ledger_writer", mode="before")
+    @classmethod
+    def _writer_removed(cls, value: object) -> object:
+        if value == "process":
+            raise ValueError(
+                "the process ledger writer was removed: the ledger's group commits run on "
+                "threads of the server (ledger_writer 'thread', the default); drop the option"
+            )
+        return value
 
     # Input limits: anything above them is a 4xx that names the limit.
     max_bid_credits: int = Field(default=1_000, ge=0)

@@ -85,3 +85,18 @@ def test_the_readme_configuration_answers_a_newcomers_questions() -> None:
     settings = ServerSettings.model_fields
     for name in ["max_json_depth", "http_read_timeout_seconds", "max_connections"]:
         assert name in settings and f"`{name.upper()}`" in section
+
+
+def test_the_removed_process_ledger_writer_is_refused_by_name(tmp_path: Path) -> None:
+    database = f"sqlite:///{tmp_path / 'ledger.db'}"
+    result = _cli("serve", "--ledger-writer", "process", "--database-url", database)
+    assert result.returncode != 0
+    assert "process ledger writer was removed" in result.stderr
+    assert "threads of the server" in result.stderr
+    assert "Traceback" not in result.stderr
+    try:
+        ServerSettings(ledger_writer="process")  # type: ignore[arg-type]
+    except ValueError as error:  # INFERENCE_AUCTION_LEDGER_WRITER=process
+        assert "process ledger writer was removed" in str(error)
+    else:
+        raise AssertionError("the removed writer was accepted")
