@@ -53,7 +53,7 @@ class AnswerMemory:
                 "MiB, answer_memory_mib); retry shortly, or ask for fewer max_new_tokens"
             )
         self.used_bytes += need
-        ticket.on_finish = lambda: self._finished(ticket, need)
+        ticket.on_finish.append(lambda: self._finished(ticket, need))
 
     def _finished(self, ticket: Ticket, reserved: int) -> None:
         self.used_bytes -= reserved

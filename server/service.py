@@ -47,6 +47,7 @@ from inference_auctions.server.distrust import Distrust
 from inference_auctions.server.engine.base import Engine, TokenArray, TokenIds
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
 from inference_auctions.server.engine.sglang_request import check_context_length
+from inference_auctions.server.engine_shares import EngineShares
 from inference_auctions.server.errors import (
     EngineFailed,
     EngineTimedOut,
@@ -121,8 +122,13 @@ class AuctionService:
             max_inflight=settings.max_inflight,
             max_queue=settings.max_queue,
         )
+        self._shares = EngineShares(settings, wake=self._wake_pool)
         self._pool: BatchPool[Ticket] = BatchPool(
-            policy, closing, lambda: self._dispatch.inflight, saturated=self._dispatch.saturated
+            policy,
+            closing,
+            lambda: self._dispatch.inflight,
+            saturated=self._dispatch.saturated,
+            select=self._shares.select,
         )
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
         self._answers = AnswerMemory(settings.answer_memory_mib * 2**20, self._forget_ticket)
@@ -205,6 +211,7 @@ class AuctionService:
             fingerprint=fingerprint,
             streamed=streamed,
         )
+        self._shares.check(ticket)  # 400 for a free request bigger than free traffic's share
         self._answers.reserve(ticket, self.settings.max_new_tokens_limit)  # 503 if over
         # Claimed before the first await, so a concurrent retry joins instead of racing.
         self._remember(key, ticket)

@@ -74,6 +74,14 @@ class ServerSettings(LedgerSettings):
     # `max_new_tokens` can hold, finished answers kept for retries count at their size; a
     # request that cannot fit is refused with 503 and Retry-After (kept answers go first).
     answer_memory_mib: int = Field(default=2_048, ge=1)
+    # Shares of the engine (server.engine_shares): zero-bid requests together hold at most
+    # `zero_bid_share` of the `max_inflight` slots and of the engine's tokens; while others
+    # wait, one user gets no more once it holds `user_share`. `engine_tokens`: the engine's KV
+    # capacity in tokens (default: the embedded emulator's cache; unset for an engine URL, the
+    # shares count slots only).
+    zero_bid_share: float = Field(default=0.5, gt=0, le=1)
+    user_share: float = Field(default=0.5, gt=0, le=1)
+    engine_tokens: int | None = Field(default=None, ge=1)
 
     # Dispatch ahead of the commit (server.speculation): a batch of at most
     # `dispatch_ahead_max_batch` requests, all of whose users could afford their queued bids

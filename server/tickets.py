@@ -113,7 +113,9 @@ class Ticket:
     left: bool = False
     stop: Callable[[str], None] | None = None
     first_token: float | None = None  # seconds from dispatch to its first token, once produced
-    on_finish: Callable[[], None] | None = None  # called once, when it ends (its memory)
+    # Called once each, when it ends: what it held is released (`server.answer_memory`,
+    # `server.engine_shares`).
+    on_finish: list[Callable[[], None]] = field(default_factory=list)
     # The readers waiting for each kind of change (`server.waiters`): each wakes once per
     # change, and one that is cancelled cancels only its own wait.
     _on_cleared: Waiters = field(default_factory=Waiters)
@@ -140,9 +142,9 @@ class Ticket:
         """Record the end: the last chunk was pushed, or the request failed with `error`."""
         self.error = error
         self.done = True
-        on_finish, self.on_finish = self.on_finish, None
-        if on_finish is not None:
-            on_finish()
+        on_finish, self.on_finish = self.on_finish, []
+        for release in on_finish:
+            release()
         self._on_cleared.wake()
         self._on_chunk.wake()
         self._on_done.wake()
