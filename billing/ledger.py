@@ -756,3 +756,7 @@ class Ledger:
     def recent_clearing(self, since: datetime, max_batches: int) -> list[market.ClearingSample]:
         """Every user's priority and charge in the latest `max_batches` batches since `since`."""
         return self._read(lambda s: market.recent_clearing(s, since, max_batches))
+
+    def clearing_after(self, after: datetime, limit: int) -> list[market.ClearingSample]:
+        """Every user's priority and charge in the first `limit` batches closed after `after`."""
+        return self._read(lambda s: market.clearing_after(s, after, limit))
