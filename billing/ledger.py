@@ -318,7 +318,8 @@ class Ledger:
 
     def disable_user(self, name: str) -> UserInfo:
         """Refuse the user's new holds; holds already placed settle normally. Idempotent."""
-        return self._write(lambda s: users.set_disabled(s, name, True))
+        now = self._now()
+        return self._write(lambda s: users.set_disabled(s, name, True, now))
 
     def enable_user(self, name: str) -> UserInfo:
         """Undo `disable_user`. Idempotent."""
@@ -326,7 +327,8 @@ class Ledger:
 
     def rotate_api_key(self, name: str) -> str:
         """Give the user a new API key (returned once); the old key stops working."""
-        return self._write(lambda s: users.rotate_api_key(s, name))
+        now = self._now()
+        return self._write(lambda s: users.rotate_api_key(s, name, now))
 
     def set_budget(
         self,

@@ -143,6 +143,9 @@ class User(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean)
     disabled: Mapped[bool] = mapped_column(Boolean)
     created_at: Mapped[datetime]
+    # Dashboard sessions signed in before this moment are over: set when the key is rotated
+    # or the user disabled, so that enabling the user again revives none of them.
+    sessions_from: Mapped[datetime | None]
 
 
 class Budget(Base):
