@@ -193,7 +193,26 @@ class AuctionService:
         fingerprint: str,
         streamed: bool = True,
     ) -> Ticket:
-        """Hold the bid and queue the request; a retry of a known rid joins its ticket."""
+        """Hold the bid and queue the request; a retry of a known rid joins its ticket. A
+        refused request's prompt leaves the engine's caches (refused requests feed none)."""
+        try:
+            return await self._admit(
+                user, rid, tokens, bid_micros, sampling_params, fingerprint, streamed
+            )
+        except ServiceError:
+            self._engine.forget_prompt(tokens)
+            raise
+
+    async def _admit(
+        self,
+        user: str,
+        rid: str,
+        tokens: TokenIds,
+        bid_micros: int,
+        sampling_params: dict[str, Any],
+        fingerprint: str,
+        streamed: bool,
+    ) -> Ticket:
         key = (user, rid)
         known = self._tickets.get(key)
         if known is not None:

@@ -174,6 +174,9 @@ class Engine(Protocol):
     async def flush_cache(self) -> bool:
         """Empty the engine's prefix cache; False while requests run or wait (SGLang's rule)."""
 
+    def forget_prompt(self, tokens: TokenIds) -> None:
+        """Drop a refused request's prompt (these ids) from what the engine client caches."""
+
     def dispatch(self, requests: Sequence[EngineRequest]) -> list[Generation]:
         """Send `requests` in this order, in the background; one `Generation` each."""
 

@@ -229,6 +229,10 @@ class EngineBase(ABC):
             if not generation.done():
                 generation.cancel()
 
+    def forget_prompt(self, tokens: Any) -> None:
+        """Drop a refused request's prompt from the caches (an engine without one: nothing)."""
+        del tokens
+
     @abstractmethod
     def _send(self, generations: list[Generation]) -> None:
         """Start `generations` in this order (each ends by `finish` or `fail`)."""

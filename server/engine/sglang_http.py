@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -154,6 +155,10 @@ def _token_array(tokens: list[int]) -> TokenArray:
     return array
 
 
+def _entry_bytes(text: str, tokens: TokenArray) -> int:
+    return sys.getsizeof(text) + int(tokens.nbytes)
+
+
 def _inline(text: str) -> bool:
     """Whether `text` is short enough to tokenize locally on the event loop."""
     return len(text) <= INLINE_TOKENIZE_CHARS
@@ -184,6 +189,7 @@ class SGLangHTTPEngine(EngineBase):
         connect_timeout: float = 5.0,
         control_timeout: float = 30.0,
         tokenize_cache_size: int = 65_536,
+        tokenize_cache_bytes: int = 64 * 2**20,
         add_special_tokens: bool = True,
         api_key: str | None = None,
         tokenizer: LocalTokenizer | None = None,
@@ -203,6 +209,11 @@ class SGLangHTTPEngine(EngineBase):
         self._context_length: int | None = None
         self._context_asked = False  # an SGLang without `max_model_len` is asked only once
         self._tokenize_cache_size = tokenize_cache_size
+        # Bounded in bytes too (the texts and their ids), and no entry above a 64th of that:
+        # long prompts would otherwise fill it (a refused 1 MB prompt left 1.75 MB here).
+        self._tokenize_cache_bytes = tokenize_cache_bytes
+        self._token_bytes = 0
+        self._text_of: dict[int, str] = {}  # id of a cached array -> its text (`forget_prompt`)
         self._tokenizing: dict[str, asyncio.Task[TokenArray]] = {}
         self.tokenizer = tokenizer
         # The local tokenizer serves only once it agreed with the engine's on the probes.
@@ -354,11 +365,36 @@ class SGLangHTTPEngine(EngineBase):
         log.info("the local tokenizer (%s) agrees with the engine's", tokenizer.description)
 
     def _remember(self, text: str, tokens: TokenArray) -> TokenArray:
-        """Cache `tokens` as the ids of `text`, dropping the least recently used beyond the size."""
+        """Cache `tokens` as the ids of `text`, dropping the least recently used beyond the
+        size or the bytes; an entry above a 64th of the bytes is not kept at all."""
+        size = _entry_bytes(text, tokens)
+        if size > self._tokenize_cache_bytes // 64 or text in self._tokens:
+            return tokens
         self._tokens[text] = tokens
-        if len(self._tokens) > self._tokenize_cache_size:
-            self._tokens.popitem(last=False)
+        self._text_of[id(tokens)] = text
+        self._token_bytes += size
+        while self._tokens and (
+            len(self._tokens) > self._tokenize_cache_size
+            or self._token_bytes > self._tokenize_cache_bytes
+        ):
+            self._drop(next(iter(self._tokens)))
         return tokens
+
+    def forget_prompt(self, tokens: Any) -> None:
+        """Drop a refused request's prompt from the cache: refused requests do not feed it."""
+        text = self._text_of.get(id(tokens))
+        if text is not None and self._tokens.get(text) is tokens:
+            self._drop(text)
+
+    def _drop(self, text: str) -> None:
+        tokens = self._tokens.pop(text)
+        self._text_of.pop(id(tokens), None)
+        self._token_bytes -= _entry_bytes(text, tokens)
+
+    @property
+    def tokenize_cache_bytes(self) -> int:
+        """What the cached prompts and their ids take, as counted against the bound."""
+        return self._token_bytes
 
     async def flush_cache(self) -> bool:
         """Ask SGLang's `/flush_cache`: 200 when it flushed, 400 while requests run or wait."""
