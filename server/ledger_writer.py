@@ -44,6 +44,7 @@ after a settlement rides in the very next commit.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -61,6 +62,10 @@ from inference_auctions.server.ledger_lanes import Lane, ThreadLane
 __all__ = ["LedgerWriter"]
 
 T = TypeVar("T")
+
+# How long a failed commit, with none succeeding after it, makes the ledger count as unable
+# to write: past it, with no traffic to tell, `/health` gives the database another chance.
+_FAILED_FRESH = 30.0
 
 # A bound on one transaction, so a flood of holds cannot build one commit that blocks the
 # settlements behind it for long; what is left goes into the next commit at once.
@@ -97,6 +102,7 @@ class LedgerWriter:
         # Per user: available funds as of the last commit, and the bids queued since.
         self._available: dict[str, int] = {}
         self._queued_bids: dict[str, int] = {}
+        self._failed: tuple[float, str] | None = None  # (when, why) the last commit failed
 
     async def start(self) -> None:
         """Have the lanes ready before the first request."""
@@ -265,9 +271,22 @@ class LedgerWriter:
         try:
             outcome = await lane.commit(holds, claims, served)
         except Exception as error:
+            # The error's kind only: a database's message may quote statements and values.
+            self._failed = (time.monotonic(), type(error).__name__)
             return error
+        self._failed = None
         self._observe_group(len(holds) + len(claims) + len(served))
         return outcome
+
+    def cannot_write(self) -> str | None:
+        """Why the ledger cannot write, if its last commit failed (within `_FAILED_FRESH`
+        seconds) and none succeeded since; None otherwise. A database that answers reads may
+        still refuse writes (a full disk, a lock held past its timeout): `/health` asks this."""
+        failed = self._failed
+        if failed is None or time.monotonic() - failed[0] > _FAILED_FRESH:
+            return None
+        seconds = time.monotonic() - failed[0]
+        return f"its last commit failed {seconds:.0f} s ago ({failed[1]})"
 
 
 def _take(queue: list[T], most: int) -> list[T]:
