@@ -7,8 +7,12 @@ connection opening); a connection that is too slow is answered 408 if its header
 completed, and closed. Above `max_connections` open connections, a new one is answered 503
 and closed at once, before it can cost anything.
 
-The deadline covers reading only: once the body is in, the request may take as long as the
-engine needs, and a keep-alive connection idle between requests is uvicorn's to close.
+The read deadline covers reading only: once the body is in, the request may take as long as
+the engine needs, and a keep-alive connection idle between requests is uvicorn's to close.
+A write deadline covers the answer: a connection whose client has not taken any of what is
+waiting to be sent (the transport's buffer stays full) for `write_timeout` seconds is
+dropped, so a stream nobody reads cannot hold its connection (and its request at the engine)
+for good; its request then counts as left by its client (`server.departure`).
 """
 
 from __future__ import annotations
@@ -47,12 +51,14 @@ class _Guarded(HttpToolsProtocol):
     """The deadline and the cap on top of uvicorn's httptools protocol."""
 
     read_timeout = 30.0
+    write_timeout = 30.0
     max_connections = 2_048
     _last_refusal_logged = -_REFUSAL_LOG_SECONDS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._write_deadline: asyncio.TimerHandle | None = None
         self._headers_done = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -78,7 +84,33 @@ class _Guarded(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_deadline is None:
+            self._write_deadline = self.loop.call_later(self.write_timeout, self._not_read)
+
+    def resume_writing(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+        super().resume_writing()
+
+    def _not_read(self) -> None:
+        self._write_deadline = None
+        if self.transport.is_closing():
+            return
+        client = "{}:{}".format(*self.client) if self.client else "a client"
+        log.info(
+            "dropped the connection of %s: it took none of its answer for %g s",
+            client,
+            self.write_timeout,
+        )
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.parser is None:  # refused at connection_made: closing already
@@ -124,13 +156,23 @@ class _Guarded(HttpToolsProtocol):
         self.transport.close()
 
 
-def guarded_protocol(read_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
-    """The HTTP protocol class for uvicorn, with this deadline and this cap."""
-    attributes = {"read_timeout": read_timeout, "max_connections": max_connections}
+def guarded_protocol(
+    read_timeout: float, max_connections: int, write_timeout: float = 30.0
+) -> type[asyncio.Protocol]:
+    """The HTTP protocol class for uvicorn, with these deadlines and this cap."""
+    attributes = {
+        "read_timeout": read_timeout,
+        "max_connections": max_connections,
+        "write_timeout": write_timeout,
+    }
     return type("GuardedHttpProtocol", (_Guarded,), attributes)
 
 
 def uvicorn_config(app: Any, settings: ServerSettings, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration for the auction server `app`, with the guarded protocol."""
-    protocol = guarded_protocol(settings.http_read_timeout_seconds, settings.max_connections)
+    protocol = guarded_protocol(
+        settings.http_read_timeout_seconds,
+        settings.max_connections,
+        settings.http_write_timeout_seconds,
+    )
     return uvicorn.Config(app, http=protocol, **options)

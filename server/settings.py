@@ -119,6 +119,9 @@ class ServerSettings(LedgerSettings):
     # first byte (or after the connection opened) is cut off; above `max_connections` open
     # connections, a new one is answered 503 and closed at once.
     http_read_timeout_seconds: float = Field(default=30.0, gt=0)
+    # A connection whose client takes none of its waiting answer for this long is dropped
+    # (a stream nobody reads); its request counts as left by its client.
+    http_write_timeout_seconds: float = Field(default=30.0, gt=0)
     max_connections: int = Field(default=2_048, ge=1)
 
     # Per-key rate limit (token bucket): sustained requests per second and burst, for the
