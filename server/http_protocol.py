@@ -9,6 +9,12 @@ and closed at once, before it can cost anything.
 
 The read deadline covers reading only: once the body is in, the request may take as long as
 the engine needs, and a keep-alive connection idle between requests is uvicorn's to close.
+The cap is shared: one client address (other than a trusted proxy's, `trusted_proxies`) may
+hold at most `client_share` of it, and at the cap a new connection takes the place of an idle
+one (no request being served: half-open, trickling its headers, or idle between requests) of
+the address holding the most, before it is refused: a client holding idle sockets cannot keep
+others out.
+
 A write deadline covers the answer: a connection whose client has not taken any of what is
 waiting to be sent (the transport's buffer stays full) for `write_timeout` seconds is
 dropped, so a stream nobody reads cannot hold its connection (and its request at the engine)
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 import uvicorn
@@ -30,6 +37,11 @@ from inference_auctions.server.settings import ServerSettings
 __all__ = ["guarded_protocol", "uvicorn_config"]
 
 log = logging.getLogger(__name__)
+
+
+def _host(transport: asyncio.BaseTransport) -> str | None:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else None
 
 
 def _plain_response(status: str, text: str, *headers: str) -> bytes:
@@ -53,6 +65,8 @@ class _Guarded(HttpToolsProtocol):
     read_timeout = 30.0
     write_timeout = 30.0
     max_connections = 2_048
+    client_share = 0.25
+    trusted_proxies: frozenset[str] = frozenset()
     _last_refusal_logged = -_REFUSAL_LOG_SECONDS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -62,20 +76,45 @@ class _Guarded(HttpToolsProtocol):
         self._headers_done = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.max_connections:
+        host = _host(transport)
+        if host not in self.trusted_proxies:
+            own = sum(1 for c in self.connections if isinstance(c, _Guarded) and c._host == host)
+            if own >= max(1, int(self.max_connections * self.client_share)):
+                self._refuse(transport, f"{host} holds its share of the connections")
+                return
+        if len(self.connections) >= self.max_connections and not self._drop_an_idle_one():
             self._refuse(transport)
             return
+        self._host = host
         super().connection_made(transport)
         self._arm()
 
-    def _refuse(self, transport: asyncio.Transport) -> None:
+    _host: str | None = None
+
+    def _drop_an_idle_one(self) -> bool:
+        """Close an idle connection of the address holding the most; False if none is idle."""
+        idle = [
+            c
+            for c in self.connections
+            if isinstance(c, _Guarded) and (c.cycle is None or c.cycle.response_complete)
+        ]
+        if not idle:
+            return False
+        held = Counter(c._host for c in self.connections if isinstance(c, _Guarded))
+        victim = max(idle, key=lambda c: held[c._host])
+        victim.transport.abort()
+        self.connections.discard(victim)
+        return True
+
+    def _refuse(self, transport: asyncio.Transport, why: str = "") -> None:
         now = time.monotonic()
         cls = type(self)
         if now - cls._last_refusal_logged >= _REFUSAL_LOG_SECONDS:
             cls._last_refusal_logged = now
             log.warning(
-                "%d connections are open, the limit (max_connections): refusing new ones",
+                "%d connections are open, the limit (max_connections)%s: refusing new ones",
                 len(self.connections),
+                f"; {why}" if why else "",
             )
         self.transport = transport
         self.parser = None  # type: ignore[assignment]  # nothing is parsed on this connection
@@ -157,13 +196,19 @@ class _Guarded(HttpToolsProtocol):
 
 
 def guarded_protocol(
-    read_timeout: float, max_connections: int, write_timeout: float = 30.0
+    read_timeout: float,
+    max_connections: int,
+    write_timeout: float = 30.0,
+    client_share: float = 0.25,
+    trusted_proxies: frozenset[str] = frozenset(),
 ) -> type[asyncio.Protocol]:
-    """The HTTP protocol class for uvicorn, with these deadlines and this cap."""
+    """The HTTP protocol class for uvicorn, with these deadlines, this cap and its shares."""
     attributes = {
         "read_timeout": read_timeout,
         "max_connections": max_connections,
         "write_timeout": write_timeout,
+        "client_share": client_share,
+        "trusted_proxies": trusted_proxies,
     }
     return type("GuardedHttpProtocol", (_Guarded,), attributes)
 
@@ -174,5 +219,7 @@ def uvicorn_config(app: Any, settings: ServerSettings, **options: Any) -> uvicor
         settings.http_read_timeout_seconds,
         settings.max_connections,
         settings.http_write_timeout_seconds,
+        settings.connection_share_per_client,
+        frozenset(settings.trusted_proxies),
     )
     return uvicorn.Config(app, http=protocol, **options)

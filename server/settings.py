@@ -122,6 +122,10 @@ class ServerSettings(LedgerSettings):
     # A connection whose client takes none of its waiting answer for this long is dropped
     # (a stream nobody reads); its request counts as left by its client.
     http_write_timeout_seconds: float = Field(default=30.0, gt=0)
+    # One client address may hold at most this share of `max_connections`; a trusted proxy's
+    # addresses (SMG, a load balancer) are exempt, its clients told apart by their keys.
+    connection_share_per_client: float = Field(default=0.25, gt=0, le=1)
+    trusted_proxies: list[str] = Field(default_factory=list)
     max_connections: int = Field(default=2_048, ge=1)
 
     # Per-key rate limit (token bucket): sustained requests per second and burst, for the
