@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,8 @@ from inference_auctions.billing import HoldView
 from inference_auctions.server.engine.base import TokenIds
 from inference_auctions.server.errors import ServiceError
 from inference_auctions.server.waiters import Waiters
+
+_RECENT_CHUNKS = 4  # chunks a slow reader can still read one by one; past them it skips
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +104,11 @@ class Ticket:
         return self.closed - self.queued
 
     clearance: Clearance | None = None
-    # Only its latest chunk: chunks are cumulative (each holds the whole text so far), so
+    # Only its latest few chunks: chunks are cumulative (each holds the whole text so far), so
     # keeping every one would cost memory quadratic in the answer's length.
     last_chunk: Chunk | None = None
     chunk_count: int = 0
+    _recent: deque[Chunk] = field(default_factory=lambda: deque(maxlen=_RECENT_CHUNKS))
     error: ServiceError | None = None
     done: bool = False
     waiters: int = 0  # HTTP handlers following it (a retry adds one)
@@ -131,12 +135,14 @@ class Ticket:
         """Record one engine chunk (it replaces the one before: chunks are cumulative)."""
         self.last_chunk = chunk
         self.chunk_count += 1
+        self._recent.append(chunk)
         self._on_chunk.wake()
 
     def forget_chunks(self) -> None:
         """Drop what the engine sent (it is sent again, from the start)."""
         self.last_chunk = None
         self.chunk_count = 0
+        self._recent.clear()
 
     async def finish(self, error: ServiceError | None = None) -> None:
         """Record the end: the last chunk was pushed, or the request failed with `error`."""
@@ -181,9 +187,12 @@ class Ticket:
                 await self._on_chunk.wait()
                 continue
             if self.chunk_count != seen:
-                seen = self.chunk_count
-                assert self.last_chunk is not None
-                yield self.last_chunk
+                behind = self.chunk_count - seen
+                if behind > len(self._recent):  # fell far behind: skip to the latest
+                    seen = self.chunk_count - 1
+                    behind = 1
+                seen += 1
+                yield self._recent[-behind]
                 continue
             if self.error is not None:
                 raise self.error

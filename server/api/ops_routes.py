@@ -29,8 +29,10 @@ async def health(state: State) -> Response:
     fail; 503 (naming which) otherwise."""
     service = state.service
     engine_ok = await service.engine_healthy()
-    cannot_write = service.writer.cannot_write()
-    ledger_ok = cannot_write is None and await _ledger_answers(state)
+    answers = await _ledger_answers(state)
+    # Unreachable says more than unable to write; a write failure counts only while it reads.
+    cannot_write = service.writer.cannot_write() if answers else None
+    ledger_ok = answers and cannot_write is None
     problems = [name for name, ok in (("engine", engine_ok), ("ledger", ledger_ok)) if not ok]
     load = service.load()
     body: dict[str, Any] = {
