@@ -26,8 +26,6 @@ A refused operation leaves the ledger unchanged: validation happens before any w
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class LedgerError(Exception):
     """Base class of every error the ledger raises on purpose."""
@@ -35,19 +33,6 @@ class LedgerError(Exception):
     def __init__(self, message: str) -> None:
         self.message = message
         super().__init__(message)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Rebuilt from its fields, not by calling `__init__` again with the message (the
-        # subclasses take other arguments): a server's ledger writer process sends the errors
-        # it decides back to the server as they are (`server.ledger_process`).
-        return (_rebuilt, (type(self), self.args, dict(vars(self))))
-
-
-def _rebuilt(kind: type[LedgerError], args: tuple[Any, ...], fields: dict[str, Any]) -> LedgerError:
-    error = kind.__new__(kind)
-    error.args = args
-    vars(error).update(fields)
-    return error
 
 
 class InvalidInput(LedgerError):

@@ -53,7 +53,7 @@ from inference_auctions.billing.errors import (
 )
 from inference_auctions.billing.export import render
 from inference_auctions.billing.group_commit import ClaimFailed, GroupOutcome
-from inference_auctions.billing.models import EntryKind
+from inference_auctions.billing.models import EntryKind, RequestStatus
 from inference_auctions.billing.periods import require_aware
 from inference_auctions.billing.records import (
     BalanceView,
@@ -319,7 +319,8 @@ class Ledger:
 
     def disable_user(self, name: str) -> UserInfo:
         """Refuse the user's new holds; holds already placed settle normally. Idempotent."""
-        return self._write(lambda s: users.set_disabled(s, name, True))
+        now = self._now()
+        return self._write(lambda s: users.set_disabled(s, name, True, now))
 
     def enable_user(self, name: str) -> UserInfo:
         """Undo `disable_user`. Idempotent."""
@@ -327,7 +328,8 @@ class Ledger:
 
     def rotate_api_key(self, name: str) -> str:
         """Give the user a new API key (returned once); the old key stops working."""
-        return self._write(lambda s: users.rotate_api_key(s, name))
+        now = self._now()
+        return self._write(lambda s: users.rotate_api_key(s, name, now))
 
     def set_budget(
         self,
@@ -585,6 +587,24 @@ class Ledger:
             return [self._serve_one(records[0], now)]
         return self._write(lambda s: request_log.serve_scheduled(s, records, now))
 
+    def record_abandoned(
+        self, rid: str, cached_tokens: int | None = None, ttft_ms: float | None = None
+    ) -> None:
+        """Record a scheduled request `abandoned`: its client left after its first token was
+        produced, so it keeps its charge (docs/SPEC.md, "A client that leaves"); raises
+        `RequestNotScheduled` as `record_served`."""
+        now = self._now()
+        self._write(
+            lambda s: request_log.finish_scheduled(
+                s,
+                rid,
+                status=RequestStatus.ABANDONED,
+                cached_tokens=cached_tokens,
+                ttft_ms=ttft_ms,
+                now=now,
+            )
+        )
+
     def record_failed(
         self, rid: str, batch_id: str, name: str, *, target_micros: int, reason: str
     ) -> RefundResult:
@@ -750,3 +770,7 @@ class Ledger:
     def recent_clearing(self, since: datetime, max_batches: int) -> list[market.ClearingSample]:
         """Every user's priority and charge in the latest `max_batches` batches since `since`."""
         return self._read(lambda s: market.recent_clearing(s, since, max_batches))
+
+    def clearing_after(self, after: datetime, limit: int) -> list[market.ClearingSample]:
+        """Every user's priority and charge in the first `limit` batches closed after `after`."""
+        return self._read(lambda s: market.clearing_after(s, after, limit))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -38,6 +39,7 @@ class ClearingSample:
     requests: int
     priority: float
     charge_micros: int
+    user_id: int = 0  # tells users apart (how many a published figure draws on), never named
 
 
 def spend_since(session: Session, name: str, since: datetime) -> SpendView:
@@ -80,6 +82,22 @@ def recent_clearing(session: Session, since: datetime, max_batches: int) -> list
         .order_by(AuctionBatch.closed_at.desc())
         .limit(max_batches)
     ).all()
+    return _samples_of(session, list(batches))
+
+
+def clearing_after(session: Session, after: datetime, limit: int) -> list[ClearingSample]:
+    """Every user's priority and charge in the first `limit` batches closed after `after`,
+    oldest first (to follow the market as it clears; the closing-time index finds them)."""
+    batches = session.execute(
+        select(AuctionBatch.id, AuctionBatch.closed_at, AuctionBatch.n)
+        .where(AuctionBatch.closed_at > require_aware(after, "after"))
+        .order_by(AuctionBatch.closed_at)
+        .limit(limit)
+    ).all()
+    return _samples_of(session, list(batches))
+
+
+def _samples_of(session: Session, batches: list[Any]) -> list[ClearingSample]:
     if not batches:
         return []
     ids = [batch_id for batch_id, _, _ in batches]
@@ -107,6 +125,7 @@ def recent_clearing(session: Session, since: datetime, max_batches: int) -> list
             requests=len(priorities),
             priority=sum(priorities),
             charge_micros=charges.get((batch_id, user_id), 0),
+            user_id=user_id,
         )
         for (batch_id, user_id), priorities in places.items()
     ]

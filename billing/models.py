@@ -110,11 +110,14 @@ class HoldState(enum.StrEnum):
 
 
 class RequestStatus(enum.StrEnum):
-    """A settled request's serving status."""
+    """A settled request's serving status: `served`, its whole answer delivered; `abandoned`,
+    its client left after its first token was produced (charged: its priority was delivered);
+    `failed`, the engine failed it or its client left before its first token (refunded)."""
 
     SCHEDULED = "scheduled"
     SERVED = "served"
     FAILED = "failed"
+    ABANDONED = "abandoned"
 
 
 def _in(column: str, values: type[enum.StrEnum]) -> str:
@@ -140,6 +143,9 @@ class User(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean)
     disabled: Mapped[bool] = mapped_column(Boolean)
     created_at: Mapped[datetime]
+    # Dashboard sessions signed in before this moment are over: set when the key is rotated
+    # or the user disabled, so that enabling the user again revives none of them.
+    sessions_from: Mapped[datetime | None]
 
 
 class Budget(Base):

@@ -103,6 +103,8 @@ class UserInfo:
     pending_period: Period | None = None
     pending_timezone: str | None = None
     pending_from: datetime | None = None
+    # Dashboard sessions signed in before this moment are over (key rotated, user disabled).
+    sessions_from: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

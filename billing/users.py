@@ -44,6 +44,7 @@ def user_info(user: User, budget: Budget) -> UserInfo:
         pending_period=budget.pending_period,
         pending_timezone=budget.pending_timezone,
         pending_from=budget.pending_from,
+        sessions_from=user.sessions_from,
     )
 
 
@@ -137,16 +138,24 @@ def list_users(session: Session) -> list[UserInfo]:
     return [user_info(user, budget) for user, budget in rows]
 
 
-def set_disabled(session: Session, name: str, disabled: bool) -> UserInfo:
-    """Disable or re-enable a user; open holds stay and settle normally."""
+def set_disabled(
+    session: Session, name: str, disabled: bool, now: datetime | None = None
+) -> UserInfo:
+    """Disable or re-enable a user; open holds stay and settle normally. Disabling ends the
+    user's dashboard sessions for good (`sessions_from`)."""
     account = lock_account(session, name)
     account.user.disabled = disabled
+    if disabled and now is not None:
+        account.user.sessions_from = now
     return user_info(account.user, budget_of(session, account.user))
 
 
-def rotate_api_key(session: Session, name: str) -> str:
-    """Replace the user's API key; the old one stops working. Returns the new key, shown once."""
+def rotate_api_key(session: Session, name: str, now: datetime | None = None) -> str:
+    """Replace the user's API key; the old one and the dashboard sessions it bought stop
+    working. Returns the new key, shown once."""
     account = lock_account(session, name)
+    if now is not None:
+        account.user.sessions_from = now
     key = apikeys.generate_key()
     account.user.api_key_prefix = key.prefix
     account.user.api_key_hash = key.digest

@@ -26,12 +26,14 @@ from inference_auctions.server.api.body_decoder import BodyDecoder
 from inference_auctions.server.api.deps import AppState, AuthenticationCache, RateLimiter
 from inference_auctions.server.api.direct_routes import DirectRoutes, find_routes
 from inference_auctions.server.api.error_handlers import install_error_handlers
+from inference_auctions.server.api.pacing_routes import prices_json
 from inference_auctions.server.api.request_id import RequestIdMiddleware
 from inference_auctions.server.cluster.replica import rate_limit_share, replica_header
 from inference_auctions.server.engine.base import Engine
 from inference_auctions.server.engine.factory import make_engine
 from inference_auctions.server.engine.local_tokenizer import ENGINE, load_tokenizer
 from inference_auctions.server.gc_tuning import tune_collector
+from inference_auctions.server.market_prices import MarketPrices
 from inference_auctions.server.service import AuctionService
 from inference_auctions.server.settings import ServerSettings, without_password
 
@@ -52,15 +54,12 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # An empty database gets the schema; a current one is kept.
         upgrade_schema(settings.database_url)
-        in_process = settings.ledger_writer == "process"
-        # The WAL checkpoints of a SQLite file run beside whoever writes most: the writer
-        # process, or this one's ledger thread (`billing.wal_checkpoints`).
-        ledger = Ledger.from_url(settings.database_url, checkpoint_in_background=not in_process)
+        # The WAL checkpoints of a SQLite file run beside this process's ledger thread
+        # (`billing.wal_checkpoints`).
+        ledger = Ledger.from_url(settings.database_url, checkpoint_in_background=True)
         backend = engine or make_engine_from(settings)
         await backend.start()
-        service = AuctionService(
-            settings, ledger, backend, ledger_url=settings.database_url if in_process else None
-        )
+        service = AuctionService(settings, ledger, backend)
         limiter = RateLimiter(*rate_limit_share(settings))
         app.state.services = AppState(
             settings=settings,
@@ -68,6 +67,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
             ledger=ledger,
             limiter=limiter,
             keys=AuthenticationCache(),
+            market_prices=MarketPrices(ledger, prices_json),
         )
         scheduler = None
         if settings.run_jobs:

@@ -137,7 +137,7 @@ class BatchClosing:
             log.info("a batch sent ahead of its commit is cleared again: %s", void)
             await self._dispatch.void(speculation)
             for ticket in tickets:
-                ticket.chunks.clear()
+                ticket.forget_chunks()
                 ticket.resent += 1
             await self._clear_committed(self._clearing(tickets), tickets)
             return

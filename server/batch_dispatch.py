@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from inference_auctions.billing import Ledger
+from inference_auctions.server import departure
 from inference_auctions.server.clearing import ClearedBatch
 from inference_auctions.server.deferral import DeferralSettings
 from inference_auctions.server.deferred_dispatch import DeferredDispatch
@@ -108,6 +109,7 @@ class BatchDispatch:
         def follow(place: int, generation: Generation) -> None:
             ordered[place].stop_engine = generation.cancel
             task = self._follow(self._serving.serve(ordered[place], generation, batch, settled))
+            departure.sent(ordered[place], generation.cancel)
             if speculation is not None:
                 speculation.follow(generation, task)
 

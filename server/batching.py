@@ -69,8 +69,15 @@ class BatchPool(Generic[Item]):
         clear: Callable[[list[Item]], Awaitable[None]],
         inflight: Callable[[], int],
         saturated: Callable[[], bool] = _never,
+        select: Callable[[list[Item], int], list[int]] | None = None,
     ) -> None:
+        """`select(waiting, room)`: the places of the waiting requests a batch takes now, at
+        most `room` (`server.engine_shares`); by default the oldest."""
         self._policy = policy
+        self._select = select
+        # Set when the waiting requests may not go now (`select` took none): the pool waits
+        # for a wake-up (a request left the engine, or a new one came).
+        self._blocked = False
         self._clear = clear
         self._inflight = inflight
         self._saturated = saturated
@@ -91,6 +98,7 @@ class BatchPool(Generic[Item]):
             raise QueueFull(f"{len(self._waiting)} requests are already waiting")
         self._waiting.append(_Waiting(item))
         self._idle.clear()
+        self._blocked = False
         self._wake.set()
 
     def withdraw(self, item: Item) -> bool:
@@ -104,6 +112,7 @@ class BatchPool(Generic[Item]):
 
     def wake(self) -> None:
         """The engine's load changed (a request started or left): a batch may now close."""
+        self._blocked = False
         self._wake.set()
 
     async def drain(self) -> None:
@@ -121,17 +130,33 @@ class BatchPool(Generic[Item]):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
             while self._ready():
-                batch = self._waiting[: self._policy.batch_size]
-                del self._waiting[: len(batch)]
+                # `max_inflight` is a hard cap: a batch takes only the room left under it.
+                room = min(self._policy.batch_size, self._policy.max_inflight - self._inflight())
+                batch = self._take(room)
+                if not batch:
+                    self._blocked = True
+                    break
                 await self._clear([waiting.item for waiting in batch])
                 self._mark_idle()
+
+    def _take(self, room: int) -> list[_Waiting[Item]]:
+        """Remove and return the requests the next batch takes."""
+        if self._select is None:
+            batch = self._waiting[:room]
+            del self._waiting[:room]
+            return batch
+        places = self._select([waiting.item for waiting in self._waiting], room)
+        batch = [self._waiting[place] for place in places]
+        chosen = set(places)
+        self._waiting = [w for place, w in enumerate(self._waiting) if place not in chosen]
+        return batch
 
     def _engine_busy(self) -> bool:
         """Whether the engine should not be given more now, however long requests wait."""
         return self._inflight() >= self._policy.max_inflight or self._saturated()
 
     def _ready(self) -> bool:
-        if not self._waiting or self._engine_busy():
+        if not self._waiting or self._blocked or self._engine_busy():
             return False
         if self._draining or len(self._waiting) >= self._policy.batch_size:
             return True
@@ -139,7 +164,7 @@ class BatchPool(Generic[Item]):
 
     def _seconds_until_due(self) -> float | None:
         """How long until the oldest request's window runs out; None: wait for a wake-up."""
-        if not self._waiting or self._engine_busy():
+        if not self._waiting or self._blocked or self._engine_busy():
             return None
         return self._waiting[0].arrived + self._policy.max_wait - time.monotonic()
 

@@ -1,12 +1,12 @@
 """Clearing a closed batch: claim its holds, run the auction, settle, price each request.
 
-All of it runs in the ledger writer (on its thread, or in its process: `server.ledger_lanes`),
-and the claim, the auction and the settlement happen in one ledger transaction (the writer's
-group commit, `BatchClearing.claim`): a request whose hold cannot be claimed (settled by
-another replica under the same rid, released meanwhile, placed for another payload, or refused
-in the same commit) leaves the batch before the auction, so it changes nobody else's schedule
-or charge and fails nobody else's request. What the commit runs is plain data
-(`ClearedAtCommit`, `ClearedAhead`), so that it crosses to a writer process as it is.
+All of it runs in the ledger writer (on its thread: `server.ledger_lanes`), and the claim, the
+auction and the settlement happen in one ledger transaction (the writer's group commit,
+`BatchClearing.claim`): a request whose hold cannot be claimed (settled by another replica under
+the same rid, released meanwhile, placed for another payload, or refused in the same commit)
+leaves the batch before the auction, so it changes nobody else's schedule or charge and fails
+nobody else's request. What the commit runs is a small object of its own (`ClearedAtCommit`,
+`ClearedAhead`).
 
 A batch may also be cleared ahead of its commit (`BatchClearing.speculate`, on the event loop):
 its requests then go to the engine while the commit runs, and the claim settles exactly that
@@ -72,8 +72,7 @@ class Cleared:
 
 class ClearedAhead:
     """The clearing of a batch cleared ahead of its commit: its records, made on the event loop,
-    settled whole or not at all. Plain data, so that a ledger writer in a process of its own
-    (`server.ledger_process`) runs it as well as one on a thread."""
+    settled whole or not at all."""
 
     def __init__(self, records: _Records) -> None:
         self.records = records
@@ -89,9 +88,8 @@ class ClearedAhead:
 
 class ClearedAtCommit:
     """The clearing of a batch cleared in its commit: the auction over the requests whose holds
-    the commit claimed, under the ledger's locks. Plain data too (`ClearedAhead`); on the
-    writer's thread it also keeps what it made (`made`), so that the event loop does not run
-    the same auction again."""
+    the commit claimed, under the ledger's locks. It also keeps what it made (`made`), so that
+    the event loop does not run the same auction again."""
 
     def __init__(
         self,

@@ -103,6 +103,9 @@ class Serving:
             self.freed(ticket.engine_rid)
         if settled is not None and not await settled:
             return  # the batch is void: it is cleared again (`server.batch_closing`)
+        if ticket.left:
+            await ticket.finish(await self._departed(ticket, batch))
+            return
         if error is None and not streamed.streamed:
             error = EngineFailed(f"the engine returned nothing for request {ticket.rid!r}")
         if error is not None:
@@ -132,13 +135,13 @@ class Serving:
                         except StopAsyncIteration:
                             return _Streamed(None, ttft, streamed=last is not None)
                         if ttft is None:
-                            ttft = time.monotonic() - ticket.dispatched
+                            ttft = ticket.first_token = time.monotonic() - ticket.dispatched
                             self.metrics.engine_ttft.observe(ttft)
                             self.started(ticket.engine_rid)
+                        # The engine's own objects, not copies: each chunk is made afresh,
+                        # and copying its cumulative ids would cost time quadratic in them.
                         chunk = Chunk(
-                            engine_chunk.text,
-                            list(engine_chunk.output_ids),
-                            dict(engine_chunk.meta_info),
+                            engine_chunk.text, engine_chunk.output_ids, engine_chunk.meta_info
                         )
                         if engine_chunk.finished:
                             return _Streamed(chunk, ttft, streamed=True)  # withheld until recorded
@@ -156,7 +159,7 @@ class Serving:
 
     async def _record_served(self, ticket: Ticket, streamed: _Streamed) -> ServiceError | None:
         """Commit `served`; the error to answer instead if that fails (None: committed)."""
-        final = streamed.final or (ticket.chunks[-1] if ticket.chunks else None)
+        final = streamed.final or ticket.last_chunk
         meta = {} if final is None else final.meta_info
         cached = meta.get("cached_tokens")
         cached_tokens = (
@@ -190,7 +193,34 @@ class Serving:
         )
         return None
 
-    async def _fail(self, ticket: Ticket, batch: ClearedBatch, error: ServiceError) -> None:
+    async def _departed(self, ticket: Ticket, batch: ClearedBatch) -> ServiceError:
+        """Record a request whose client left (`server.departure`) by the rule of
+        docs/SPEC.md, "A client that leaves"; the error its ticket ends with."""
+        if ticket.first_token is None:
+            error = unavailable(
+                f"the client of request {ticket.rid!r} left before its first token; it was "
+                "stopped and refunded"
+            )
+            await self._fail(ticket, batch, error, cause="client")
+            return error
+        self.metrics.count_request("abandoned")
+        try:
+            await self.writer.call(
+                self.ledger.record_abandoned, ticket.ledger_rid, None, ticket.first_token * 1000
+            )
+        except RequestNotScheduled:  # recovery failed and refunded it first
+            log.info("request %r was already recorded unserved", ticket.rid)
+        except Exception as failure:  # it stays scheduled: `refund-unserved` refunds it
+            self.metrics.ledger_errors.labels(operation="record").inc()
+            log.error("recording request %r abandoned failed: %s", ticket.rid, failure)
+        return unavailable(
+            f"the client of request {ticket.rid!r} left before its answer was complete; it "
+            "was stopped and keeps its charge"
+        )
+
+    async def _fail(
+        self, ticket: Ticket, batch: ClearedBatch, error: ServiceError, cause: str = "engine"
+    ) -> None:
         """Record the request failed and refund what its failure is worth, at once."""
         self.metrics.count_request("failed")
         target = batch.refund_after_failure(ticket.user, ticket.ledger_rid)
@@ -201,7 +231,7 @@ class Serving:
                 batch.batch_id,
                 ticket.user,
                 target_micros=target,
-                reason=f"engine: {error.message}"[:_REASON_CHARS],
+                reason=f"{cause}: {error.message}"[:_REASON_CHARS],
             )
         except RequestNotScheduled:  # recovery failed and refunded it first
             log.info("request %r was already recorded unserved", ticket.rid)

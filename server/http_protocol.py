@@ -7,8 +7,18 @@ connection opening); a connection that is too slow is answered 408 if its header
 completed, and closed. Above `max_connections` open connections, a new one is answered 503
 and closed at once, before it can cost anything.
 
-The deadline covers reading only: once the body is in, the request may take as long as the
-engine needs, and a keep-alive connection idle between requests is uvicorn's to close.
+The read deadline covers reading only: once the body is in, the request may take as long as
+the engine needs, and a keep-alive connection idle between requests is uvicorn's to close.
+The cap is shared: one client address (other than a trusted proxy's, `trusted_proxies`) may
+hold at most `client_share` of it, and at the cap a new connection takes the place of an idle
+one (no request being served: half-open, trickling its headers, or idle between requests) of
+the address holding the most, before it is refused: a client holding idle sockets cannot keep
+others out.
+
+A write deadline covers the answer: a connection whose client has not taken any of what is
+waiting to be sent (the transport's buffer stays full) for `write_timeout` seconds is
+dropped, so a stream nobody reads cannot hold its connection (and its request at the engine)
+for good; its request then counts as left by its client (`server.departure`).
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 import uvicorn
@@ -26,6 +37,11 @@ from inference_auctions.server.settings import ServerSettings
 __all__ = ["guarded_protocol", "uvicorn_config"]
 
 log = logging.getLogger(__name__)
+
+
+def _host(transport: asyncio.BaseTransport) -> str | None:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else None
 
 
 def _plain_response(status: str, text: str, *headers: str) -> bytes:
@@ -47,29 +63,58 @@ class _Guarded(HttpToolsProtocol):
     """The deadline and the cap on top of uvicorn's httptools protocol."""
 
     read_timeout = 30.0
+    write_timeout = 30.0
     max_connections = 2_048
+    client_share = 0.25
+    trusted_proxies: frozenset[str] = frozenset()
     _last_refusal_logged = -_REFUSAL_LOG_SECONDS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._write_deadline: asyncio.TimerHandle | None = None
         self._headers_done = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.max_connections:
+        host = _host(transport)
+        if host not in self.trusted_proxies:
+            own = sum(1 for c in self.connections if isinstance(c, _Guarded) and c._host == host)
+            if own >= max(1, int(self.max_connections * self.client_share)):
+                self._refuse(transport, f"{host} holds its share of the connections")
+                return
+        if len(self.connections) >= self.max_connections and not self._drop_an_idle_one():
             self._refuse(transport)
             return
+        self._host = host
         super().connection_made(transport)
         self._arm()
 
-    def _refuse(self, transport: asyncio.Transport) -> None:
+    _host: str | None = None
+
+    def _drop_an_idle_one(self) -> bool:
+        """Close an idle connection of the address holding the most; False if none is idle."""
+        idle = [
+            c
+            for c in self.connections
+            if isinstance(c, _Guarded) and (c.cycle is None or c.cycle.response_complete)
+        ]
+        if not idle:
+            return False
+        held = Counter(c._host for c in self.connections if isinstance(c, _Guarded))
+        victim = max(idle, key=lambda c: held[c._host])
+        victim.transport.abort()
+        self.connections.discard(victim)
+        return True
+
+    def _refuse(self, transport: asyncio.Transport, why: str = "") -> None:
         now = time.monotonic()
         cls = type(self)
         if now - cls._last_refusal_logged >= _REFUSAL_LOG_SECONDS:
             cls._last_refusal_logged = now
             log.warning(
-                "%d connections are open, the limit (max_connections): refusing new ones",
+                "%d connections are open, the limit (max_connections)%s: refusing new ones",
                 len(self.connections),
+                f"; {why}" if why else "",
             )
         self.transport = transport
         self.parser = None  # type: ignore[assignment]  # nothing is parsed on this connection
@@ -78,7 +123,33 @@ class _Guarded(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_deadline is None:
+            self._write_deadline = self.loop.call_later(self.write_timeout, self._not_read)
+
+    def resume_writing(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+        super().resume_writing()
+
+    def _not_read(self) -> None:
+        self._write_deadline = None
+        if self.transport.is_closing():
+            return
+        client = "{}:{}".format(*self.client) if self.client else "a client"
+        log.info(
+            "dropped the connection of %s: it took none of its answer for %g s",
+            client,
+            self.write_timeout,
+        )
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.parser is None:  # refused at connection_made: closing already
@@ -124,13 +195,31 @@ class _Guarded(HttpToolsProtocol):
         self.transport.close()
 
 
-def guarded_protocol(read_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
-    """The HTTP protocol class for uvicorn, with this deadline and this cap."""
-    attributes = {"read_timeout": read_timeout, "max_connections": max_connections}
+def guarded_protocol(
+    read_timeout: float,
+    max_connections: int,
+    write_timeout: float = 30.0,
+    client_share: float = 0.25,
+    trusted_proxies: frozenset[str] = frozenset(),
+) -> type[asyncio.Protocol]:
+    """The HTTP protocol class for uvicorn, with these deadlines, this cap and its shares."""
+    attributes = {
+        "read_timeout": read_timeout,
+        "max_connections": max_connections,
+        "write_timeout": write_timeout,
+        "client_share": client_share,
+        "trusted_proxies": trusted_proxies,
+    }
     return type("GuardedHttpProtocol", (_Guarded,), attributes)
 
 
 def uvicorn_config(app: Any, settings: ServerSettings, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration for the auction server `app`, with the guarded protocol."""
-    protocol = guarded_protocol(settings.http_read_timeout_seconds, settings.max_connections)
+    protocol = guarded_protocol(
+        settings.http_read_timeout_seconds,
+        settings.max_connections,
+        settings.http_write_timeout_seconds,
+        settings.connection_share_per_client,
+        frozenset(settings.trusted_proxies),
+    )
     return uvicorn.Config(app, http=protocol, **options)

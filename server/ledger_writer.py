@@ -4,9 +4,9 @@ A request used to cost two write transactions of its own (its hold, then its `se
 each started from a thread of the shared pool. On SQLite they queued on the database's single
 write lock and spent more time waiting for it, and in the ORM around it, than writing.
 
-Now every write of the serving path goes through one lane, a thread of the server or a
-process of its own (`server.ledger_lanes`; on PostgreSQL the `served` records go through a
-second one, below), in order:
+Now every write of the serving path goes through one lane, a thread of the server
+(`server.ledger_lanes`; on PostgreSQL the `served` records go through a second one, below), in
+order:
 
 * holds that arrive while a commit is running are placed together in the next one
   (`Ledger.commit_group`: one transaction, each hold still decided against what its user has
@@ -24,16 +24,15 @@ available when the last group committed (`GroupOutcome.available`) against the b
 holds queued since (`covers`). The service dispatches a batch before its settlement commits
 only when every user in it is covered (`server.batch_closing`).
 
-On PostgreSQL the `served` records have a lane (a thread or a process) and a connection of
-their own, and their groups commit while the holds and settlements of the main lane do. A
-`served` record is queued only once its request's batch has settled, touches nothing but that
-request's row and moves no money, so no order between the two lanes matters; what the split
-buys is the wait:
+On PostgreSQL the `served` records have a lane (a thread) and a connection of their own, and
+their groups commit while the holds and settlements of the main lane do. A `served` record is
+queued only once its request's batch has settled, touches nothing but that request's row and
+moves no money, so no order between the two lanes matters; what the split buys is the wait:
 every commit there costs round trips to the server, during which one lane would sit idle with
 requests waiting on both sides of the engine (measured at 20 connections: 12 to 50% more
-requests per second over two alternated series, and about an eighth less CPU per request).
-On SQLite a second writer would only queue on the database's one write lock, so there
-everything stays in one lane.
+requests per second over two alternated series, and about an eighth less CPU per request). On
+SQLite a second writer would only queue on the database's one write lock, so there everything
+stays in one lane.
 
 A request waits for at most one commit in progress before its own is written, and the event
 loop hands work to the lane once per group, not once per request. A group starts one turn
@@ -45,6 +44,7 @@ after a settlement rides in the very next commit.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -57,11 +57,15 @@ from inference_auctions.billing import (
     Ledger,
     ServedRecord,
 )
-from inference_auctions.server.ledger_lanes import Lane, ProcessLane, ThreadLane
+from inference_auctions.server.ledger_lanes import Lane, ThreadLane
 
 __all__ = ["LedgerWriter"]
 
 T = TypeVar("T")
+
+# How long a failed commit, with none succeeding after it, makes the ledger count as unable
+# to write: past it, with no traffic to tell, `/health` gives the database another chance.
+_FAILED_FRESH = 30.0
 
 # A bound on one transaction, so a flood of holds cannot build one commit that blocks the
 # settlements behind it for long; what is left goes into the next commit at once.
@@ -78,7 +82,6 @@ class LedgerWriter:
         max_group: int = _MAX_GROUP,
         observe_group: Callable[[int], None] = lambda _: None,
         served_apart: bool | None = None,
-        process_url: str | None = None,
     ) -> None:
         self._observe_group = observe_group  # writes per committed group, for the metrics
         self._max_group = max_group
@@ -86,18 +89,11 @@ class LedgerWriter:
         # PostgreSQL, and only there.
         if served_apart is None:
             served_apart = ledger.engine.dialect.name == "postgresql"
-        # Where the commits run (`server.ledger_lanes`): with `process_url`, the ledger's
-        # database as the operator named it, in processes of their own; else on threads.
-        self._lane: Lane
+        # Where the commits run: threads of this process (`server.ledger_lanes`).
+        self._lane: Lane = ThreadLane(ledger, "ledger-writer")
         self._served_lane: Lane | None = None
-        if process_url is not None:
-            self._lane = ProcessLane(process_url, "ledger-writer", checkpoints=True)
-            if served_apart:
-                self._served_lane = ProcessLane(process_url, "ledger-served", checkpoints=False)
-        else:
-            self._lane = ThreadLane(ledger, "ledger-writer")
-            if served_apart:
-                self._served_lane = ThreadLane(ledger, "ledger-served")
+        if served_apart:
+            self._served_lane = ThreadLane(ledger, "ledger-served")
         self._holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]] = []
         self._claims: list[tuple[BatchClaim, asyncio.Future[ClaimedBatch]]] = []
         self._served: list[tuple[ServedRecord, asyncio.Future[bool]]] = []
@@ -106,9 +102,10 @@ class LedgerWriter:
         # Per user: available funds as of the last commit, and the bids queued since.
         self._available: dict[str, int] = {}
         self._queued_bids: dict[str, int] = {}
+        self._failed: tuple[float, str] | None = None  # (when, why) the last commit failed
 
     async def start(self) -> None:
-        """Have the lanes ready (a writer process started) before the first request."""
+        """Have the lanes ready before the first request."""
         await self._lane.start()
         if self._served_lane is not None:
             await self._served_lane.start()
@@ -274,9 +271,22 @@ class LedgerWriter:
         try:
             outcome = await lane.commit(holds, claims, served)
         except Exception as error:
+            # The error's kind only: a database's message may quote statements and values.
+            self._failed = (time.monotonic(), type(error).__name__)
             return error
+        self._failed = None
         self._observe_group(len(holds) + len(claims) + len(served))
         return outcome
+
+    def cannot_write(self) -> str | None:
+        """Why the ledger cannot write, if its last commit failed (within `_FAILED_FRESH`
+        seconds) and none succeeded since; None otherwise. A database that answers reads may
+        still refuse writes (a full disk, a lock held past its timeout): `/health` asks this."""
+        failed = self._failed
+        if failed is None or time.monotonic() - failed[0] > _FAILED_FRESH:
+            return None
+        seconds = time.monotonic() - failed[0]
+        return f"its last commit failed {seconds:.0f} s ago ({failed[1]})"
 
 
 def _take(queue: list[T], most: int) -> list[T]:

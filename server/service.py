@@ -39,6 +39,7 @@ from inference_auctions.server.admission import (
     release_hold,
     unavailable,
 )
+from inference_auctions.server.answer_memory import AnswerMemory
 from inference_auctions.server.batch_closing import BatchClosing
 from inference_auctions.server.batch_dispatch import BatchDispatch
 from inference_auctions.server.batching import BatchingPolicy, BatchPool, PoolClosed, QueueFull
@@ -46,6 +47,7 @@ from inference_auctions.server.distrust import Distrust
 from inference_auctions.server.engine.base import Engine, TokenArray, TokenIds
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
 from inference_auctions.server.engine.sglang_request import check_context_length
+from inference_auctions.server.engine_shares import EngineShares
 from inference_auctions.server.errors import (
     EngineFailed,
     EngineTimedOut,
@@ -87,12 +89,7 @@ class AuctionService:
         ledger: Ledger,
         engine: Engine,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        *,
-        ledger_url: str | None = None,
     ) -> None:
-        """`ledger_url`: the ledger's database as the operator named it, for a ledger writer
-        in processes of its own (`server.ledger_lanes`); without it, or for a SQLite database
-        in memory, the writer runs on threads of this process."""
         self.settings = settings
         self.ledger = ledger
         self._engine = engine
@@ -103,7 +100,6 @@ class AuctionService:
         self.writer = LedgerWriter(
             ledger,
             observe_group=self.metrics.ledger_group_writes.observe,
-            process_url=None if ledger.in_memory else ledger_url,
         )
         self._dispatch = BatchDispatch(
             settings, engine, ledger, self.writer, self.metrics, wake=self._wake_pool
@@ -126,10 +122,16 @@ class AuctionService:
             max_inflight=settings.max_inflight,
             max_queue=settings.max_queue,
         )
+        self._shares = EngineShares(settings, wake=self._wake_pool)
         self._pool: BatchPool[Ticket] = BatchPool(
-            policy, closing, lambda: self._dispatch.inflight, saturated=self._dispatch.saturated
+            policy,
+            closing,
+            lambda: self._dispatch.inflight,
+            saturated=self._dispatch.saturated,
+            select=self._shares.select,
         )
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
+        self._answers = AnswerMemory(settings.answer_memory_mib * 2**20, self._forget_ticket)
         self._tasks: set[asyncio.Task[None]] = set()  # releases of abandoned requests
         self._runner: asyncio.Task[None] | None = None
 
@@ -201,7 +203,26 @@ class AuctionService:
         fingerprint: str,
         streamed: bool = True,
     ) -> Ticket:
-        """Hold the bid and queue the request; a retry of a known rid joins its ticket."""
+        """Hold the bid and queue the request; a retry of a known rid joins its ticket. A
+        refused request's prompt leaves the engine's caches (refused requests feed none)."""
+        try:
+            return await self._admit(
+                user, rid, tokens, bid_micros, sampling_params, fingerprint, streamed
+            )
+        except ServiceError:
+            self._engine.forget_prompt(tokens)
+            raise
+
+    async def _admit(
+        self,
+        user: str,
+        rid: str,
+        tokens: TokenIds,
+        bid_micros: int,
+        sampling_params: dict[str, Any],
+        fingerprint: str,
+        streamed: bool,
+    ) -> Ticket:
         key = (user, rid)
         known = self._tickets.get(key)
         if known is not None:
@@ -219,6 +240,8 @@ class AuctionService:
             fingerprint=fingerprint,
             streamed=streamed,
         )
+        self._shares.check(ticket)  # 400 for a free request bigger than free traffic's share
+        self._answers.reserve(ticket, self.settings.max_new_tokens_limit)  # 503 if over
         # Claimed before the first await, so a concurrent retry joins instead of racing.
         self._remember(key, ticket)
         try:
@@ -296,6 +319,10 @@ class AuctionService:
 
     def _forget(self, key: tuple[str, str]) -> None:
         self._tickets.pop(key, None)
+
+    def _forget_ticket(self, ticket: Ticket) -> None:
+        if self._tickets.get((ticket.user, ticket.rid)) is ticket:
+            del self._tickets[(ticket.user, ticket.rid)]
 
     def _wake_pool(self) -> None:
         # A method, not `self._pool.wake`: dispatch is made before the pool it wakes.

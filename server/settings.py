@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from inference_auctions.billing import LedgerSettings, mask_database_url
 
@@ -106,6 +106,23 @@ class ServerSettings(LedgerSettings):
     """How often the engine's waiting queue (`/v1/loads`) is read while requests are there."""
     max_queue: int = Field(default=10_000, ge=1)
     """The most requests waiting for a batch; beyond it new ones are answered 503."""
+    # Memory for answers (server.answer_memory): each request in flight reserves what its
+    # `max_new_tokens` can hold, finished answers kept for retries count at their size; a
+    # request that cannot fit is refused with 503 and Retry-After (kept answers go first).
+    answer_memory_mib: int = Field(default=2_048, ge=1)
+    """Memory for answers in flight and kept for retries; a request that cannot fit is 503."""
+    # Shares of the engine (server.engine_shares): zero-bid requests together hold at most
+    # `zero_bid_share` of the `max_inflight` slots and of the engine's tokens; while others
+    # wait, one user gets no more once it holds `user_share`. `engine_tokens`: the engine's KV
+    # capacity in tokens (default: the embedded emulator's cache; unset for an engine URL, the
+    # shares count slots only).
+    zero_bid_share: float = Field(default=0.5, gt=0, le=1)
+    """The share of the engine's slots and tokens that zero-bid requests may hold together."""
+    user_share: float = Field(default=0.5, gt=0, le=1)
+    """The share of the engine one user may hold while another user's requests wait."""
+    engine_tokens: int | None = Field(default=None, ge=1)
+    """The engine's KV capacity in tokens, for the shares (default: the emulator's cache; unset
+    for an engine URL, where the shares count slots only)."""
 
     # Dispatch ahead of the commit (server.speculation): a batch of at most
     # `dispatch_ahead_max_batch` requests, all of whose users could afford their queued bids
@@ -118,14 +135,20 @@ class ServerSettings(LedgerSettings):
     dispatch_ahead_max_batch: int = Field(default=64, ge=1)
     """The largest batch sent ahead of its commit."""
 
-    # Where the serving path's group commits run (server.ledger_lanes): `thread`, threads of
-    # the server's own process; `process`, a process of their own beside the server's (two on
-    # PostgreSQL), so that they and the event loop never wait for each other's interpreter
-    # lock (docs/PERFORMANCE.md measures both). A SQLite database in memory always uses
-    # threads.
-    ledger_writer: Literal["process", "thread"] = "thread"
-    """Where the ledger's group commits run: `thread` (in the server's process) or `process` (a
-    process of their own beside it)."""
+    # The serving path's group commits run on threads of the server (server.ledger_lanes).
+    # `process` (a writer process of their own) was removed: it is refused by name.
+    ledger_writer: Literal["thread"] = "thread"
+    """Where the ledger's group commits run: `thread`, the only choice (`process` was removed)."""
+
+    @field_validator("ledger_writer", mode="before")
+    @classmethod
+    def _writer_removed(cls, value: object) -> object:
+        if value == "process":
+            raise ValueError(
+                "the process ledger writer was removed: the ledger's group commits run on "
+                "threads of the server (ledger_writer 'thread', the default); drop the option"
+            )
+        return value
 
     # Input limits: anything above them is a 4xx that names the limit.
     max_bid_credits: int = Field(default=1_000, ge=0)
@@ -150,6 +173,16 @@ class ServerSettings(LedgerSettings):
     http_read_timeout_seconds: float = Field(default=30.0, gt=0)
     """A connection must send a whole request (headers and body) within this time, or it is
     closed."""
+    # A connection whose client takes none of its waiting answer for this long is dropped
+    # (a stream nobody reads); its request counts as left by its client.
+    http_write_timeout_seconds: float = Field(default=30.0, gt=0)
+    """A stream whose client reads nothing of its waiting answer for this long is dropped."""
+    # One client address may hold at most this share of `max_connections`; a trusted proxy's
+    # addresses (SMG, a load balancer) are exempt, its clients told apart by their keys.
+    connection_share_per_client: float = Field(default=0.25, gt=0, le=1)
+    """The share of `max_connections` one client address may hold."""
+    trusted_proxies: list[str] = Field(default_factory=list)
+    """Addresses of proxies (SMG, a load balancer) exempt from the per-address share."""
     max_connections: int = Field(default=2_048, ge=1)
     """Above this many open connections, new ones are answered 503 and closed."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,8 @@ from inference_auctions.billing import HoldView
 from inference_auctions.server.engine.base import TokenIds
 from inference_auctions.server.errors import ServiceError
 from inference_auctions.server.waiters import Waiters
+
+_RECENT_CHUNKS = 4  # chunks a slow reader can still read one by one; past them it skips
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +107,22 @@ class Ticket:
         return self.closed - self.queued
 
     clearance: Clearance | None = None
-    chunks: list[Chunk] = field(default_factory=list)
+    # Only its latest few chunks: chunks are cumulative (each holds the whole text so far), so
+    # keeping every one would cost memory quadratic in the answer's length.
+    last_chunk: Chunk | None = None
+    chunk_count: int = 0
+    _recent: deque[Chunk] = field(default_factory=lambda: deque(maxlen=_RECENT_CHUNKS))
     error: ServiceError | None = None
     done: bool = False
     waiters: int = 0  # HTTP handlers following it (a retry adds one)
+    # Set once every client following it left after its batch closed (`server.departure`);
+    # `stop` ends its generation at the engine once it was sent.
+    left: bool = False
+    stop: Callable[[str], None] | None = None
+    first_token: float | None = None  # seconds from dispatch to its first token, once produced
+    # Called once each, when it ends: what it held is released (`server.answer_memory`,
+    # `server.engine_shares`).
+    on_finish: list[Callable[[], None]] = field(default_factory=list)
     # The readers waiting for each kind of change (`server.waiters`): each wakes once per
     # change, and one that is cancelled cancels only its own wait.
     _on_cleared: Waiters = field(default_factory=Waiters)
@@ -120,14 +135,25 @@ class Ticket:
         self._on_cleared.wake()
 
     async def push(self, chunk: Chunk) -> None:
-        """Record one engine chunk."""
-        self.chunks.append(chunk)
+        """Record one engine chunk (it replaces the one before: chunks are cumulative)."""
+        self.last_chunk = chunk
+        self.chunk_count += 1
+        self._recent.append(chunk)
         self._on_chunk.wake()
+
+    def forget_chunks(self) -> None:
+        """Drop what the engine sent (it is sent again, from the start)."""
+        self.last_chunk = None
+        self.chunk_count = 0
+        self._recent.clear()
 
     async def finish(self, error: ServiceError | None = None) -> None:
         """Record the end: the last chunk was pushed, or the request failed with `error`."""
         self.error = error
         self.done = True
+        on_finish, self.on_finish = self.on_finish, []
+        for release in on_finish:
+            release()
         self._on_cleared.wake()
         self._on_chunk.wake()
         self._on_done.wake()
@@ -155,20 +181,33 @@ class Ticket:
         return self.cleared()
 
     async def follow(self) -> AsyncIterator[Chunk]:
-        """Every chunk from the first, as they arrive; raises the error if the request fails."""
+        """The chunks as they arrive, the latest whenever there is a new one (a reader that
+        falls behind skips to it: each chunk holds everything before it); raises the error if
+        the request fails."""
         seen = 0
         while True:
-            if len(self.chunks) == seen and not self.done:
+            if self.chunk_count == seen and not self.done:
                 await self._on_chunk.wait()
                 continue
-            fresh = self.chunks[seen:]
-            seen += len(fresh)
-            for chunk in fresh:
-                yield chunk
-            if self.done and seen == len(self.chunks):
-                if self.error is not None:
-                    raise self.error
-                return
+            if self.chunk_count != seen:
+                behind = self.chunk_count - seen
+                if behind > len(self._recent):  # fell far behind: skip to the latest
+                    seen = self.chunk_count - 1
+                    behind = 1
+                seen += 1
+                yield self._recent[-behind]
+                continue
+            if self.error is not None:
+                raise self.error
+            return
+
+    def when_done(self) -> asyncio.Future[None]:
+        """A future of this reader's own, resolved once the request ended (as `when_cleared`)."""
+        if not self.done:
+            return self._on_done.wait()
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
 
     async def result(self) -> Chunk:
         """The final chunk; raises the error if the request failed."""
@@ -177,6 +216,6 @@ class Ticket:
             await self._on_done.wait()
         if self.error is not None:
             raise self.error
-        if not self.chunks:
+        if self.last_chunk is None:
             raise ServiceError("the engine returned no output")
-        return self.chunks[-1]
+        return self.last_chunk

@@ -61,6 +61,13 @@ async def viewer(request: Request, state: State) -> UserInfo:
     if user.disabled:
         state.dashboard.sessions.end(token)
         raise Forbidden(f"user {user.name!r} is disabled")
+    if user.sessions_from is not None and session.signed_in_at <= user.sessions_from:
+        state.dashboard.sessions.end(token)
+        raise Unauthenticated(
+            "the dashboard session ended (the key was rotated or the user disabled since); "
+            "sign in again",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     state.limiter.check(user.name)
     return user
 
@@ -79,7 +86,7 @@ async def sign_in(
 ) -> dict[str, Any]:
     """Exchange the API key (sent once, as `Authorization: Bearer`) for a session cookie:
     HttpOnly, SameSite=Strict, expiring. The key itself is never stored or echoed."""
-    token = state.dashboard.sessions.create(user.name)
+    token = state.dashboard.sessions.create(user.name, admin=user.is_admin)
     response.set_cookie(
         COOKIE_NAME,
         token,

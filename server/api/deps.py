@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 from inference_auctions.billing import Ledger, UserInfo
 from inference_auctions.server.dashboard.snapshot import DashboardState
 from inference_auctions.server.errors import Forbidden, RateLimited, Unauthenticated
+from inference_auctions.server.market_prices import MarketPrices
 from inference_auctions.server.service import AuctionService
 from inference_auctions.server.settings import ServerSettings
 
@@ -102,6 +103,7 @@ class AppState:
     ledger: Ledger
     limiter: RateLimiter
     keys: AuthenticationCache
+    market_prices: MarketPrices
     dashboard: DashboardState = field(default_factory=DashboardState)
 
 

@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from inference_auctions.billing import MICROS_PER_CREDIT, InvalidAmount, UserInfo, parse_credits
+from inference_auctions.server import departure
 from inference_auctions.server.api.deps import AppState
 from inference_auctions.server.api.json_response import sse_event
 from inference_auctions.server.engine.base import TokenArray
@@ -173,9 +174,25 @@ async def complete(
     ticket.waiters += 1
     try:
         clearance = await _cleared_unless_gone(request, service, ticket)
+        await _done_unless_gone(request, ticket)
         return clearance, await ticket.result()
     finally:
         ticket.waiters -= 1
+        departure.client_left(ticket)  # a no-op unless it left before the end
+
+
+async def _done_unless_gone(request: Request, ticket: Ticket) -> None:
+    """Wait for the end of the answer; a client that leaves first stops its work."""
+    done = ticket.when_done()
+    if done.done():
+        return
+    watch = asyncio.ensure_future(_fail_when_gone(request, done))
+    try:
+        await done
+    except _ClientLeft:
+        raise Unavailable("the client disconnected before its answer was complete") from None
+    finally:
+        watch.cancel()
 
 
 async def _cleared_unless_gone(
@@ -201,15 +218,15 @@ class _ClientLeft(Exception):
     """The client disconnected (or its connection could no longer be read) before clearance."""
 
 
-async def _fail_when_gone(request: Request, cleared: asyncio.Future[None]) -> None:
+async def _fail_when_gone(request: Request, waiting: asyncio.Future[None]) -> None:
     try:
         while (await request.receive())["type"] != "http.disconnect":
             pass
     finally:
         # Also when reading failed or this watch was cancelled from outside: as before, the
-        # request then counts as left. Once the ticket resolved `cleared`, this is a no-op.
-        if not cleared.done():
-            cleared.set_exception(_ClientLeft())
+        # request then counts as left. Once the ticket resolved `waiting`, this is a no-op.
+        if not waiting.done():
+            waiting.set_exception(_ClientLeft())
 
 
 Render = Callable[[Clearance, Chunk | None], dict[str, Any]]
@@ -245,7 +262,5 @@ async def _events(service: AuctionService, ticket: Ticket, render: Render) -> As
             # The client left before its batch closed; shielded so the hold is surely freed.
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(service.abandon(ticket))
-        elif not ticket.done and ticket.waiters == 0 and ticket.stop_engine is not None:
-            # It left mid-answer: the engine stops (SGLang aborts a request whose connection
-            # closes) and the request ends as a failed one, settled by that rule.
-            ticket.stop_engine("the client disconnected mid-stream")
+        else:
+            departure.client_left(ticket)  # a no-op unless it left before the end

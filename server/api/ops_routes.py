@@ -25,16 +25,24 @@ _LEDGER_PING_SECONDS = 2.0
 
 @router.get("/health")
 async def health(state: State) -> Response:
-    """200 while both the engine and the ledger answer, 503 (naming which) otherwise."""
+    """200 while both the engine and the ledger answer, and the ledger's last commit did not
+    fail; 503 (naming which) otherwise."""
     service = state.service
     engine_ok = await service.engine_healthy()
-    ledger_ok = await _ledger_answers(state)
+    answers = await _ledger_answers(state)
+    # Unreachable says more than unable to write; a write failure counts only while it reads.
+    cannot_write = service.writer.cannot_write() if answers else None
+    ledger_ok = answers and cannot_write is None
     problems = [name for name, ok in (("engine", engine_ok), ("ledger", ledger_ok)) if not ok]
     load = service.load()
     body: dict[str, Any] = {
         "status": "ok" if not problems else " and ".join(problems) + " unavailable",
         "engine": service.engine_name,
-        "ledger": "ok" if ledger_ok else "unavailable",
+        "ledger": "ok"
+        if ledger_ok
+        else "unavailable"
+        if cannot_write is None
+        else f"cannot write: {cannot_write}",
         "queue": load.queue,
         "inflight": load.inflight,
         "replica": replica_name(state.settings),

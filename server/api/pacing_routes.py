@@ -19,6 +19,8 @@ router = APIRouter(prefix="/v1", tags=["pacing"])
 
 # Priority bands of the price table: the top quarter of a batch's schedule first.
 _BANDS = ((0.75, 1.0), (0.5, 0.75), (0.25, 0.5), (0.0, 0.25))
+# The fewest users a published figure may draw on: no answer reveals one user's batch.
+MIN_USERS = 3
 
 
 def _budget_view(ledger: Ledger, name: str) -> dict[str, Any]:
@@ -86,25 +88,27 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
 
 
 def prices_json(samples: list[ClearingSample], since: datetime, now: datetime) -> dict[str, Any]:
-    """The price table: charge per unit of priority overall, and charge per request by band."""
+    """The price table: charge per unit of priority overall, and charge per request by band.
+    A figure drawn from fewer than `MIN_USERS` users is null (its sample count stays)."""
     priced = [s for s in samples if s.priority > 0]
-    per_unit = sorted(s.charge_micros / s.priority for s in priced)
-    total_priority = sum(s.priority for s in priced)
+    shown = _enough_users(priced)
+    per_unit = sorted(s.charge_micros / s.priority for s in priced) if shown else []
+    total_priority = sum(s.priority for s in priced) if shown else 0
     total_charge = sum(s.charge_micros for s in priced)
-    # Single-request places say what one request at that priority cost.
-    single = [s for s in samples if s.requests == 1]
+    # A user's only request in a batch of two or more says what one request at that priority
+    # cost; a batch of one has nobody to pass (priority 1, charge 0) and says nothing.
+    single = [s for s in samples if s.requests == 1 and s.batch_size >= 2]
     bands = []
     for low, high in _BANDS:
-        charges = sorted(
-            float(s.charge_micros)
-            for s in single
-            if low <= s.priority < high or (high == 1.0 and s.priority == 1.0)
-        )
+        band = [
+            s for s in single if low <= s.priority < high or (high == 1.0 and s.priority == 1.0)
+        ]
+        charges = sorted(float(s.charge_micros) for s in band) if _enough_users(band) else []
         bands.append(
             {
                 "priority_min": low,
                 "priority_max": high,
-                "samples": len(charges),
+                "samples": len(band),
                 "median_charge_micros": _micros(_quantile(charges, 0.5)),
                 "p90_charge_micros": _micros(_quantile(charges, 0.9)),
             }
@@ -124,6 +128,10 @@ def prices_json(samples: list[ClearingSample], since: datetime, now: datetime) -
     }
 
 
+def _enough_users(samples: Sequence[ClearingSample]) -> bool:
+    return len({s.user_id for s in samples}) >= MIN_USERS
+
+
 def _micros(value: float | None) -> int | None:
     # Prices are statistics of integer charges; rounding them keeps the money integral.
     return None if value is None else round(value)
@@ -131,15 +139,13 @@ def _micros(value: float | None) -> int | None:
 
 @router.get("/market/prices", summary="What places in the queue have recently cost")
 async def prices(
-    _: CurrentUser,
+    user: CurrentUser,
     state: State,
     window_seconds: Annotated[int, Query(ge=1, le=7 * 24 * 3600)] = 3600,
     max_batches: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict[str, Any]:
     """Recent charge per unit of priority (the whole schedule is 1 per batch), from cleared
-    batches of all users; no user is named."""
-    now = datetime.now(UTC)
-    since = now - timedelta(seconds=window_seconds)
+    batches of all users; no user is named, and no figure drawn from fewer than `MIN_USERS`
+    users is published; answered from an aggregate in memory (`server.market_prices`)."""
 
-    samples = await asyncio.to_thread(state.ledger.recent_clearing, since, max_batches)
-    return prices_json(samples, since, now)
+    return await state.market_prices.answer(user.name, window_seconds, max_batches)

@@ -113,14 +113,9 @@ from inference_auctions.server.settings import ServerSettings, without_password
     help="fixed-slots, or the paper's batch-size slots (open to price dilution).  "
     "[default: fixed-slots]",
 )
-@click.option(
-    "--ledger-writer",
-    type=click.Choice(["process", "thread"]),
-    help="Where the ledger's group commits run: a thread of the server, or a process of their "
-    "own beside it, which keeps them and the event loop from waiting on each other's "
-    "interpreter lock (more requests/s, less latency, a few percent more CPU; see "
-    "docs/PERFORMANCE.md).  [default: thread]",
-)
+# Removed: the ledger's group commits run on threads of the server. Still parsed, so that
+# `--ledger-writer process` is refused by name rather than as an unknown option.
+@click.option("--ledger-writer", hidden=True)
 @click.option("--log-level", default="info", show_default=True)
 def serve(log_level: str, **options: Any) -> None:
     """Run the auction server (FastAPI on uvicorn).
@@ -128,6 +123,11 @@ def serve(log_level: str, **options: Any) -> None:
     Every option can also be set as an environment variable: INFERENCE_AUCTION_<OPTION>,
     e.g. INFERENCE_AUCTION_ENGINE_URL. The ledger schema is created or upgraded at start.
     """
+    if options.get("ledger_writer") not in (None, "thread"):
+        raise click.UsageError(
+            f"--ledger-writer {options['ledger_writer']}: the process ledger writer was "
+            "removed; the ledger's group commits run on threads of the server (drop the option)"
+        )
     given = {key: value for key, value in options.items() if value is not None}
     try:
         settings = ServerSettings(**given)

@@ -2,6 +2,10 @@
 
 The store lives in the server's memory and keeps only the SHA-256 of each token, so neither a
 token nor the key it was exchanged for can be read back from it. A restart signs everyone out.
+A session remembers when it was signed in: one older than its user's `sessions_from` (the key
+rotated, the user disabled, on any replica) is over (`server.api.dashboard_routes.viewer`).
+When the store is full, the oldest session of the user holding the most goes, never an
+operator's while others hold any: a flood of sign-ins cannot sign the operator out.
 """
 
 from __future__ import annotations
@@ -9,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 COOKIE_NAME = "inference_auction_session"
 DEFAULT_TTL_SECONDS = 8 * 3600
@@ -21,6 +27,8 @@ class Session:
 
     user: str
     expires_at: float
+    admin: bool = False
+    signed_in_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 class SessionStore:
@@ -34,7 +42,7 @@ class SessionStore:
         self._per_user = per_user
         self._sessions: dict[str, Session] = {}
 
-    def create(self, user: str) -> str:
+    def create(self, user: str, admin: bool = False) -> str:
         """A new session token for `user`."""
         now = time.monotonic()
         # One user signing in over and over must not crowd out everyone else's sessions.
@@ -43,10 +51,10 @@ class SessionStore:
             self._drop_oldest(own)
         if len(self._sessions) >= self._size:
             self._sessions = {d: s for d, s in self._sessions.items() if s.expires_at > now}
-            if len(self._sessions) >= self._size:  # still full: the oldest sign-in goes
-                self._drop_oldest(list(self._sessions))
+            if len(self._sessions) >= self._size:  # still full: see the module docstring
+                self._drop_oldest(self._crowding())
         token = secrets.token_urlsafe(32)
-        self._sessions[_digest(token)] = Session(user=user, expires_at=now + self.ttl)
+        self._sessions[_digest(token)] = Session(user=user, expires_at=now + self.ttl, admin=admin)
         return token
 
     def get(self, token: str) -> Session | None:
@@ -63,6 +71,15 @@ class SessionStore:
     def end(self, token: str) -> None:
         """Sign the token's session out (nothing happens for an unknown token)."""
         self._sessions.pop(_digest(token), None)
+
+    def _crowding(self) -> list[str]:
+        """The sessions of the non-operator user holding the most (any user's if none)."""
+        sessions = self._sessions
+        counts = Counter(s.user for s in sessions.values() if not s.admin)
+        if not counts:
+            counts = Counter(s.user for s in sessions.values())
+        most = counts.most_common(1)[0][0]
+        return [d for d, s in sessions.items() if s.user == most]
 
     def _drop_oldest(self, digests: list[str]) -> None:
         del self._sessions[min(digests, key=lambda d: self._sessions[d].expires_at)]

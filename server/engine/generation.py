@@ -28,6 +28,8 @@ from inference_auctions.server.waiters import Waiters
 
 __all__ = ["EngineBase", "Generation"]
 
+_UNREAD_CHUNKS = 16  # unread chunks kept apart; more are merged into the latest
+
 
 class Generation:
     """One request handed to an engine (see the module docstring)."""
@@ -122,6 +124,12 @@ class Generation:
             return  # cancelled meanwhile: its consumer has had its error
         self.admit()
         self._finished_chunk = chunk.finished
+        chunks = self._chunks
+        if len(chunks) >= _UNREAD_CHUNKS and isinstance(chunks[-1], EngineChunk):
+            # Chunks are cumulative: past a few unread ones, this one replaces the one before,
+            # so a slow consumer costs memory linear in the answer, not a pile of copies.
+            chunks[-1] = chunk
+            return
         self._push(chunk)
 
     def finish(self, result: EngineResult) -> None:
@@ -228,6 +236,9 @@ class EngineBase(ABC):
     async def loads(self) -> dict[str, Any] | None:
         """The engine's `/v1/loads` (its waiting queue); None for an engine that has none."""
         return None
+    def forget_prompt(self, tokens: Any) -> None:
+        """Drop a refused request's prompt from the caches (an engine without one: nothing)."""
+        del tokens
 
     @abstractmethod
     def _send(self, generations: list[Generation]) -> None:

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from http import HTTPStatus
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_MODEL_NAME = "emulated-32b-h100"
+_UNREAD_OUTPUTS = 16  # a request's unread outputs kept apart; more are merged into the latest
 
 
 class LiveRequest:
@@ -58,7 +60,12 @@ class LiveRequest:
         self.stream_interval = stream_interval or 1
         self.completion = completion
         self._owner = owner
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        # Outputs not read yet. They are cumulative, so past `_UNREAD_OUTPUTS` of them the
+        # latest replaces the one before (as SGLang keeps only the latest of a streamed
+        # request's unread outputs): a reader that falls behind costs memory linear in the
+        # answer, not a pile of ever longer copies.
+        self._unread: deque[dict[str, Any]] = deque()
+        self._reader: asyncio.Future[None] | None = None
         self._done = False
         self.tokens = 0  # tokens delivered so far
 
@@ -70,7 +77,10 @@ class LiveRequest:
     async def outputs(self) -> AsyncIterator[dict[str, Any]]:
         """SGLang output dicts, cumulative; the last has a non-null `finish_reason`."""
         while True:
-            output = await self._queue.get()
+            while not self._unread:
+                self._reader = asyncio.get_running_loop().create_future()
+                await self._reader
+            output = self._unread.popleft()
             yield output
             if output["meta_info"]["finish_reason"] is not None:
                 return
@@ -88,7 +98,14 @@ class LiveRequest:
     def _put(self, output: dict[str, Any]) -> None:
         if output["meta_info"]["finish_reason"] is not None:
             self._done = True
-        self._queue.put_nowait(output)
+        unread = self._unread
+        if len(unread) >= _UNREAD_OUTPUTS and unread[-1]["meta_info"]["finish_reason"] is None:
+            unread[-1] = output
+        else:
+            unread.append(output)
+        reader, self._reader = self._reader, None
+        if reader is not None and not reader.done():
+            reader.set_result(None)
 
 
 class LiveSimulator:

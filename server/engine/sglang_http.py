@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -156,6 +157,10 @@ def _token_array(tokens: list[int]) -> TokenArray:
     return array
 
 
+def _entry_bytes(text: str, tokens: TokenArray) -> int:
+    return sys.getsizeof(text) + int(tokens.nbytes)
+
+
 def _inline(text: str) -> bool:
     """Whether `text` is short enough to tokenize locally on the event loop."""
     return len(text) <= INLINE_TOKENIZE_CHARS
@@ -186,6 +191,7 @@ class SGLangHTTPEngine(EngineBase):
         connect_timeout: float = 5.0,
         control_timeout: float = 30.0,
         tokenize_cache_size: int = 65_536,
+        tokenize_cache_bytes: int = 64 * 2**20,
         add_special_tokens: bool = True,
         api_key: str | None = None,
         tokenizer: LocalTokenizer | None = None,
@@ -206,6 +212,11 @@ class SGLangHTTPEngine(EngineBase):
         self._context_asked = False  # an SGLang without `max_model_len` is asked only once
         self._renders_chats = True  # its /tokenize takes chat `messages` (SGLang 0.5.23 does)
         self._tokenize_cache_size = tokenize_cache_size
+        # Bounded in bytes too (the texts and their ids), and no entry above a 64th of that:
+        # long prompts would otherwise fill it (a refused 1 MB prompt left 1.75 MB here).
+        self._tokenize_cache_bytes = tokenize_cache_bytes
+        self._token_bytes = 0
+        self._text_of: dict[int, str] = {}  # id of a cached array -> its text (`forget_prompt`)
         self._tokenizing: dict[str, asyncio.Task[TokenArray]] = {}
         self.tokenizer = tokenizer
         # The local tokenizer serves only once it agreed with the engine's on the probes.
@@ -216,6 +227,7 @@ class SGLangHTTPEngine(EngineBase):
         self.tokenize_misses = 0
         self._queue: asyncio.Queue[Generation] = asyncio.Queue()
         self._sender: asyncio.Task[None] | None = None
+        self._aborting: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Open the connection pool and start the sender."""
@@ -432,11 +444,36 @@ class SGLangHTTPEngine(EngineBase):
         log.info("the local tokenizer (%s) agrees with the engine's", tokenizer.description)
 
     def _remember(self, text: str, tokens: TokenArray) -> TokenArray:
-        """Cache `tokens` as the ids of `text`, dropping the least recently used beyond the size."""
+        """Cache `tokens` as the ids of `text`, dropping the least recently used beyond the
+        size or the bytes; an entry above a 64th of the bytes is not kept at all."""
+        size = _entry_bytes(text, tokens)
+        if size > self._tokenize_cache_bytes // 64 or text in self._tokens:
+            return tokens
         self._tokens[text] = tokens
-        if len(self._tokens) > self._tokenize_cache_size:
-            self._tokens.popitem(last=False)
+        self._text_of[id(tokens)] = text
+        self._token_bytes += size
+        while self._tokens and (
+            len(self._tokens) > self._tokenize_cache_size
+            or self._token_bytes > self._tokenize_cache_bytes
+        ):
+            self._drop(next(iter(self._tokens)))
         return tokens
+
+    def forget_prompt(self, tokens: Any) -> None:
+        """Drop a refused request's prompt from the cache: refused requests do not feed it."""
+        text = self._text_of.get(id(tokens))
+        if text is not None and self._tokens.get(text) is tokens:
+            self._drop(text)
+
+    def _drop(self, text: str) -> None:
+        tokens = self._tokens.pop(text)
+        self._text_of.pop(id(tokens), None)
+        self._token_bytes -= _entry_bytes(text, tokens)
+
+    @property
+    def tokenize_cache_bytes(self) -> int:
+        """What the cached prompts and their ids take, as counted against the bound."""
+        return self._token_bytes
 
     async def flush_cache(self) -> bool:
         """Ask SGLang's `/flush_cache`: 200 when it flushed, 400 while requests run or wait."""
@@ -571,6 +608,26 @@ class SGLangHTTPEngine(EngineBase):
             raise EngineTimeout(f"SGLang timed out on {request.rid!r}: {error!r}") from error
         except HTTPClientError as error:
             raise EngineUnavailable(f"SGLang unreachable for {request.rid!r}: {error!r}") from error
+        except asyncio.CancelledError:
+            # Cancelled (its client left, a deadline passed): the dropped connection aborts it
+            # too, but SGLang notices that only at its next check; `/abort_request` at once.
+            self._abort_at_engine(request.rid)
+            raise
+
+    def _abort_at_engine(self, rid: str) -> None:
+        if self._client is None or self._closed:
+            return
+        task = asyncio.create_task(self._post_abort(self._client, rid))
+        self._aborting.add(task)
+        task.add_done_callback(self._aborting.discard)
+
+    async def _post_abort(self, client: HTTPClient, rid: str) -> None:
+        try:
+            await client.request(
+                "POST", "/abort_request", {"rid": rid}, timeout=self.control_timeout
+            )
+        except HTTPClientError as error:  # the dropped connection still aborts it
+            log.info("SGLang's /abort_request for %r failed: %r", rid, error)
 
     async def _generate_once(
         self,

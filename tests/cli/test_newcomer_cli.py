@@ -192,3 +192,18 @@ def test_make_run_and_demo_install_the_server_and_sdk_without_the_dev_tools() ->
     assert "$(RUNTIME_STAMP)" in makefile.split("\ndemo:", 1)[1].splitlines()[0]
     recipe = rules["$(RUNTIME_STAMP)"]
     assert "-e ./sdk -e ." in recipe and "dev" not in recipe
+
+
+def test_the_removed_process_ledger_writer_is_refused_by_name(tmp_path: Path) -> None:
+    database = f"sqlite:///{tmp_path / 'ledger.db'}"
+    result = _cli("serve", "--ledger-writer", "process", "--database-url", database)
+    assert result.returncode != 0
+    assert "process ledger writer was removed" in result.stderr
+    assert "threads of the server" in result.stderr
+    assert "Traceback" not in result.stderr
+    try:
+        ServerSettings(ledger_writer="process")  # type: ignore[arg-type]
+    except ValueError as error:  # INFERENCE_AUCTION_LEDGER_WRITER=process
+        assert "process ledger writer was removed" in str(error)
+    else:
+        raise AssertionError("the removed writer was accepted")

@@ -478,3 +478,35 @@ def test_the_market_view_flags_zero_bids_under_other_users_prefixes(
     (entry,) = flagged
     assert entry["low_bid_requests"] == 8
     assert 1 <= entry["under_others"] <= 4 and entry["other_users"] >= 1
+
+
+def test_a_session_ends_with_the_key_that_bought_it(server: RunningServer) -> None:
+    # Before: a session outlived a rotated key, and the incident response (disable, rotate,
+    # enable) with no dashboard call while disabled left it valid.
+    alice = server.create_user("alice")
+    with _sign_in(server, alice) as client:
+        assert client.get("/v1/dashboard/account").status_code == 200
+        new_key = server.ledger.rotate_api_key("alice")
+        ended = client.get("/v1/dashboard/account")
+        assert ended.status_code == 401 and "rotated" in ended.json()["error"]["message"]
+    with _sign_in(server, new_key) as client:
+        assert client.get("/v1/dashboard/account").status_code == 200
+        server.ledger.disable_user("alice")
+        newer_key = server.ledger.rotate_api_key("alice")
+        server.ledger.enable_user("alice")
+        assert client.get("/v1/dashboard/account").status_code == 401  # enable revives nothing
+    with _sign_in(server, newer_key) as client:
+        server.ledger.disable_user("alice")
+        server.ledger.enable_user("alice")  # no dashboard call while disabled
+        assert client.get("/v1/dashboard/account").status_code == 401
+    assert server.ledger.reconcile().ok
+
+
+def test_a_flood_of_sign_ins_cannot_sign_the_operator_out() -> None:
+    store = SessionStore(ttl=60, size=10, per_user=2)
+    operator = store.create("root", admin=True)
+    for i in range(200):  # many accounts, each within its own per-user bound
+        store.create(f"user{i}")
+    assert len(store) == 10
+    session = store.get(operator)
+    assert session is not None and session.user == "root"

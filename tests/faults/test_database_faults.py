@@ -297,3 +297,27 @@ def test_an_unreachable_postgres_ledger_is_503_until_it_is_back(
         ben_holds = [e for e in ledger.entries("ben").entries if e.kind == "hold"]
         assert len(ben_holds) == 2, "warm and caught, the retry reusing the open hold"
         assert ledger.reconcile().ok
+
+
+def test_health_says_when_the_sqlite_ledger_cannot_write(
+    sqlite_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: /health read the ledger (which a write lock does not stop) and said ok while
+    # every commit failed.
+    monkeypatch.setattr(ledger_database, "SQLITE_BUSY_TIMEOUT_S", 0.4)
+    with _server(sqlite_db.url, sqlite_db) as (url, ledger):
+        key = ledger.create_user("ann", budget_micros=GRANT).api_key
+        assert httpx.get(f"{url}/health").status_code == 200
+        with _exclusive_lock(sqlite_db):
+            _assert_unavailable(_generate(url, key, "locked"), "ledger is unavailable")
+            health = httpx.get(f"{url}/health")
+            assert health.status_code == 503, health.text
+            assert health.json()["ledger"].startswith("cannot write")
+            assert "SELECT" not in health.text and "INSERT" not in health.text
+        served = _generate(url, key, "after")
+        assert served.status_code == 200, served.text
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert ledger.find_request("ann/locked") is None
+        assert str(ledger.find_request("ann/after").status) == "served"  # type: ignore[union-attr]
+        assert ledger.balance("ann").held_micros == 0
+        assert ledger.reconcile().ok

@@ -25,7 +25,6 @@ from inference_auctions.billing import (
 from inference_auctions.server.clearing import BatchClearing
 from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.tickets import Ticket
-from tests.db_fixtures import MigratedDatabase
 
 USERS = [f"writer{u}" for u in range(4)]
 BUDGET = 1_000_000
@@ -60,26 +59,14 @@ async def _hold_all(writer: LedgerWriter) -> list[HoldView | BaseException]:
     return await asyncio.gather(*calls, return_exceptions=True)
 
 
-LANES = ["thread", "process"]
-
-
-def _process_url(lane: str, db: MigratedDatabase) -> str | None:
-    return db.url if lane == "process" else None
-
-
-@pytest.mark.parametrize("lane", LANES)
-def test_concurrent_holds_never_overspend_and_nothing_is_lost(
-    ledger: Ledger, ledger_db: MigratedDatabase, lane: str
-) -> None:
+def test_concurrent_holds_never_overspend_and_nothing_is_lost(ledger: Ledger) -> None:
     for user in USERS:
         ledger.create_user(user, budget_micros=BUDGET)
 
     groups: list[int] = []
 
     async def run() -> list[HoldView | BaseException]:
-        writer = LedgerWriter(
-            ledger, observe_group=groups.append, process_url=_process_url(lane, ledger_db)
-        )
+        writer = LedgerWriter(ledger, observe_group=groups.append)
         try:
             return await _hold_all(writer)
         finally:
@@ -106,17 +93,14 @@ def test_concurrent_holds_never_overspend_and_nothing_is_lost(
     assert ledger.reconcile().ok
 
 
-@pytest.mark.parametrize("lane", LANES)
-def test_served_records_race_recovery_and_each_request_ends_once(
-    ledger: Ledger, ledger_db: MigratedDatabase, lane: str
-) -> None:
+def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger) -> None:
     clock_now = datetime.now(UTC)
     for user in USERS:
         ledger.create_user(user, budget_micros=BUDGET)
     tickets = [_ticket(user, f"s{i}", 10_000 + i) for user in USERS for i in range(10)]
 
     async def run() -> tuple[list[object], int]:
-        writer = LedgerWriter(ledger, process_url=_process_url(lane, ledger_db))
+        writer = LedgerWriter(ledger)
         try:
             for ticket in tickets:
                 await writer.queue_hold(

@@ -31,6 +31,8 @@ async def _settle() -> None:
 
 
 def test_follow_yields_every_chunk_in_order_from_the_first() -> None:
+    # A reader a few chunks behind reads each; one far behind skips to the latest, which holds
+    # all it missed (chunks are cumulative: memory linear in the answer, not quadratic).
     async def scenario() -> list[str]:
         ticket = _ticket()
         await ticket.push(_chunk("a"))  # before anyone follows
