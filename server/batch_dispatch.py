@@ -107,7 +107,6 @@ class BatchDispatch:
         settled = None if speculation is None else speculation.settled
 
         def follow(place: int, generation: Generation) -> None:
-            ordered[place].stop_engine = generation.cancel
             task = self._follow(self._serving.serve(ordered[place], generation, batch, settled))
             departure.sent(ordered[place], generation.cancel)
             if speculation is not None:

@@ -82,9 +82,6 @@ class Ticket:
     # Times it was sent to the engine in a batch that was then cleared again
     # (`server.speculation`); each time goes to the engine under a rid of its own.
     resent: int = 0
-    # Stops its generation at the engine (set once it is sent): a streamed client that leaves
-    # mid-answer frees the engine at once instead of letting it decode for nobody.
-    stop_engine: Callable[[str], None] | None = None
 
     @property
     def engine_rid(self) -> str:

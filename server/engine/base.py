@@ -183,6 +183,7 @@ class Engine(Protocol):
 
     async def loads(self) -> dict[str, Any] | None:
         """SGLang's `/v1/loads` (`num_waiting_reqs` per rank); None when not stated."""
+
     def forget_prompt(self, tokens: TokenIds) -> None:
         """Drop a refused request's prompt (these ids) from what the engine client caches."""
 

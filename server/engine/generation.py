@@ -236,6 +236,7 @@ class EngineBase(ABC):
     async def loads(self) -> dict[str, Any] | None:
         """The engine's `/v1/loads` (its waiting queue); None for an engine that has none."""
         return None
+
     def forget_prompt(self, tokens: Any) -> None:
         """Drop a refused request's prompt from the caches (an engine without one: nothing)."""
         del tokens

@@ -5,7 +5,7 @@ A request whose client left after its first token keeps its charge and is record
 over (set when the key is rotated or the user disabled).
 
 Revision ID: 3b8d4c2e6f10
-Revises: 7c1f0e9a4b21
+Revises: 9b4e2c7d1a35
 Create Date: 2026-12-03 18:00:00.000000+00:00
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "3b8d4c2e6f10"
-down_revision: str | None = "7c1f0e9a4b21"
+down_revision: str | None = "9b4e2c7d1a35"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
