@@ -476,9 +476,7 @@ def _batches_of_several(
                 user=owner,
                 bid_micros=request.bid_micros,
                 arrival=request.arrival,
-                tree_path=None
-                if request.tree_path is None
-                else [int(node) for node in request.tree_path.split(".") if node],
+                tree_path=request.tree_nodes,
             )
         )
     return dict(batches)

@@ -338,6 +338,13 @@ class BatchRequest(Base):
     arrival: Mapped[int | None] = mapped_column(Integer)
     tree_path: Mapped[str | None] = mapped_column(Text)
 
+    @property
+    def tree_nodes(self) -> list[int] | None:
+        """`tree_path` as node ids (it is stored as dotted text); None when not stored."""
+        if self.tree_path is None:
+            return None
+        return [int(node) for node in self.tree_path.split(".") if node]
+
 
 # The tables behind the models, typed as tables, for Core statements over many rows at once.
 HOLDS = cast(Table, Hold.__table__)

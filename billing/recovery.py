@@ -135,9 +135,7 @@ def _price_failures(session: Session, batch_id: str, name: str, rule: RefundRule
             user=owner,
             bid_micros=request.bid_micros,
             arrival=request.arrival,
-            tree_path=None
-            if request.tree_path is None
-            else [int(node) for node in request.tree_path.split(".") if node],
+            tree_path=request.tree_nodes,
             priority_slots=slots,
         )
         for request, owner in rows
