@@ -23,6 +23,7 @@ from inference_auctions.billing.database_url import (
     probe_database,
     sqlite_file,
 )
+from inference_auctions.billing.decoy_watch import PrefixSquatter
 from inference_auctions.billing.errors import (
     BatchCapExceeded,
     ChargeExceedsHold,
@@ -136,6 +137,7 @@ __all__ = [
     "LedgerUnavailable",
     "MarketActivity",
     "Period",
+    "PrefixSquatter",
     "PricedRequest",
     "ReconcileRecord",
     "ReconcileReport",

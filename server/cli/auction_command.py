@@ -9,9 +9,7 @@ from typing import Any, TextIO
 import click
 from rich.table import Table
 
-from inference_auctions.billing import format_micros
-from inference_auctions.billing.errors import InvalidAmount
-from inference_auctions.billing.money import parse_credits
+from inference_auctions.billing import InvalidAmount, format_micros, parse_credits
 from inference_auctions.server.auction import (
     AuctionInputError,
     AuctionOutcome,

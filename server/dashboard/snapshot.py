@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from inference_auctions.billing import MarketActivity, Spender
-from inference_auctions.billing.decoy_watch import PrefixSquatter
+from inference_auctions.billing import MarketActivity, PrefixSquatter, Spender
 from inference_auctions.server.dashboard.health import ReconcileWatch
 from inference_auctions.server.dashboard.sessions import SessionStore
 
