@@ -100,12 +100,15 @@ def start_engine(
     host: str = "127.0.0.1",
     time_scale: float = 1.0,
     cache_tokens: int | None = None,
+    max_running_requests: int | None = None,
 ) -> Child:
     """`inference-auction emulate-sglang` on `host:port`."""
     command = [*CLI, "emulate-sglang", "--host", host, "--port", str(port)]
     command += ["--time-scale", f"{time_scale:g}", "--log-level", "warning"]
     if cache_tokens is not None:
         command += ["--cache-tokens", str(cache_tokens)]
+    if max_running_requests is not None:
+        command += ["--max-running-requests", str(max_running_requests)]
     return _spawn(name, command, _clean_environment(), log, f"http://{host}:{port}")
 
 

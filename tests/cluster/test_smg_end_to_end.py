@@ -50,10 +50,9 @@ TIME_SCALE = 0.2
 LONG_ANSWER = 1000
 REPLICA_SETTINGS = {
     "batch_size": "8",
-    "max_wait_ms": "20",
-    # One request at the engine at a time: later ones queue and clear together, so batches
-    # hold several users and charges are above zero.
-    "max_inflight": "1",
+    # A 200 ms collection window: requests sent together meet in one auction and hold their
+    # bids meanwhile, so tight budgets are refused (402) and batches hold several users.
+    "max_wait_ms": "200",
     "rate_limit_per_second": "10000",
     "rate_limit_burst": "10000",
     "run_jobs": "true",
@@ -72,7 +71,14 @@ class Deployment:
         self.logs = logs
         self.engines = [
             start_engine(
-                f"engine-{i}", free_port(), logs / f"engine-{i}.log", time_scale=TIME_SCALE
+                f"engine-{i}",
+                free_port(),
+                logs / f"engine-{i}.log",
+                time_scale=TIME_SCALE,
+                # One request at the engine at a time, which each server learns from it: later
+                # ones wait in its pool and clear together, so batches hold several users and
+                # charges are above zero.
+                max_running_requests=1,
             )
             for i in range(2)
         ]

@@ -69,7 +69,12 @@ def test_waiting_bidders_are_auctioned_and_served_in_auction_order(
     sqlite_db: MigratedDatabase, sglang_url: str, mode: str
 ) -> None:
     with running_server(
-        sqlite_db, engine_url=sglang_url, engine_mode=mode, max_wait_ms=0, batch_size=64
+        sqlite_db,
+        engine_url=sglang_url,
+        engine_mode=mode,
+        max_wait_ms=0,
+        batch_size=64,
+        max_inflight=64,  # a hard cap: the whole backlog fits one batch
     ) as server:
         # The server learnt SGLang's limit from its /server_info.
         info = httpx.get(server.url + "/server_info", timeout=10).json()
