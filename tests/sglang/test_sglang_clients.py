@@ -13,6 +13,9 @@ import pytest
 
 from bench.sglang_cpu.launcher import SGLangServer
 
+# Two minutes of the real engine: run by hand (`python -m pytest -m sglang_clients`), not by CI.
+pytestmark = pytest.mark.sglang_clients
+
 REPO = Path(__file__).resolve().parents[2]
 
 
