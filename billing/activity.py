@@ -470,15 +470,7 @@ def _batches_of_several(
     ).all()
     batches: dict[str, list[PricedRequest]] = defaultdict(list)
     for request, owner in rows:
-        batches[request.batch_id].append(
-            PricedRequest(
-                rid=request.rid,
-                user=owner,
-                bid_micros=request.bid_micros,
-                arrival=request.arrival,
-                tree_path=request.tree_nodes,
-            )
-        )
+        batches[request.batch_id].append(PricedRequest.of(request, owner))
     return dict(batches)
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from inference_auctions.billing.models import EntryKind, HoldState, RequestStatus
+from inference_auctions.billing.models import BatchRequest, EntryKind, HoldState, RequestStatus
 from inference_auctions.billing.periods import Period
 
 
@@ -57,6 +57,18 @@ class PricedRequest:
     tree_path: list[int] | None
     # Its batch's priority slots (None: as many as the batch's requests, the paper's rule).
     priority_slots: int | None = None
+
+    @classmethod
+    def of(cls, request: BatchRequest, owner: str, slots: int | None = None) -> PricedRequest:
+        """The settled request `request` of user `owner`, in a batch of `slots` slots."""
+        return cls(
+            rid=request.rid,
+            user=owner,
+            bid_micros=request.bid_micros,
+            arrival=request.arrival,
+            tree_path=request.tree_nodes,
+            priority_slots=slots,
+        )
 
 
 # (the batch's requests, a user, the user's failed rids, the user's charge) -> the refund.

@@ -129,17 +129,7 @@ def _price_failures(session: Session, batch_id: str, name: str, rule: RefundRule
         for request, owner in rows
         if owner == name and request.status is RequestStatus.FAILED
     )
-    priced = [
-        PricedRequest(
-            rid=request.rid,
-            user=owner,
-            bid_micros=request.bid_micros,
-            arrival=request.arrival,
-            tree_path=request.tree_nodes,
-            priority_slots=slots,
-        )
-        for request, owner in rows
-    ]
+    priced = [PricedRequest.of(request, owner, slots) for request, owner in rows]
     if rule is None or any(p.arrival is None or p.tree_path is None for p in priced):
         # Without the tree's shape (batches settled before it was stored) the batch cannot be
         # priced again: the whole charge is refunded, as it always was for such batches.
