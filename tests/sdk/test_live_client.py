@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -321,11 +322,47 @@ def test_a_spent_budget_raises_or_bids_zero_with_a_warning(live: LiveServer) -> 
         assert generation.auction.bid_micros == 0
 
 
+def _contest_singly(live: LiveServer, ours: str) -> None:
+    """One request of our user's and one of a rival's, sent together until a batch holds
+    both: the price bands count only users with a single request in a batch of two or more."""
+    _, rival = live.new_user()
+    since = datetime.now(UTC) - timedelta(seconds=1)
+    for _ in range(20):
+        barrier = threading.Barrier(2)
+
+        def send(key: str, bid: str, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            body = {"text": "single", "bid": bid, "sampling_params": {"max_new_tokens": 2}}
+            headers = {"Authorization": f"Bearer {key}"}
+            httpx.post(live.url + "/generate", json=body, headers=headers, timeout=30)
+
+        threads = [
+            threading.Thread(target=send, args=(key, bid))
+            for key, bid in ((ours, "0.5"), (rival, "0.1"))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        with _client(live, ours) as probe:
+            if probe.ledger.spend(since=since).spent_micros > 0:
+                return
+    raise AssertionError("twenty rounds of single requests never shared a batch")
+
+
 def test_recent_clearing_prices(live: LiveServer) -> None:
     _, key = live.new_user()
     _contest(live, key)
+    _contest_singly(live, key)
+    _contest_singly(live, key)  # a third user: bands drawn from fewer are not published
     with _client(live, key) as client:
-        prices = client.market.prices(window_seconds=600)
+        # The server reads new batches at most every two seconds and keeps an answer five
+        # seconds per window (rounded to the minute): ask again over a fresh window.
+        for attempt in range(8):
+            prices = client.market.prices(window_seconds=600 + 60 * attempt)
+            if sum(b.samples for b in prices.by_priority) >= 1:
+                break
+            time.sleep(0.5)
     assert prices.batches >= 1 and prices.samples >= 1
     per_unit = prices.charge_per_priority_micros
     assert per_unit.mean is not None and per_unit.mean > 0
