@@ -651,7 +651,11 @@ class Ledger:
             )
             for rid, batch_id, name in stale
         ]
-        return [result for result in results if result is not None and result.amount_micros]
+        return [
+            result
+            for result in results
+            if result is not None and (result.amount_micros or result.fee_micros)
+        ]
 
     def find_request(self, rid: str) -> RequestView | None:
         """The settled request `rid`, or None if no batch settled it."""
