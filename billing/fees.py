@@ -57,9 +57,7 @@ def refund_fee(
     key = fee_refund_key(rid)
     if session.scalar(select(LedgerEntry.id).where(LedgerEntry.idempotency_key == key)):
         return 0
-    fee = session.scalar(
-        select(AuctionBatch.request_fee_micros).where(AuctionBatch.id == batch_id)
-    )
+    fee = session.scalar(select(AuctionBatch.request_fee_micros).where(AuctionBatch.id == batch_id))
     if not fee:
         return 0
     taken, back = period_charges.fees_paid(session, budget, batch_id)

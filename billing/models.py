@@ -367,9 +367,7 @@ class ReplicaRule(Base):
     """
 
     __tablename__ = "replica_rules"
-    __table_args__ = (
-        CheckConstraint("request_fee_micros >= 0", name="request_fee_non_negative"),
-    )
+    __table_args__ = (CheckConstraint("request_fee_micros >= 0", name="request_fee_non_negative"),)
 
     replica: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
     pricing_rule: Mapped[str] = mapped_column(String(16))

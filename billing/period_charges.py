@@ -113,10 +113,10 @@ def _by_period(
     session: Session, budget: Budget, kind: EntryKind, batch_id: str, sign: int = 0
 ) -> dict[datetime, int]:
     # `sign`: only the entries taken (< 0) or given back (> 0), for a kind that does both (fee).
-    amount = LedgerEntry.amount_micros
-    signed = [amount < 0] if sign < 0 else [amount > 0] if sign > 0 else []
+    column = LedgerEntry.amount_micros
+    signed = [column < 0] if sign < 0 else [column > 0] if sign > 0 else []
     rows = session.execute(
-        select(LedgerEntry.period_start, func.sum(amount))
+        select(LedgerEntry.period_start, func.sum(column))
         .where(
             LedgerEntry.user_id == budget.user_id,
             LedgerEntry.batch_id == batch_id,

@@ -255,6 +255,7 @@ class SummaryRow:
     adjusted_micros: int
     net_micros: int
     entries: int
+    fees_micros: int = 0  # request fees paid, net of those given back
 
 
 @dataclass(frozen=True, slots=True)

@@ -449,7 +449,7 @@ class LedgerEntry(_Model):
     """
 
     id: int
-    kind: Literal["grant", "hold", "release", "charge", "refund", "adjustment"]
+    kind: Literal["grant", "hold", "release", "charge", "refund", "adjustment", "fee"]
     amount_micros: int
     batch_id: str | None = None
     rid: str | None = None

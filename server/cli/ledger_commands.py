@@ -509,7 +509,7 @@ SUMMARY_COLUMNS = [
 )
 @click.option(
     "--kind",
-    type=click.Choice(["grant", "hold", "release", "charge", "refund", "adjustment"]),
+    type=click.Choice(["grant", "hold", "release", "charge", "refund", "adjustment", "fee"]),
     default=None,
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
