@@ -8,9 +8,12 @@ import csv
 import dataclasses
 import io
 import json
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
@@ -23,6 +26,10 @@ from inference_auctions.billing import (
     hold_micros,
     migrate,
 )
+from inference_auctions.server.auction import AuctionRequest, run_auction
+from inference_auctions.server.auction.pricing import PricingRule
+from inference_auctions.server.auction.repricing import Repricer
+from tests.auction.strategies import batches
 from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of, entries_total, snapshot
 from tests.db_fixtures import MigratedDatabase
@@ -197,3 +204,79 @@ def test_replicas_on_one_ledger_must_clear_under_one_rule(
     ledger.leave_replicas("r1")  # stopped cleanly: the rule may change
     ledger.join_replicas("r2", ("fixed-slots", 64, 0), live)
     ledger.join_replicas("r2", ("fixed-slots", 64, 0), live)  # a restart under its own name
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(batch=batches(max_size=6), fee=st.sampled_from([0, 1, 7, 20_000]), data=st.data())
+def test_nobody_pays_more_than_their_bids_plus_the_fees(
+    ledger: Ledger, batch: list[AuctionRequest], fee: int, data: st.DataObject
+) -> None:
+    """Cleared by the auction, settled by the ledger, some requests failed and refunded as the
+    server does: what each user pays (charge and fees) never exceeds its bids plus one fee per
+    request, and no more than one fee per request it was served."""
+    tag = uuid.uuid4().hex[:8]
+    requests = [
+        AuctionRequest(f"{tag}-{r.rid}", f"{r.user}-{tag}", r.tokens, min(r.bid, 10**9))
+        for r in batch
+    ]
+    assume(requests)
+    for user in {r.user for r in requests}:
+        ledger.create_user(user, budget_micros=10**13)
+    rule = PricingRule(slots=8, request_fee_micros=fee)
+    outcome = run_auction(requests, rule)
+    repricer = Repricer.from_outcome(outcome)
+    for request in requests:
+        ledger.place_hold(request.user, request.rid, hold_micros(request.bid, fee))
+    record = BatchRecord(
+        batch_id=f"b-{tag}",
+        closed_at=datetime(2026, 12, 3, tzinfo=UTC),
+        n=outcome.size,
+        revenue_micros=outcome.revenue,
+        welfare_micros=int(outcome.welfare),
+        pricing_rule=rule.name,
+        priority_slots=rule.slots,
+        request_fee_micros=fee,
+    )
+    paths = repricer.tree_paths()
+    ledger.settle_batch(
+        record,
+        [
+            RequestRecord(
+                rid=r.rid,
+                user=r.user,
+                position=outcome.positions[r.rid],
+                priority=float(outcome.priority(r.rid)),
+                bid_micros=r.bid,
+                prompt_tokens=len(r.tokens),
+                arrival=k,
+                tree_path=paths[r.rid],
+            )
+            for k, r in enumerate(requests)
+        ],
+        outcome.payments,
+    )
+    failed = data.draw(st.sets(st.sampled_from([r.rid for r in requests])))
+    by_user: dict[str, set[str]] = {}
+    for request in requests:
+        if request.rid in failed:
+            gone = by_user.setdefault(request.user, set())
+            gone.add(request.rid)
+            target = repricer.failure_refund(request.user, gone, outcome.payments[request.user])
+            ledger.record_failed(
+                request.rid, record.batch_id, request.user, target_micros=target, reason="failed"
+            )
+        else:
+            ledger.record_served(request.rid)
+    for user in {r.user for r in requests}:
+        mine = [r for r in requests if r.user == user]
+        served = sum(1 for r in mine if r.rid not in failed)
+        paid = 10**13 - ledger.balance(user).balance_micros
+        assert 0 <= paid <= sum(r.bid for r in mine) + len(mine) * fee
+        fees = -sum(e.amount_micros for e in ledger.entries(user, kind="fee").entries)
+        assert fees == served * fee
+    assert ledger.reconcile().ok
