@@ -98,6 +98,20 @@ def _one_batch_with_fees(server: RunningServer) -> None:
     assert rule["request_fee_micros"] == budget["request_fee_micros"] == FEE
     assert prices["request_fee_micros"] == FEE
     assert budget["spent_micros"] == sum(_spent(server, "bob").values())
+    # The dashboard: the operator sees the fees settled, a user the fee each request paid.
+    root = server.create_user("root", budget=0, admin=True)
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for key in (root, keys["alice"]):
+            signed = client.post(
+                "/v1/dashboard/session", headers={"Authorization": f"Bearer {key}"}
+            )
+            assert signed.status_code == 200, signed.text
+            if key == root:
+                market = client.get("/v1/dashboard/market").json()
+        account = client.get("/v1/dashboard/account").json()
+    assert market["totals"]["fees_micros"] == 3 * FEE
+    assert market["request_fee_micros"] == FEE
+    assert [r["request_fee_micros"] for r in account["recent"]] == [FEE, FEE]
 
 
 def test_a_budget_short_of_bid_plus_fee_is_refused_naming_the_fee(server: RunningServer) -> None:
