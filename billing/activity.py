@@ -49,6 +49,10 @@ class MarketBucket:
     ttft_samples: int
     ttft_mean_ms: float | None
     ttft_max_ms: float | None
+    # Requests of these batches by outcome so far (the rest are still at the engine).
+    served: int = 0
+    failed: int = 0
+    abandoned: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,7 @@ class AccountActivity:
     requests_total: int
     requests_served: int
     requests_failed: int
+    requests_abandoned: int
     recent: list[RecentRequest]
     clearing: list[ClearingPoint]
     # When the user's first charge of the period was written (None: nothing spent in it): a
@@ -195,6 +200,10 @@ def market_buckets(
             func.count(BatchRequest.ttft_ms),
             func.avg(BatchRequest.ttft_ms),
             func.max(BatchRequest.ttft_ms),
+            *(
+                func.count().filter(BatchRequest.status == status)
+                for status in (RequestStatus.SERVED, RequestStatus.FAILED, RequestStatus.ABANDONED)
+            ),
         )
         .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
         .where(*in_window)
@@ -220,6 +229,9 @@ def market_buckets(
                 ttft_samples=int(s[3]) if s else 0,
                 ttft_mean_ms=float(s[4]) if s and s[4] is not None else None,
                 ttft_max_ms=float(s[5]) if s and s[5] is not None else None,
+                served=int(s[6]) if s else 0,
+                failed=int(s[7]) if s else 0,
+                abandoned=int(s[8]) if s else 0,
             )
         )
     return buckets
@@ -440,6 +452,7 @@ def account_activity(
         requests_total=sum(int(c) for c in counts.values()),
         requests_served=int(counts.get(RequestStatus.SERVED, 0)),
         requests_failed=int(counts.get(RequestStatus.FAILED, 0)),
+        requests_abandoned=int(counts.get(RequestStatus.ABANDONED, 0)),
         recent=latest,
         clearing=clearing_points(session, start - timedelta(days=31), clearing, user=name),
         first_spend_at=session.scalar(

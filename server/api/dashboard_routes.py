@@ -213,6 +213,7 @@ def account_json(activity: AccountActivity, now: datetime) -> dict[str, Any]:
             "total": activity.requests_total,
             "served": activity.requests_served,
             "failed": activity.requests_failed,
+            "abandoned": activity.requests_abandoned,
         },
         "recent": [
             {
@@ -333,6 +334,10 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
             "requests": sum(b.requests for b in buckets),
             "revenue_micros": sum(b.revenue_micros for b in buckets),
             "welfare_micros": sum(b.welfare_micros for b in buckets),
+            # By outcome so far; a request at the engine is in none of them yet.
+            "served": sum(b.served for b in buckets),
+            "failed": sum(b.failed for b in buckets),
+            "abandoned": sum(b.abandoned for b in buckets),
         },
         "series": {
             "t": [_epoch(b.start) for b in buckets],
