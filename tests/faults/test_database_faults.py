@@ -321,3 +321,44 @@ def test_health_says_when_the_sqlite_ledger_cannot_write(
         assert str(ledger.find_request("ann/after").status) == "served"  # type: ignore[union-attr]
         assert ledger.balance("ann").held_micros == 0
         assert ledger.reconcile().ok
+
+
+@contextmanager
+def _read_only(db: MigratedDatabase, role: str) -> Iterator[None]:
+    """The role may read the ledger but not write it (its write privileges revoked, which
+    counts at once on its open connections too), until the block ends."""
+    schema = str(make_url(db.url).query["options"]).split("=", 1)[1]
+    tables = f"ALL TABLES IN SCHEMA {schema}"
+    with db.engine.begin() as connection:
+        connection.execute(text(f"REVOKE INSERT, UPDATE, DELETE ON {tables} FROM {role}"))
+    try:
+        yield
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(text(f"GRANT INSERT, UPDATE, DELETE ON {tables} TO {role}"))
+
+
+@pytest.mark.postgres
+def test_health_says_when_the_postgres_ledger_cannot_write(
+    postgres_db: MigratedDatabase, server_role: str
+) -> None:
+    # Before (as on SQLite): /health read the ledger, which a database refusing writes still
+    # answers, and said ok while every commit failed.
+    server_url = make_url(postgres_db.url).set(username=server_role).render_as_string(False)
+    with _server(server_url, postgres_db) as (url, ledger):
+        key = ledger.create_user("ann", budget_micros=GRANT).api_key
+        assert httpx.get(f"{url}/health").status_code == 200
+        with _read_only(postgres_db, server_role):
+            _assert_unavailable(_generate(url, key, "refused"), "ledger is unavailable")
+            health = httpx.get(f"{url}/health")
+            assert health.status_code == 503, health.text
+            assert health.json()["ledger"].startswith("cannot write")
+            assert "INSERT" not in health.text and "permission" not in health.text
+        served = _generate(url, key, "after")
+        assert served.status_code == 200, served.text
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert ledger.find_request("ann/refused") is None
+        assert get_hold(ledger, "ann/refused") is None
+        assert str(ledger.find_request("ann/after").status) == "served"  # type: ignore[union-attr]
+        assert ledger.balance("ann").held_micros == 0
+        assert ledger.reconcile().ok
