@@ -124,13 +124,18 @@ def _identity(user: UserInfo) -> dict[str, Any]:
 @router.get("/account", summary="My account, as the dashboard draws it")
 async def account(user: Viewer, state: State, response: Response) -> dict[str, Any]:
     """Balance, spend over the budget period beside even pacing and its projection, request
-    counts, recent requests, and charge against priority in recent batches."""
-    activity = await asyncio.to_thread(
-        state.ledger.account_activity,
+    counts, recent requests, and charge against priority in recent batches. Kept a second for
+    every caller of the same account; 429 once the account has spent its share of the server's
+    time on this view."""
+    activity = await state.dashboard.accounts.get(
         user.name,
-        points=SPEND_POINTS,
-        recent=RECENT_REQUESTS,
-        clearing=ACCOUNT_CLEARING_POINTS,
+        partial(
+            state.ledger.account_activity,
+            user.name,
+            points=SPEND_POINTS,
+            recent=RECENT_REQUESTS,
+            clearing=ACCOUNT_CLEARING_POINTS,
+        ),
     )
     _no_store(response)
     return account_json(activity, datetime.now(UTC))
