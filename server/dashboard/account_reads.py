@@ -3,8 +3,8 @@
 An account's figures are read from the ledger in one pass over the user's requests and entries
 of its period: tens of milliseconds for a busy account, more for a very busy one. So that a
 flood of them (from one key or from many) does not become the other users' latency:
-- an answer is kept `KEPT_SECONDS` for every caller of the same user (its pages, its tabs, its
-  flood), and callers that arrive while it is being read wait for that one read;
+- an answer (its rendered body) is kept `KEPT_SECONDS` for every caller of the same user (its
+  pages, its tabs, its flood), and callers that arrive while it is being read wait for it;
 - a read that is not kept costs its user's own budget of server time (`server.cost_budget`):
   429 once it is spent;
 - at most `CONCURRENT_READS` of them run at once in the process, whoever asks.
@@ -17,7 +17,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from inference_auctions.billing import AccountActivity
 from inference_auctions.server.cost_budget import CostBudget
 
 __all__ = ["AccountReads"]
@@ -36,7 +35,7 @@ class AccountReads:
     """The kept answers, the budgets and the bound of the module docstring."""
 
     def __init__(self) -> None:
-        self._kept: OrderedDict[str, tuple[float, AccountActivity]] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
         self._running: asyncio.Semaphore | None = None  # made on the serving loop
         self._budget = CostBudget(
@@ -46,8 +45,9 @@ class AccountReads:
             f"answers are kept {KEPT_SECONDS:g} s: ask less often",
         )
 
-    async def get(self, user: str, read: Callable[[], AccountActivity]) -> AccountActivity:
-        """`user`'s account, by `read` (run in a worker thread) unless a fresh one is kept."""
+    async def get(self, user: str, read: Callable[[], bytes]) -> bytes:
+        """`user`'s account as its answer's body, by `read` (run in a worker thread: the
+        ledger's reads and the rendering) unless a fresh one is kept."""
         lock = self._locks.setdefault(user, asyncio.Lock())
         try:
             async with lock:
@@ -69,7 +69,7 @@ class AccountReads:
             if not lock.locked() and self._locks.get(user) is lock:
                 del self._locks[user]  # nobody waits on it: the next caller makes a new one
 
-    def _keep(self, user: str, until: float, value: AccountActivity) -> None:
+    def _keep(self, user: str, until: float, value: bytes) -> None:
         self._kept[user] = (until, value)
         self._kept.move_to_end(user)
         while len(self._kept) > _KEPT_USERS:
