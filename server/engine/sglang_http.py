@@ -196,6 +196,7 @@ class SGLangHTTPEngine(EngineBase):
         add_special_tokens: bool = True,
         api_key: str | None = None,
         tokenizer: LocalTokenizer | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("priority", "ordered"):
@@ -211,8 +212,8 @@ class SGLangHTTPEngine(EngineBase):
         self._tokens: OrderedDict[str, TokenArray] = OrderedDict()
         self._context_length: int | None = None
         self._context_asked = False  # an SGLang without `max_model_len` is asked only once
-        self._vocab_size: int | None = None
-        self._vocab_asked = False
+        self._vocab_size = vocab_size
+        self._vocab_asked = vocab_size is not None  # stated by the settings: never asked
         self._renders_chats = True  # its /tokenize takes chat `messages` (SGLang 0.5.23 does)
         self._tokenize_cache_size = tokenize_cache_size
         # Bounded in bytes too (the texts and their ids), and no entry above a 64th of that:

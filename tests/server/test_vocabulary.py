@@ -79,6 +79,20 @@ def test_ids_outside_the_vocabulary_are_refused_before_any_hold(
         assert server.ledger.reconcile().ok
 
 
+def test_a_vocabulary_size_in_the_settings_wins_and_the_engine_is_not_asked(
+    ledger_db: MigratedDatabase, emulator: tuple[str, PathCounter]
+) -> None:
+    url, counts = emulator
+    asked = counts.paths["/model_info"]
+    with running_server(ledger_db, engine_url=url, engine_vocab_size=100) as server:
+        key = server.create_user("mallory", budget=GRANT)
+        with server.client(key) as client:
+            reply = client.post("/generate", json={"input_ids": [99, 100], "bid": "0.1"})
+        assert reply.status_code == 400, reply.text
+        assert "(ids 0 to 99)" in reply.json()["error"]["message"]
+    assert counts.paths["/model_info"] == asked
+
+
 def test_the_embedded_engine_refuses_them_too(ledger_db: MigratedDatabase) -> None:
     with running_server(ledger_db) as server:
         key = server.create_user("mallory", budget=GRANT)

@@ -101,9 +101,11 @@ def test_waiting_bidders_are_auctioned_and_served_in_auction_order(
                 )
                 await asyncio.to_thread(
                     _wait_for,
-                    lambda: _engine_load(sglang_url)["num_running_reqs"] == 1,
+                    lambda: busy.done() or _engine_load(sglang_url)["num_running_reqs"] == 1,
                     "the busy request runs",
                 )
+                # A busy request that failed or ended first says why here, not after a timeout.
+                assert not busy.done(), f"the busy request ended before it was seen: {busy}"
                 first = await wave(client, "w", [f"0.{10 + 7 * i}" for i in range(WAVE)])
                 await asyncio.to_thread(
                     _wait_for,
