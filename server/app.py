@@ -154,4 +154,5 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         timeout=None,
         model_name=settings.model_name,
         tokenizer=tokenizer,
+        vocab_size=settings.engine_vocab_size,
     )

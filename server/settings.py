@@ -59,6 +59,12 @@ class ServerSettings(LedgerSettings):
     tokenizer: str = Field(default="engine", min_length=1)
     """Who tokenizes prompts for `engine_url`: `engine` (its `/tokenize`), `builtin` (the
     emulator's), or the path of the model's `tokenizer.json`."""
+    # A prompt's token ids must be below the model's vocabulary size: one above it kills
+    # SGLang's scheduler. Learnt from the engine (server.engine.vocabulary) unless set here.
+    engine_vocab_size: int | None = Field(default=None, ge=1)
+    """The model's vocabulary size, for an engine URL whose model the server cannot learn it
+    from (default: learnt from the engine's `/model_info`, its model folder, or the local
+    tokenizer); token ids at or above it are refused at admission."""
     emulator_cache_tokens: int = Field(default=23_000, gt=0)
     """The embedded emulator's KV cache size, in tokens."""
     emulator_time_scale: float = Field(default=1.0, gt=0)
