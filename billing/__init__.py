@@ -38,11 +38,13 @@ from inference_auctions.billing.errors import (
     LedgerUnavailable,
     RefundExceedsCharge,
     RequestNotScheduled,
+    RuleDisagreement,
     UnknownBatch,
     UnknownRequest,
     UnknownUser,
     UserDisabled,
 )
+from inference_auctions.billing.fees import hold_micros
 from inference_auctions.billing.group_commit import GroupOutcome
 from inference_auctions.billing.jobs import start_scheduler
 from inference_auctions.billing.leadership import LedgerJobs
@@ -149,6 +151,7 @@ __all__ = [
     "RequestStatus",
     "RequestView",
     "RolloverResult",
+    "RuleDisagreement",
     "ServedRecord",
     "SettleResult",
     "SpendView",
@@ -166,6 +169,7 @@ __all__ = [
     "downgrade_schema",
     "format_micros",
     "head_revision",
+    "hold_micros",
     "mask_database_url",
     "metadata",
     "parse_credits",

@@ -35,6 +35,7 @@ from inference_auctions.billing import (
     reconcile,
     recovery,
     refunds,
+    replica_rules,
     request_log,
     settlement,
     users,
@@ -664,7 +665,11 @@ class Ledger:
             )
             for rid, batch_id, name in stale
         ]
-        return [result for result in results if result is not None and result.amount_micros]
+        return [
+            result
+            for result in results
+            if result is not None and (result.amount_micros or result.fee_micros)
+        ]
 
     def find_request(self, rid: str) -> RequestView | None:
         """The settled request `rid`, or None if no batch settled it."""
@@ -720,6 +725,29 @@ class Ledger:
     def ping(self) -> None:
         """Raise unless the database answers a trivial query (for health checks)."""
         self._read(lambda s: s.execute(text("SELECT 1")))
+
+    # The pricing rule of each running replica (`billing.replica_rules`)
+
+    def join_replicas(
+        self,
+        replica: str,
+        rule: tuple[str, int | None, int],
+        live_within: timedelta = timedelta(seconds=30),
+    ) -> None:
+        """Record that `replica` clears under `rule` (pricing rule, priority slots, request
+        fee); raises `RuleDisagreement` if a replica seen within `live_within` clears under
+        another."""
+        now = self._now()
+        self._write(lambda s: replica_rules.join(s, replica, rule, now, live_within))
+
+    def replica_heartbeat(self, replica: str, rule: tuple[str, int | None, int]) -> None:
+        """Say again that `replica` runs, under `rule`."""
+        now = self._now()
+        self._write(lambda s: replica_rules.heartbeat(s, replica, rule, now))
+
+    def leave_replicas(self, replica: str) -> None:
+        """`replica` stopped: its rule binds nobody any more."""
+        self._write(lambda s: replica_rules.leave(s, replica))
 
     def reconcile(self) -> ReconcileReport:
         """Check every balance row against the sum of its entries."""

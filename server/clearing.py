@@ -175,9 +175,12 @@ class BatchClearing:
         if made is None:  # cleared in the writer's process: the same auction, run again here
             claimable = [rid for rid in self._rids if rid not in claimed.refused]
             made = _auction([self._at_commit.requests[rid] for rid in claimable], self._rule)
-            charged = claimed.settled.charges_micros
+            settled = claimed.settled
+            charged, fees = settled.charges_micros, settled.fees_micros
             if any(charged.get(user, 0) != paid for user, paid in made.outcome.payments.items()):
                 raise RuntimeError("the auction run again does not charge what was settled")
+            if any(fees.get(user, 0) != fee for user, fee in made.outcome.fees.items()):
+                raise RuntimeError("the auction run again does not take the fees settled")
         return Cleared(batch=self._batch(made), refused=dict(claimed.refused))
 
     def _batch(self, made: _Made) -> ClearedBatch:

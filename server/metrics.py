@@ -49,6 +49,11 @@ class Metrics:
         self.revenue = Counter(
             "inference_auction_revenue_micros", "VCG charges settled (micro-credits)", registry=r
         )
+        self.fee_revenue = Counter(
+            "inference_auction_fee_revenue_micros",
+            "Request fees settled, before any given back (micro-credits)",
+            registry=r,
+        )
         self.welfare = Counter(
             "inference_auction_welfare_micros",
             "Reported welfare of the chosen schedules (micro-credits)",

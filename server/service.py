@@ -247,6 +247,7 @@ class AuctionService:
             bid_micros=bid_micros,
             sampling_params=sampling_params,
             fingerprint=fingerprint,
+            fee_micros=self.settings.request_fee_micros,
             streamed=streamed,
         )
         self._shares.check(ticket)  # 400 for a free request bigger than free traffic's share

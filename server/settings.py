@@ -209,14 +209,23 @@ class ServerSettings(LedgerSettings):
     # is priced against `priority_slots` slots (by default `batch_size`; one value for every
     # replica of a deployment, recorded with each batch), so requests that delay nobody lower
     # no charge. `batch-size` is the paper's rule (slots = the batch's own size), kept for
-    # comparison; it lets zero-bid junk requests dilute every charge. The request fee of the
-    # rule is not charged by the server yet (the ledger has no entry for it): 0 here.
+    # comparison; it lets zero-bid junk requests dilute every charge. `request_fee_micros` is
+    # the rule's fee, paid by every request, zero bids included, on top of its VCG charge: what
+    # makes a decoy cost its sender. Its default is 0 because the right fee is a share of the
+    # deployment's bids (docs/SPEC.md recommends two slots of the mean bid), which the server
+    # cannot know before it has traffic, and because any fee takes away the free zero-bid
+    # requests a budget of 0 can send today. Replicas sharing a ledger must agree on all three
+    # (`billing.replica_rules`).
     pricing_rule: Literal["fixed-slots", "batch-size"] = "fixed-slots"
     """How a batch is priced: `fixed-slots` (every batch in `priority_slots` slots) or the
     paper's `batch-size` (each batch in its own size; open to price dilution)."""
     priority_slots: int | None = Field(default=None, ge=1, le=100_000)
     """The slots K every batch is priced in under `fixed-slots` (default: `batch_size`; at
     least `batch_size`; the same on every replica)."""
+    request_fee_micros: int = Field(default=0, ge=0, le=1_000_000_000_000)
+    """The fee every request pays besides its VCG charge, zero bids included, in micro-credits;
+    held with the bid, given back when the request fails (default 0: no fee; the same on
+    every replica)."""
 
     # This replica's name on its health, responses and (only when set) metrics; by default
     # host:port.
@@ -244,9 +253,10 @@ class ServerSettings(LedgerSettings):
         """The rule every batch of this server is cleared under."""
         from inference_auctions.server.auction.pricing import PricingRule  # noqa: PLC0415
 
+        fee = self.request_fee_micros
         if self.pricing_rule == "batch-size":
-            return PricingRule()
-        return PricingRule(slots=self.priority_slots or self.batch_size)
+            return PricingRule(request_fee_micros=fee)
+        return PricingRule(slots=self.priority_slots or self.batch_size, request_fee_micros=fee)
 
 
 def without_password(url: str) -> str:

@@ -34,6 +34,7 @@ class Clearance:
     user_batch_charge_micros: int  # the user's whole charge for the batch
     request_charge_micros: int  # this request's share of it (SPEC section 1)
     sequence: int  # global schedule sequence number: the engine priority (lower goes first)
+    request_fee_micros: int = 0  # the fee this request pays besides its charge (SPEC section 5)
 
     def as_json(self) -> dict[str, Any]:
         """The `auction` object of the responses."""
@@ -45,6 +46,7 @@ class Clearance:
             "bid_micros": self.bid_micros,
             "user_batch_charge_micros": self.user_batch_charge_micros,
             "request_charge_micros": self.request_charge_micros,
+            "request_fee_micros": self.request_fee_micros,
             # Deprecated alias of user_batch_charge_micros, kept for one release.
             "charge_micros": self.user_batch_charge_micros,
         }
@@ -70,6 +72,8 @@ class Ticket:
     bid_micros: int
     sampling_params: dict[str, Any]
     fingerprint: str  # of the payload, so a retry can be told from a conflicting reuse
+    # The request fee of the rule it is admitted under, held with its bid.
+    fee_micros: int = 0
     # Whether its client reads the answer as a stream (a retry that joins it may differ: it
     # then reads the stream this one asked the engine for).
     streamed: bool = True

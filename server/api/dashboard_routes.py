@@ -230,6 +230,7 @@ def account_json(activity: AccountActivity, now: datetime) -> dict[str, Any]:
                 "priority": r.priority,
                 "bid_micros": r.bid_micros,
                 "request_charge_micros": shares.get(r.rid, r.batch_charge_micros),
+                "request_fee_micros": r.fee_micros,
                 "batch_charge_micros": r.batch_charge_micros,
                 "batch_refund_micros": r.batch_refund_micros,
                 "status": str(r.status),
@@ -337,12 +338,14 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
             "batches": sum(b.batches for b in buckets),
             "requests": sum(b.requests for b in buckets),
             "revenue_micros": sum(b.revenue_micros for b in buckets),
+            "fees_micros": sum(b.fees_micros for b in buckets),
             "welfare_micros": sum(b.welfare_micros for b in buckets),
             # By outcome so far; a request at the engine is in none of them yet.
             "served": sum(b.served for b in buckets),
             "failed": sum(b.failed for b in buckets),
             "abandoned": sum(b.abandoned for b in buckets),
         },
+        "request_fee_micros": state.settings.request_fee_micros,
         "series": {
             "t": [_epoch(b.start) for b in buckets],
             "batches_per_second": [round(b.batches / seconds, 3) for b in buckets],
@@ -351,6 +354,7 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
             ],
             "largest_batch": [b.largest_batch or None for b in buckets],
             "revenue_micros_per_minute": [b.revenue_micros * 60 // seconds for b in buckets],
+            "fees_micros_per_minute": [b.fees_micros * 60 // seconds for b in buckets],
             "welfare_micros_per_minute": [b.welfare_micros * 60 // seconds for b in buckets],
             "cache_hit_rate": [
                 round(b.cached_tokens / b.prompt_tokens, 4) if b.prompt_tokens else None

@@ -16,8 +16,8 @@ router = APIRouter(prefix="/v1", tags=["market"])
 async def rule(_: CurrentUser, state: State) -> dict[str, Any]:
     """`pricing_rule` (`fixed-slots` or `batch-size`), `priority_slots` (the K every batch is
     priced in; null under `batch-size`, where it is each batch's own size), `batch_size`, and
-    `request_fee_micros`, what every request pays besides its VCG charge (0: the server charges
-    no fee yet)."""
+    `request_fee_micros`, what every request pays besides its VCG charge, zero bids included
+    (held with the bid, given back when the request fails; 0: no fee)."""
     pricing = state.settings.auction_rule()
     return {
         "pricing_rule": pricing.name,

@@ -113,6 +113,12 @@ from inference_auctions.server.settings import ServerSettings, without_password
     help="fixed-slots, or the paper's batch-size slots (open to price dilution).  "
     "[default: fixed-slots]",
 )
+@click.option(
+    "--request-fee-micros",
+    type=click.IntRange(min=0),
+    help="The fee every request pays besides its VCG charge, zero bids included, in "
+    "micro-credits; the same on every replica (docs/SPEC.md section 5).  [default: 0]",
+)
 # Removed: the ledger's group commits run on threads of the server. Still parsed, so that
 # `--ledger-writer process` is refused by name rather than as an unknown option.
 @click.option("--ledger-writer", hidden=True)
