@@ -489,15 +489,17 @@ def _batches_of_several(
     several = [batch_id for batch_id, n in per_batch.items() if n > 1]
     if not several:
         return {}
+    # Each batch is priced again under the slots it was cleared with, as its refunds are.
     rows = session.execute(
-        select(BatchRequest, User.name)
+        select(BatchRequest, User.name, AuctionBatch.priority_slots)
         .join(User, User.id == BatchRequest.user_id)
+        .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
         .where(BatchRequest.batch_id.in_(several))
         .order_by(BatchRequest.position)
     ).all()
     batches: dict[str, list[PricedRequest]] = defaultdict(list)
-    for request, owner in rows:
-        batches[request.batch_id].append(PricedRequest.of(request, owner))
+    for request, owner, slots in rows:
+        batches[request.batch_id].append(PricedRequest.of(request, owner, slots))
     return dict(batches)
 
 

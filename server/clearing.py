@@ -257,10 +257,15 @@ def refund_rule(
     """The failure refund (SPEC section 1) of a settled batch, priced again from the tree shape
     the ledger stored with it and under the pricing rule it was cleared with: what crash
     recovery refunds."""
+    return settled_repricer(requests).failure_refund(user, failed, charge)
+
+
+def settled_repricer(requests: Sequence[PricedRequest]) -> Repricer:
+    """A settled batch, rebuilt from what the ledger stored (tree shape, arrival order, bids)
+    under the pricing rule it was cleared with, ready to be priced again."""
     ordered = sorted(requests, key=lambda r: -1 if r.arrival is None else r.arrival)
     slots = ordered[0].priority_slots if ordered else None
-    repricer = Repricer(
+    return Repricer(
         [AuctionRequest(r.rid, r.user, r.tree_path or [], r.bid_micros) for r in ordered],
         PAPER_RULE if slots is None else PricingRule(slots=slots),
     )
-    return repricer.failure_refund(user, failed, charge)

@@ -20,8 +20,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from inference_auctions.billing import AccountActivity, ClearingPoint, MarketActivity, UserInfo
 from inference_auctions.server.api.deps import AppState, CurrentUser, State, current_user
 from inference_auctions.server.api.ledger_routes import balance_json
-from inference_auctions.server.auction import AuctionRequest
-from inference_auctions.server.auction.repricing import Repricer
+from inference_auctions.server.clearing import settled_repricer
 from inference_auctions.server.dashboard.health import ReconcileStatus
 from inference_auctions.server.dashboard.sessions import COOKIE_NAME
 from inference_auctions.server.errors import Forbidden, Unauthenticated
@@ -285,10 +284,7 @@ def request_shares(activity: AccountActivity) -> dict[str, int]:
     for batch_id, priced in activity.shared_batches.items():
         if any(p.arrival is None or p.tree_path is None for p in priced):
             continue  # settled before the tree's shape was stored: no split to show
-        ordered = sorted(priced, key=lambda p: p.arrival or 0)
-        repricer = Repricer(
-            [AuctionRequest(p.rid, p.user, p.tree_path or [], p.bid_micros) for p in ordered]
-        )
+        repricer = settled_repricer(priced)
         positions = {p.rid: index for index, p in enumerate(priced)}
         shares.update(repricer.shares(name, charges[batch_id], positions))
     return shares
