@@ -127,8 +127,12 @@ class BatchPool(Generic[Item]):
             timeout = self._seconds_until_due()
             self._wake.clear()
             if timeout is None or timeout > 0:
+                # Not `asyncio.wait_for`: on Python 3.11 a cancel that lands in the turn the
+                # wait ends (the drain's wake-up, then `stop`) is dropped, and the pool never
+                # stops; `asyncio.timeout` keeps it.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
             while self._ready():
                 # `max_inflight` is a hard cap: a batch takes only the room left under it.
                 room = min(self._policy.batch_size, self._policy.max_inflight - self._inflight())

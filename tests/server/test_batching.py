@@ -180,3 +180,24 @@ def test_a_withdrawn_request_leaves_the_backlog() -> None:
         assert not pool.withdraw(2)
 
     _run(test)
+
+
+def test_a_pool_drained_and_cancelled_during_a_collection_window_stops() -> None:
+    """A request withdrawn inside its window leaves the pool waiting on a timer; the drain's
+    wake-up and the cancel then land in one turn of the loop, and the pool must still stop
+    (`asyncio.wait_for` on Python 3.11 returned the finished wait and dropped the cancel)."""
+
+    async def main() -> None:
+        engine, batches = _Engine(), []
+        pool = _pool(engine, batches, max_wait=5.0)
+        runner = asyncio.create_task(pool.run())
+        pool.submit(1)
+        await asyncio.sleep(0.01)  # the pool now waits out the window of request 1
+        assert pool.withdraw(1)  # refused: say its hold was
+        await pool.drain()
+        runner.cancel()
+        done, _ = await asyncio.wait({runner}, timeout=1.0)
+        assert done == {runner} and runner.cancelled()
+        assert batches == []
+
+    asyncio.run(main())
