@@ -84,6 +84,7 @@ from inference_auctions.billing.records import (
     SummaryRow,
     UserInfo,
 )
+from inference_auctions.billing.replica_pricing import AnnouncedPricing
 from inference_auctions.billing.schemas import (
     BalanceRecord,
     DriftRecord,
@@ -103,6 +104,7 @@ __all__ = [
     "MICROS_PER_CREDIT",
     "AccountActivity",
     "AccountDrift",
+    "AnnouncedPricing",
     "BalanceRecord",
     "BalanceView",
     "BatchCapExceeded",

@@ -34,6 +34,7 @@ from inference_auctions.billing import (
     reconcile,
     recovery,
     refunds,
+    replica_pricing,
     request_log,
     settlement,
     users,
@@ -707,6 +708,25 @@ class Ledger:
     def ping(self) -> None:
         """Raise unless the database answers a trivial query (for health checks)."""
         self._read(lambda s: s.execute(text("SELECT 1")))
+
+    # Replicas' pricing
+
+    def announce_pricing(
+        self, replica: str, signature: str, live_seconds: float
+    ) -> list[replica_pricing.AnnouncedPricing]:
+        """Write (or renew) this replica's pricing; return the live replicas announcing another
+        (renewed within `live_seconds`), which the caller must not run beside."""
+        now = self._now()
+
+        def work(session: Session) -> list[replica_pricing.AnnouncedPricing]:
+            replica_pricing.announce(session, replica, signature, now)
+            return replica_pricing.disagreeing(session, replica, signature, now, live_seconds)
+
+        return self._write(work)
+
+    def withdraw_pricing(self, replica: str) -> None:
+        """Remove this replica's pricing: it stops."""
+        self._write(lambda session: replica_pricing.withdraw(session, replica))
 
     def reconcile(self) -> ReconcileReport:
         """Check every balance row against the sum of its entries."""

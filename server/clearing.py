@@ -30,7 +30,12 @@ from inference_auctions.billing import (
     RequestRecord,
 )
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
-from inference_auctions.server.auction.pricing import PAPER_RULE, PricingRule
+from inference_auctions.server.auction.fixed_price import (
+    FixedPriceRepricer,
+    clear_fixed_price,
+    fixed_price_refund,
+)
+from inference_auctions.server.auction.pricing import FIXED_PRICE_RULES, PAPER_RULE, PricingRule
 from inference_auctions.server.auction.repricing import Repricer
 from inference_auctions.server.tickets import Ticket
 
@@ -46,7 +51,7 @@ class ClearedBatch:
 
     batch_id: str
     outcome: AuctionOutcome
-    repricer: Repricer
+    repricer: Repricer | FixedPriceRepricer
     shares: dict[str, int]  # ledger rid -> the request's share of its user's charge
     auction_seconds: float
     failed: dict[str, set[str]] = field(default_factory=dict)  # user -> ledger rids
@@ -196,14 +201,20 @@ class _Made:
     """An auction's outcome, its repricer and the seconds both took."""
 
     outcome: AuctionOutcome
-    repricer: Repricer
+    repricer: Repricer | FixedPriceRepricer
     seconds: float
 
 
 def _auction(requests: list[AuctionRequest], rule: PricingRule) -> _Made:
+    """The batch cleared under the server's mode: the auction, or a fixed price."""
     started = time.perf_counter()
-    outcome = run_auction(requests, rule)
-    repricer = Repricer.from_outcome(outcome)
+    repricer: Repricer | FixedPriceRepricer
+    if rule.fixed_price:
+        outcome = clear_fixed_price(requests, rule)
+        repricer = FixedPriceRepricer(outcome)
+    else:
+        outcome = run_auction(requests, rule)
+        repricer = Repricer.from_outcome(outcome)
     return _Made(outcome, repricer, time.perf_counter() - started)
 
 
@@ -255,6 +266,8 @@ def refund_rule(
     the ledger stored with it and under the pricing rule it was cleared with: what crash
     recovery refunds."""
     ordered = sorted(requests, key=lambda r: -1 if r.arrival is None else r.arrival)
+    if ordered and ordered[0].pricing_rule in FIXED_PRICE_RULES:
+        return fixed_price_refund({r.rid: r.bid_micros for r in ordered}, failed, charge)
     slots = ordered[0].priority_slots if ordered else None
     repricer = Repricer(
         [AuctionRequest(r.rid, r.user, r.tree_path or [], r.bid_micros) for r in ordered],

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, field_validator, model_validator
 
 from inference_auctions.billing import LedgerSettings, mask_database_url
+from inference_auctions.server.tiers import TierMenu, parse_tiers
 
 if TYPE_CHECKING:  # the auction core (numpy) loads only where batches are cleared
     from inference_auctions.server.auction.pricing import PricingRule
@@ -208,6 +209,21 @@ class ServerSettings(LedgerSettings):
     """The slots K every batch is priced in under `fixed-slots` (default: `batch_size`; at
     least `batch_size`; the same on every replica)."""
 
+    # The pricing mode (docs/guides/pricing-modes.md): `auction` (bids, VCG charges, the rule
+    # above), `tiers` (fixed prices per request, `tiers`, a dearer tier served first, first
+    # come first served within one) or `fcfs` (first come, first served; bids ignored, nobody
+    # charged). Every replica on one ledger runs the same mode and tiers.
+    pricing: Literal["auction", "tiers", "fcfs"] = "auction"
+    """How priority is sold: `auction` (bids and VCG charges), `tiers` (fixed prices per request,
+    `tiers`) or `fcfs` (first come, first served: bids ignored, nothing charged); the same on
+    every replica."""
+    tiers: str = "flex=0,default=0.0005,priority=0.005"
+    """The tiers sold under `pricing tiers`: `name=price` pairs, price in credits per request,
+    each price different (a dearer tier is served first)."""
+    default_tier: str | None = None
+    """The tier of a request that names none (or `auto`) under `pricing tiers`; by default the
+    cheapest."""
+
     # This replica's name on its health, responses and (only when set) metrics; by default
     # host:port.
     replica_name: str | None = Field(default=None, min_length=1, max_length=128)
@@ -230,13 +246,33 @@ class ServerSettings(LedgerSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _tiers_parse(self) -> ServerSettings:
+        self.tier_menu()  # a ValueError names what is wrong
+        return self
+
+    def tier_menu(self) -> TierMenu:
+        """The tiers of `pricing tiers`, dearest first."""
+        maximum = self.max_bid_credits * 1_000_000
+        return parse_tiers(self.tiers, self.default_tier, maximum=maximum)
+
     def auction_rule(self) -> PricingRule:
         """The rule every batch of this server is cleared under."""
         from inference_auctions.server.auction.pricing import PricingRule  # noqa: PLC0415
 
+        if self.pricing != "auction":
+            return PricingRule(mode=self.pricing)
         if self.pricing_rule == "batch-size":
             return PricingRule()
         return PricingRule(slots=self.priority_slots or self.batch_size)
+
+    def pricing_signature(self) -> str:
+        """What every replica on one ledger must agree on: the mode, and the tiers it sells."""
+        if self.pricing != "tiers":
+            return self.pricing
+        menu = self.tier_menu()
+        sold = ",".join(f"{tier.name}={tier.price_micros}" for tier in menu.tiers)
+        return f"tiers:{sold};default={menu.default.name}"
 
 
 def without_password(url: str) -> str:

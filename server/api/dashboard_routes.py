@@ -20,6 +20,7 @@ from inference_auctions.billing import AccountActivity, ClearingPoint, MarketAct
 from inference_auctions.server.api.deps import AppState, CurrentUser, State, current_user
 from inference_auctions.server.api.ledger_routes import balance_json
 from inference_auctions.server.auction import AuctionRequest
+from inference_auctions.server.auction.pricing import FIXED_PRICE_RULES, PricingRule
 from inference_auctions.server.auction.repricing import Repricer
 from inference_auctions.server.dashboard.health import ReconcileStatus
 from inference_auctions.server.dashboard.sessions import COOKIE_NAME
@@ -280,8 +281,13 @@ def request_shares(activity: AccountActivity) -> dict[str, int]:
         if any(p.arrival is None or p.tree_path is None for p in priced):
             continue  # settled before the tree's shape was stored: no split to show
         ordered = sorted(priced, key=lambda p: p.arrival or 0)
+        if ordered[0].pricing_rule in FIXED_PRICE_RULES:  # each request carries its price
+            shares.update({p.rid: p.bid_micros for p in ordered if p.user == name})
+            continue
+        slots = ordered[0].priority_slots
         repricer = Repricer(
-            [AuctionRequest(p.rid, p.user, p.tree_path or [], p.bid_micros) for p in ordered]
+            [AuctionRequest(p.rid, p.user, p.tree_path or [], p.bid_micros) for p in ordered],
+            PricingRule() if slots is None else PricingRule(slots=slots),
         )
         positions = {p.rid: index for index, p in enumerate(priced)}
         shares.update(repricer.shares(name, charges[batch_id], positions))
@@ -323,6 +329,7 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
                 "inflight": inflight,
             }
         ],
+        "pricing": _pricing_json(state),
         "live": {
             "queue": queue,
             "inflight": inflight,
@@ -376,6 +383,25 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
             "failed_writes_total": sum(failed.values()),
         },
     }
+
+
+def _pricing_json(state: AppState) -> dict[str, Any]:
+    """The pricing mode and, under `tiers`, each tier's price and recent priority."""
+    service = state.service
+    menu = service.tier_menu
+    tiers = (
+        []
+        if menu is None
+        else [
+            {
+                "name": tier.name,
+                "price_micros": tier.price_micros,
+                "expected_priority_ppm": service.tier_figures.expected_priority_ppm(tier.name),
+            }
+            for tier in menu.tiers
+        ]
+    )
+    return {"mode": state.settings.pricing, "tiers": tiers}
 
 
 def _reconcile_json(status: ReconcileStatus) -> dict[str, Any]:

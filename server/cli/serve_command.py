@@ -113,6 +113,23 @@ from inference_auctions.server.settings import ServerSettings, without_password
     help="fixed-slots, or the paper's batch-size slots (open to price dilution).  "
     "[default: fixed-slots]",
 )
+@click.option(
+    "--pricing",
+    type=click.Choice(["auction", "tiers", "fcfs"]),
+    help="How priority is sold: auction (bids, VCG charges), tiers (fixed prices per request, "
+    "--tiers) or fcfs (first come, first served: bids ignored, nothing charged); the same on "
+    "every replica of a ledger.  [default: auction]",
+)
+@click.option(
+    "--tiers",
+    help="The tiers sold under --pricing tiers: name=price pairs, price in credits per "
+    "request, each price different (a dearer tier is served first).  "
+    "[default: flex=0,default=0.0005,priority=0.005]",
+)
+@click.option(
+    "--default-tier",
+    help="The tier of a request that names none (or 'auto').  [default: the cheapest]",
+)
 # Removed: the ledger's group commits run on threads of the server. Still parsed, so that
 # `--ledger-writer process` is refused by name rather than as an unknown option.
 @click.option("--ledger-writer", hidden=True)
