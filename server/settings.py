@@ -62,6 +62,9 @@ class ServerSettings(LedgerSettings):
     emulator's), or the path of the model's `tokenizer.json`."""
     emulator_cache_tokens: int = Field(default=23_000, gt=0)
     """The embedded emulator's KV cache size, in tokens."""
+    emulator_max_running_requests: int | None = Field(default=None, ge=1)
+    """The embedded emulator's cap on running requests, as SGLang's `--max-running-requests`
+    (default: none; its KV cache bounds them)."""
     emulator_time_scale: float = Field(default=1.0, gt=0)
     """The emulator's wall-clock seconds per model second (0.01 runs 100x faster)."""
 

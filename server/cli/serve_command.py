@@ -80,6 +80,12 @@ from inference_auctions.server.settings import ServerSettings, without_password
 )
 @click.option("--cache-tokens", "emulator_cache_tokens", type=int, help="Emulator KV cache size.")
 @click.option(
+    "--emulator-max-running-requests",
+    type=click.IntRange(min=1),
+    help="The embedded emulator's cap on running requests, as SGLang's --max-running-requests."
+    "  [default: none]",
+)
+@click.option(
     "--time-scale",
     "emulator_time_scale",
     type=float,
