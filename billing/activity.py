@@ -49,6 +49,10 @@ class MarketBucket:
     ttft_samples: int
     ttft_mean_ms: float | None
     ttft_max_ms: float | None
+    # Requests of these batches by outcome so far (the rest are still at the engine).
+    served: int = 0
+    failed: int = 0
+    abandoned: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,7 @@ class AccountActivity:
     requests_total: int
     requests_served: int
     requests_failed: int
+    requests_abandoned: int
     recent: list[RecentRequest]
     clearing: list[ClearingPoint]
     # When the user's first charge of the period was written (None: nothing spent in it): a
@@ -195,6 +200,10 @@ def market_buckets(
             func.count(BatchRequest.ttft_ms),
             func.avg(BatchRequest.ttft_ms),
             func.max(BatchRequest.ttft_ms),
+            *(
+                func.count().filter(BatchRequest.status == status)
+                for status in (RequestStatus.SERVED, RequestStatus.FAILED, RequestStatus.ABANDONED)
+            ),
         )
         .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
         .where(*in_window)
@@ -220,6 +229,9 @@ def market_buckets(
                 ttft_samples=int(s[3]) if s else 0,
                 ttft_mean_ms=float(s[4]) if s and s[4] is not None else None,
                 ttft_max_ms=float(s[5]) if s and s[5] is not None else None,
+                served=int(s[6]) if s else 0,
+                failed=int(s[7]) if s else 0,
+                abandoned=int(s[8]) if s else 0,
             )
         )
     return buckets
@@ -312,6 +324,8 @@ def _batch_money(
     ids = sorted(batch_ids)
     sums: dict[tuple[str, int], int] = defaultdict(int)
     for start in range(0, len(ids), 500):  # bounded IN lists on every backend
+        # Not narrowed to one user in SQL: SQLite would then walk all of the user's entries
+        # instead of the few of these batches (the batch index).
         rows = session.execute(
             select(LedgerEntry.batch_id, LedgerEntry.user_id, func.sum(LedgerEntry.amount_micros))
             .where(LedgerEntry.batch_id.in_(ids[start : start + 500]))
@@ -429,7 +443,11 @@ def account_activity(
             .group_by(BatchRequest.status)
         ).all()
     )
-    latest = _recent_requests(session, user.id, recent)
+    # The user's latest batches in one pass over its requests; everything else the view
+    # shows (its recent requests, its charges) is read for those batches only.
+    batches = _latest_batches(session, user.id, max(clearing, recent))
+    latest = _recent_requests(session, user.id, batches[:recent], recent)
+    since = start - timedelta(days=31)
     return AccountActivity(
         balance=balance(session, name, now),
         budget_micros=budget.amount_micros,
@@ -440,8 +458,9 @@ def account_activity(
         requests_total=sum(int(c) for c in counts.values()),
         requests_served=int(counts.get(RequestStatus.SERVED, 0)),
         requests_failed=int(counts.get(RequestStatus.FAILED, 0)),
+        requests_abandoned=int(counts.get(RequestStatus.ABANDONED, 0)),
         recent=latest,
-        clearing=clearing_points(session, start - timedelta(days=31), clearing, user=name),
+        clearing=_user_clearing(session, user.id, name, [b for b in batches if b[1] >= since]),
         first_spend_at=session.scalar(
             select(func.min(LedgerEntry.created_at)).where(
                 LedgerEntry.user_id == user.id,
@@ -498,11 +517,72 @@ def _spend_series(
     return series
 
 
-def _recent_requests(session: Session, user_id: int, limit: int) -> list[RecentRequest]:
+# One of a user's batches: (id, closed at, size, the user's requests, best position, best
+# priority), as `_latest_batches` reads them.
+_UserBatch = tuple[str, datetime, int, int, int, float]
+
+
+def _latest_batches(session: Session, user_id: int, limit: int) -> list[_UserBatch]:
+    """The user's `limit` latest batches, newest first."""
+    rows = session.execute(
+        select(
+            BatchRequest.batch_id,
+            AuctionBatch.closed_at,
+            AuctionBatch.n,
+            func.count(),
+            func.min(BatchRequest.position),
+            func.max(BatchRequest.priority),
+        )
+        .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
+        .where(BatchRequest.user_id == user_id)
+        .group_by(BatchRequest.batch_id, AuctionBatch.closed_at, AuctionBatch.n)
+        .order_by(AuctionBatch.closed_at.desc(), BatchRequest.batch_id)
+        .limit(limit)
+    ).all()
+    return [
+        (
+            str(batch_id),
+            closed_at if closed_at.tzinfo else closed_at.replace(tzinfo=UTC),
+            int(n),
+            int(requests),
+            int(position),
+            float(priority),
+        )
+        for batch_id, closed_at, n, requests, position, priority in rows
+    ]
+
+
+def _user_clearing(
+    session: Session, user_id: int, name: str, batches: list[_UserBatch]
+) -> list[ClearingPoint]:
+    """The user's place and charge in each of `batches`."""
+    charges = _batch_money(session, (b[0] for b in batches), (EntryKind.CHARGE,))
+    return [
+        ClearingPoint(
+            batch_id=batch_id,
+            closed_at=closed_at,
+            batch_size=n,
+            user=name,
+            requests=requests,
+            best_position=position,
+            best_priority=priority,
+            charge_micros=-charges.get((batch_id, user_id), 0),
+        )
+        for batch_id, closed_at, n, requests, position, priority in batches
+    ]
+
+
+def _recent_requests(
+    session: Session, user_id: int, batches: list[_UserBatch], limit: int
+) -> list[RecentRequest]:
+    """The user's `limit` latest requests, which are all in its `limit` latest `batches`."""
+    if not batches:
+        return []
     rows = session.execute(
         select(BatchRequest, AuctionBatch.closed_at, AuctionBatch.n)
         .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
         .where(BatchRequest.user_id == user_id)
+        .where(BatchRequest.batch_id.in_([b[0] for b in batches]))
         .order_by(AuctionBatch.closed_at.desc(), BatchRequest.position)
         .limit(limit)
     ).all()

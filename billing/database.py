@@ -42,7 +42,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 
 from inference_auctions.billing.errors import InvalidInput, LedgerUnavailable
-from inference_auctions.billing.postgres_connection import LedgerConnection
+from inference_auctions.billing.postgres_connection import LedgerConnection, quiet_lost_pipelines
 
 # Passed as an execution option by read-only operations: a deferred BEGIN takes no write lock.
 READ_ONLY = "ledger_read_only"
@@ -128,6 +128,7 @@ def in_a_file(engine: Engine) -> bool:
 def _open_ledger_connections(engine: Engine) -> None:
     """Connect with `LedgerConnection` (see `billing.postgres_connection`), with the same
     arguments SQLAlchemy would pass to psycopg."""
+    quiet_lost_pipelines()
 
     @event.listens_for(engine, "do_connect")
     def _connect(

@@ -8,13 +8,16 @@ twice.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.exc import DBAPIError, OperationalError
 
+from inference_auctions.billing.errors import LedgerUnavailable
 from inference_auctions.billing.ledger import Ledger
 from inference_auctions.billing.settings import LedgerSettings
 from inference_auctions.billing.table_statistics import analyze_if_autovacuum_off
@@ -75,6 +78,33 @@ def start_scheduler(ledger: Ledger, settings: LedgerSettings) -> BackgroundSched
             )
         )
     for func, args, seconds, job_id in jobs:
-        scheduler.add_job(func, "interval", args=args, seconds=seconds, id=job_id, name=job_id)
+        scheduler.add_job(
+            _warning_when_away(func, job_id),
+            "interval",
+            args=args,
+            seconds=seconds,
+            id=job_id,
+            name=job_id,
+        )
     scheduler.start()
     return scheduler
+
+
+def _warning_when_away(job: Callable[..., None], name: str) -> Callable[..., None]:
+    """`job`, with a database that is away (or that closed the job's connection) said in one
+    WARNING line instead of the scheduler's traceback: the connection is replaced and the job
+    runs again at its next turn. Any other error keeps its traceback: it is a bug."""
+
+    @functools.wraps(job)
+    def run(*args: Any) -> None:
+        try:
+            job(*args)
+        except (LedgerUnavailable, OperationalError) as error:
+            # The driver's first line only: the rest may quote statements and values.
+            cause = error.orig if isinstance(error, DBAPIError) else error
+            lines = str(cause).strip().splitlines() or [type(cause).__name__]
+            logger.warning(
+                "ledger job %s did not run: %s; it runs again at its next turn", name, lines[0]
+            )
+
+    return run

@@ -9,6 +9,7 @@ a lost reply does no harm. See `billing.grants` for what a periodic budget means
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -87,6 +88,8 @@ from inference_auctions.billing.wal_checkpoints import (
 T = TypeVar("T")
 
 _ATTEMPTS = 3
+
+logger = logging.getLogger(__name__)
 # Unique violation (a concurrent insert of the same key), serialization failure, deadlock.
 _RETRY_SQLSTATES = {"23505", "40001", "40P01"}
 
@@ -118,8 +121,18 @@ def _retryable(exc: DBAPIError | PoolTimeout) -> bool:
 
 
 def _lost_before_commit(exc: DBAPIError | PoolTimeout, committing: bool) -> bool:
-    """Whether the transaction failed on a connection found dead before it tried to commit."""
-    return not committing and isinstance(exc, DBAPIError) and exc.connection_invalidated
+    """Whether the transaction failed on a connection found dead before it tried to commit;
+    if so, says so in one WARNING line (the transaction then runs again on a new one)."""
+    lost = not committing and isinstance(exc, DBAPIError) and exc.connection_invalidated
+    if lost:
+        # The driver's first line only: the rest may quote statements and values.
+        why = str(getattr(exc, "orig", exc)).strip().splitlines()[0:1] or ["no reason given"]
+        logger.warning(
+            "a ledger connection was closed by the database (%s): replaced by a new one, "
+            "and its transaction runs again there",
+            why[0],
+        )
+    return lost
 
 
 class Ledger:

@@ -23,13 +23,36 @@ fails there rather than quietly.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
 from psycopg import pq
 from psycopg.abc import PQGen
 
-__all__ = ["LedgerConnection"]
+__all__ = ["LedgerConnection", "quiet_lost_pipelines"]
+
+
+class _LostPipelines(logging.Filter):
+    """Drops psycopg's "error ignored terminating <Pipeline>" for a connection that was lost:
+    the error of the block it ended is raised (and the ledger says in one line that the
+    connection was replaced), so this second line for the same loss says nothing more."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("error ignored terminating"):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(isinstance(a, psycopg.OperationalError) for a in args)
+
+
+_FILTER = _LostPipelines()
+
+
+def quiet_lost_pipelines() -> None:
+    """Install `_LostPipelines` on psycopg's logger (once, whoever calls)."""
+    psycopg_logger = logging.getLogger("psycopg")
+    if _FILTER not in psycopg_logger.filters:
+        psycopg_logger.addFilter(_FILTER)
 
 
 class LedgerConnection(psycopg.Connection[Any]):

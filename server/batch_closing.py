@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from inference_auctions.billing import ClaimedBatch
+from inference_auctions.billing import ClaimedBatch, LedgerUnavailable
 from inference_auctions.server.admission import conflict, hold_was_placed, unavailable
 from inference_auctions.server.batch_dispatch import BatchDispatch
 from inference_auctions.server.clearing import BatchClearing, ClearedBatch, SpeculationVoid
@@ -183,7 +183,10 @@ class BatchClosing:
     async def _fail_unsettled(self, tickets: list[Ticket], error: Exception) -> None:
         """The batch could not be settled: its requests fail, nothing charged."""
         self._metrics.ledger_errors.labels(operation="settle").inc()
-        log.error("settling a batch failed; its requests fail unserved: %s", error)
+        # The database away (or a connection it closed mid-commit) is an operational event
+        # the clients are told to retry; anything else is a bug.
+        level = logging.WARNING if isinstance(error, LedgerUnavailable) else logging.ERROR
+        log.log(level, "settling a batch failed; its requests fail unserved: %s", error)
         failure = unavailable("the ledger could not settle the batch; nothing was charged")
         for ticket in tickets:
             if ticket.done:  # its own hold was refused: admission answered it

@@ -13,7 +13,11 @@ The cap is shared: one client address (other than a trusted proxy's, `trusted_pr
 hold at most `client_share` of it, and at the cap a new connection takes the place of an idle
 one (no request being served: half-open, trickling its headers, or idle between requests) of
 the address holding the most, before it is refused: a client holding idle sockets cannot keep
-others out.
+others out. Once a request's headers are in, its client is known better (`server.client_identity`):
+the address a trusted proxy forwards, and the API key. Neither may have more than the same share
+of the cap in requests being served at once; a request past it is answered 503 (with
+`Retry-After`) before it reaches the application. So behind SMG or a load balancer each real
+client holds only its share, and one key spread over many addresses cannot hold the cap.
 
 A write deadline covers the answer: a connection whose client has not taken any of what is
 waiting to be sent (the transport's buffer stays full) for `write_timeout` seconds is
@@ -30,8 +34,10 @@ from collections import Counter
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from inference_auctions.server.client_identity import TrustedProxies, key_digest
 from inference_auctions.server.settings import ServerSettings
 
 __all__ = ["guarded_protocol", "uvicorn_config"]
@@ -66,20 +72,24 @@ class _Guarded(HttpToolsProtocol):
     write_timeout = 30.0
     max_connections = 2_048
     client_share = 0.25
-    trusted_proxies: frozenset[str] = frozenset()
+    trusted_proxies = TrustedProxies(())
     _last_refusal_logged = -_REFUSAL_LOG_SECONDS
+    _last_share_logged = -_REFUSAL_LOG_SECONDS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
         self._headers_done = False
+        # Who the request being served is from (the forwarded address, the key's digest).
+        self._client_address: str | None = None
+        self._key: bytes | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         host = _host(transport)
         if host not in self.trusted_proxies:
             own = sum(1 for c in self.connections if isinstance(c, _Guarded) and c._host == host)
-            if own >= max(1, int(self.max_connections * self.client_share)):
+            if own >= self._share():
                 self._refuse(transport, f"{host} holds its share of the connections")
                 return
         if len(self.connections) >= self.max_connections and not self._drop_an_idle_one():
@@ -90,6 +100,71 @@ class _Guarded(HttpToolsProtocol):
         self._arm()
 
     _host: str | None = None
+
+    def _share(self) -> int:
+        return max(1, int(self.max_connections * self.client_share))
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """Start serving a request, or answer 503 if its client already holds its share."""
+        headers = cycle.scope["headers"]
+        self._client_address = self.trusted_proxies.client_address(self._host, headers)
+        self._key = key_digest(headers)
+        over = self._over_share()
+        if over is not None:
+            app = self._refusal(over)
+        super()._start_asgi_task(cycle, app)
+
+    def _over_share(self) -> str | None:
+        """What holds its share of the requests being served (this one aside), if anything."""
+        forwarded = self._client_address != self._host
+        address = self._client_address if forwarded else None
+        if address in self.trusted_proxies:
+            address = None  # the proxy's own requests (its health checks)
+        if address is None and self._key is None:
+            return None
+        by_address = by_key = 0
+        for other in self.connections:
+            if other is self or not isinstance(other, _Guarded) or not other._serving():
+                continue
+            by_address += address is not None and other._client_address == address
+            by_key += self._key is not None and other._key == self._key
+        if by_address >= self._share():
+            return f"the client {address}"
+        if by_key >= self._share():
+            return "one API key"
+        return None
+
+    def _serving(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _refusal(self, holder: str) -> ASGI3Application:
+        """An application that answers 503: a proxy's connection is kept for its other
+        clients, a client's own is closed (it holds too many already)."""
+        now = time.monotonic()
+        cls = type(self)
+        if now - cls._last_share_logged >= _REFUSAL_LOG_SECONDS:
+            cls._last_share_logged = now
+            log.warning(
+                "%s holds its share of the connections (connection_share_per_client): "
+                "refusing its new requests",
+                holder,
+            )
+        body = f"{holder} holds its share of the server's connections; retry shortly\n".encode()
+        headers = [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", b"1"),
+        ]
+        if self._host not in self.trusted_proxies:
+            headers.append((b"connection", b"close"))
+
+        async def refuse(
+            scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+        ) -> None:
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        return refuse
 
     def _drop_an_idle_one(self) -> bool:
         """Close an idle connection of the address holding the most; False if none is idle."""
@@ -200,7 +275,7 @@ def guarded_protocol(
     max_connections: int,
     write_timeout: float = 30.0,
     client_share: float = 0.25,
-    trusted_proxies: frozenset[str] = frozenset(),
+    trusted_proxies: TrustedProxies | None = None,
 ) -> type[asyncio.Protocol]:
     """The HTTP protocol class for uvicorn, with these deadlines, this cap and its shares."""
     attributes = {
@@ -208,7 +283,7 @@ def guarded_protocol(
         "max_connections": max_connections,
         "write_timeout": write_timeout,
         "client_share": client_share,
-        "trusted_proxies": trusted_proxies,
+        "trusted_proxies": trusted_proxies or TrustedProxies(()),
     }
     return type("GuardedHttpProtocol", (_Guarded,), attributes)
 
@@ -220,6 +295,10 @@ def uvicorn_config(app: Any, settings: ServerSettings, **options: Any) -> uvicor
         settings.max_connections,
         settings.http_write_timeout_seconds,
         settings.connection_share_per_client,
-        frozenset(settings.trusted_proxies),
+        TrustedProxies(settings.trusted_proxies),
     )
+    # The application sees the same client the shares count (uvicorn would otherwise believe
+    # a forwarding header from 127.0.0.1 whatever `trusted_proxies` says).
+    options.setdefault("proxy_headers", bool(settings.trusted_proxies))
+    options.setdefault("forwarded_allow_ips", list(settings.trusted_proxies))
     return uvicorn.Config(app, http=protocol, **options)

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from inference_auctions.billing import ClearingSample, Ledger
-from inference_auctions.server.errors import RateLimited
+from inference_auctions.server.cost_budget import CostBudget
 
 __all__ = ["MarketPrices"]
 
@@ -52,7 +52,12 @@ class MarketPrices:
         self._refreshed = -float("inf")
         self._refreshing = asyncio.Lock()
         self._answers: OrderedDict[tuple[int, int], tuple[float, dict[str, Any]]] = OrderedDict()
-        self._budgets: dict[str, tuple[float, float]] = {}  # user -> (seconds left, as of)
+        self._budget = CostBudget(
+            "market prices",
+            _COST_BURST,
+            _COST_RATE,
+            f"answers are kept {_ANSWER_SECONDS:g} s: ask less often",
+        )
 
     async def answer(self, user: str, window_seconds: int, max_batches: int) -> dict[str, Any]:
         """The price table of the last `window_seconds` (at most `max_batches` batches)."""
@@ -63,12 +68,12 @@ class MarketPrices:
         kept = self._answers.get(key)
         if kept is not None and kept[0] > now:
             return kept[1]
-        self._charge(user, now, 0.0)  # 429 when its budget is spent
+        self._budget.check(user, now)  # 429 when its budget is spent
         started = time.perf_counter()
         until = datetime.now(UTC)
         since = until - timedelta(seconds=key[0])
         answer = self._table(self._window(since, max_batches), since, until)
-        self._charge(user, now, time.perf_counter() - started)
+        self._budget.spend(user, now, time.perf_counter() - started)
         self._answers[key] = (now + _ANSWER_SECONDS, answer)
         self._answers.move_to_end(key)
         while len(self._answers) > _ANSWERS_KEPT:
@@ -88,22 +93,6 @@ class MarketPrices:
                 batches.add(sample.batch_id)
             chosen.append(sample)
         return chosen
-
-    def _charge(self, user: str, now: float, seconds: float) -> None:
-        left, as_of = self._budgets.get(user, (_COST_BURST, now))
-        left = min(_COST_BURST, left + (now - as_of) * _COST_RATE) - seconds
-        if seconds == 0.0 and left <= 0:
-            wait = max(1, round(-left / _COST_RATE + 0.5))
-            raise RateLimited(
-                "market prices: this key has used its share of the server's time for them; "
-                f"retry in {wait} s (answers are kept {_ANSWER_SECONDS:g} s: ask less often)",
-                headers={"Retry-After": str(wait)},
-            )
-        self._budgets[user] = (left, now)
-        if len(self._budgets) > 10_000:  # forget the users whose budgets are full again
-            full = [u for u, (s, t) in self._budgets.items() if s + (now - t) * _COST_RATE >= 1]
-            for name in full:
-                del self._budgets[name]
 
     async def _refresh(self, now: float) -> None:
         if now - self._refreshed < _REFRESH_SECONDS:

@@ -181,12 +181,16 @@ class ServerSettings(LedgerSettings):
     # (a stream nobody reads); its request counts as left by its client.
     http_write_timeout_seconds: float = Field(default=30.0, gt=0)
     """A stream whose client reads nothing of its waiting answer for this long is dropped."""
-    # One client address may hold at most this share of `max_connections`; a trusted proxy's
-    # addresses (SMG, a load balancer) are exempt, its clients told apart by their keys.
+    # One client address may hold at most this share of `max_connections`, and one client
+    # (the address a trusted proxy forwards) or one API key at most this share in requests
+    # being served at once; a trusted proxy's own addresses (SMG, a load balancer) are exempt.
     connection_share_per_client: float = Field(default=0.25, gt=0, le=1)
-    """The share of `max_connections` one client address may hold."""
+    """The share of `max_connections` one client address, forwarded client or API key may
+    hold."""
     trusted_proxies: list[str] = Field(default_factory=list)
-    """Addresses of proxies (SMG, a load balancer) exempt from the per-address share."""
+    """Addresses or networks (`10.0.0.0/24`) of proxies (SMG, a load balancer) whose
+    `X-Forwarded-For` / `Forwarded` header names the client; exempt from the per-address
+    share."""
     max_connections: int = Field(default=2_048, ge=1)
     """Above this many open connections, new ones are answered 503 and closed."""
 

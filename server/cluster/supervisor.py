@@ -135,6 +135,9 @@ def start_replica(
             "INFERENCE_AUCTION_RATE_LIMIT_REPLICAS": str(replicas),
             # One replica runs the ledger jobs, another takes over if it dies (PostgreSQL).
             "INFERENCE_AUCTION_JOBS_LEADER_ELECTION": "true",
+            # SMG, on this machine, is the replicas' proxy: its connections are not one client
+            # (each request counts by its key, and by the address SMG forwards if any).
+            "INFERENCE_AUCTION_TRUSTED_PROXIES": '["127.0.0.1", "::1"]',
         }
     )
     env.update(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from inference_auctions.billing import MarketActivity, PrefixSquatter, Spender
+from inference_auctions.server.dashboard.account_reads import AccountReads
 from inference_auctions.server.dashboard.health import ReconcileWatch
 from inference_auctions.server.dashboard.sessions import SessionStore
 
@@ -43,6 +44,7 @@ class DashboardState:
     """What the dashboard keeps in the server process."""
 
     sessions: SessionStore = field(default_factory=SessionStore)
+    accounts: AccountReads = field(default_factory=AccountReads)
     reconcile: ReconcileWatch = field(default_factory=ReconcileWatch)
     market: SharedSnapshot[MarketActivity] = field(default_factory=lambda: SharedSnapshot(1.0))
     # The period's top spenders sum every charge of the period: fresh enough every 5 s.

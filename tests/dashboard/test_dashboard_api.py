@@ -27,8 +27,9 @@ from inference_auctions.billing.models import (
 from inference_auctions.server.api.dashboard_routes import _projection
 from inference_auctions.server.dashboard.sessions import COOKIE_NAME, SessionStore
 from tests.dashboard.seeding import create_users_before, seed_batches, send_traffic
-from tests.db_fixtures import migrated_database
+from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.server.harness import RunningServer, running_server
+from tests.server.money_audit import audit_money_against_answers
 
 
 @contextmanager
@@ -134,7 +135,12 @@ def test_the_account_view_matches_the_ledger(server: RunningServer) -> None:
                 )
             ).all()
         )
-    assert body["requests"] == {"total": requests, "served": requests, "failed": 0}
+    assert body["requests"] == {
+        "total": requests,
+        "served": requests,
+        "failed": 0,
+        "abandoned": 0,
+    }
     assert requests == 6
     assert len(body["recent"]) == 6
     shares: dict[str, int] = {}
@@ -247,6 +253,9 @@ def test_the_market_view_matches_the_ledger_and_needs_an_admin(server: RunningSe
         "requests": requests,
         "revenue_micros": revenue,
         "welfare_micros": welfare,
+        "served": requests,
+        "failed": 0,
+        "abandoned": 0,
     }
     assert requests == 24 and revenue > 0
     series = body["series"]
@@ -510,3 +519,55 @@ def test_a_flood_of_sign_ins_cannot_sign_the_operator_out() -> None:
     assert len(store) == 10
     session = store.get(operator)
     assert session is not None and session.user == "root"
+
+
+def test_requests_whose_client_left_are_counted_by_outcome(ledger_db: MigratedDatabase) -> None:
+    # Before: the views counted served and failed only; an abandoned request (charged, its
+    # client gone after its first token) was in the total and in neither count.
+    long = {"max_new_tokens": 6_000, "ignore_eos": True}
+    with running_server(
+        ledger_db,
+        emulator_time_scale=60.0,  # a first token takes about half a second
+        batch_size=2,
+        max_wait_ms=10_000,
+        engine_stream_interval=1,
+    ) as server:
+        keys = {name: server.create_user(name) for name in ("al", "bo")}
+        root = server.create_user("root", admin=True)
+
+        async def leave_after(name: str, bid: str, chunks: int) -> None:
+            body = {"rid": "r", "text": f"{name} " * 50, "bid": bid, "sampling_params": long}
+            async with (
+                server.async_client(keys[name]) as client,
+                client.stream("POST", "/generate", json={**body, "stream": True}) as response,
+            ):
+                assert response.status_code == 200
+                seen = 0
+                async for line in response.aiter_lines():
+                    seen += line.startswith("data: ")
+                    if seen > chunks:
+                        return
+
+        async def both() -> None:
+            await asyncio.gather(leave_after("al", "2", 1), leave_after("bo", "1", 0))
+
+        asyncio.run(both())
+        deadline = time.monotonic() + 10
+        while any(
+            (found := server.ledger.find_request(f"{n}/r")) is None or found.status == "scheduled"
+            for n in keys
+        ):
+            assert time.monotonic() < deadline, "the requests were never settled"
+            time.sleep(0.05)
+        with server.client(keys["al"]) as client:
+            mine = client.get("/v1/dashboard/account").json()["requests"]
+        with server.client(root) as client:
+            totals = client.get("/v1/dashboard/market").json()["totals"]
+        audit_money_against_answers(server.ledger, {"al/r": "abandoned", "bo/r": "failed"})
+    assert mine == {"total": 1, "served": 0, "failed": 0, "abandoned": 1}
+    assert (totals["requests"], totals["served"], totals["failed"], totals["abandoned"]) == (
+        2,
+        0,
+        1,
+        1,
+    )

@@ -9,6 +9,7 @@ server serves again once the database is back, and the ledger reconciles.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from inference_auctions.server.settings import ServerSettings
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, dml_role, migrated_database
 from tests.server.harness import TEST_SETTINGS, serve_app
+from tests.server.money_audit import audit_money_against_answers
 
 GRANT = 10_000_000
 BID = "0.3"
@@ -321,3 +323,144 @@ def test_health_says_when_the_sqlite_ledger_cannot_write(
         assert str(ledger.find_request("ann/after").status) == "served"  # type: ignore[union-attr]
         assert ledger.balance("ann").held_micros == 0
         assert ledger.reconcile().ok
+
+
+@contextmanager
+def _read_only(db: MigratedDatabase, role: str) -> Iterator[None]:
+    """The role may read the ledger but not write it (its write privileges revoked, which
+    counts at once on its open connections too), until the block ends."""
+    schema = str(make_url(db.url).query["options"]).split("=", 1)[1]
+    tables = f"ALL TABLES IN SCHEMA {schema}"
+    with db.engine.begin() as connection:
+        connection.execute(text(f"REVOKE INSERT, UPDATE, DELETE ON {tables} FROM {role}"))
+    try:
+        yield
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(text(f"GRANT INSERT, UPDATE, DELETE ON {tables} TO {role}"))
+
+
+@pytest.mark.postgres
+def test_health_says_when_the_postgres_ledger_cannot_write(
+    postgres_db: MigratedDatabase, server_role: str
+) -> None:
+    # Before (as on SQLite): /health read the ledger, which a database refusing writes still
+    # answers, and said ok while every commit failed.
+    server_url = make_url(postgres_db.url).set(username=server_role).render_as_string(False)
+    with _server(server_url, postgres_db) as (url, ledger):
+        key = ledger.create_user("ann", budget_micros=GRANT).api_key
+        assert httpx.get(f"{url}/health").status_code == 200
+        with _read_only(postgres_db, server_role):
+            _assert_unavailable(_generate(url, key, "refused"), "ledger is unavailable")
+            health = httpx.get(f"{url}/health")
+            assert health.status_code == 503, health.text
+            assert health.json()["ledger"].startswith("cannot write")
+            assert "INSERT" not in health.text and "permission" not in health.text
+        served = _generate(url, key, "after")
+        assert served.status_code == 200, served.text
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert ledger.find_request("ann/refused") is None
+        assert get_hold(ledger, "ann/refused") is None
+        assert str(ledger.find_request("ann/after").status) == "served"  # type: ignore[union-attr]
+        assert ledger.balance("ann").held_micros == 0
+        assert ledger.reconcile().ok
+
+
+def _terminate_sessions(db: MigratedDatabase, role: str) -> int:
+    with db.engine.begin() as connection:
+        return int(
+            connection.scalar(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE usename = :r"
+                ),
+                {"r": role},
+            )
+        )
+
+
+def _connection_lines(caplog: pytest.LogCaptureFixture, *phrases: str) -> list[logging.LogRecord]:
+    """The records that say a connection was lost (any of `phrases`); fails on any ERROR,
+    traceback or psycopg's second line for the same loss."""
+    loud = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not loud, [r.getMessage() for r in loud]
+    assert not [r for r in caplog.records if "error ignored terminating" in r.getMessage()]
+    lost = [r for r in caplog.records if any(p in r.getMessage() for p in phrases)]
+    assert all(r.levelno == logging.WARNING and "\n" not in r.getMessage() for r in lost)
+    return lost
+
+
+@pytest.mark.postgres
+def test_dead_postgres_connections_of_requests_are_replaced_with_a_warning(
+    postgres_db: MigratedDatabase, server_role: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: a connection the database closed was replaced in silence, with psycopg's
+    # "error ignored terminating <Pipeline>" lines under load; earlier, ERROR tracebacks.
+    caplog.set_level(logging.WARNING)
+    server_url = make_url(postgres_db.url).set(username=server_role).render_as_string(False)
+    with _server(server_url, postgres_db, batch_size=4, max_wait_ms=20) as (url, ledger):
+        keys = {u: ledger.create_user(u, budget_micros=GRANT).api_key for u in ("ann", "ben")}
+        outcomes: dict[str, str] = {}
+
+        def wave(tag: str, count: int) -> None:
+            """Requests of both users at once; one whose commit was cut off by a lost
+            connection is a 503 (the ledger cannot know whether it committed) and is served
+            when its client retries it with the same rid, charged once."""
+            with ThreadPoolExecutor(4) as pool:
+                replies = {
+                    (user, f"{tag}{i}"): pool.submit(_generate, url, keys[user], f"{tag}{i}")
+                    for user in keys
+                    for i in range(count)
+                }
+                for (user, rid), reply in replies.items():
+                    answer = reply.result(timeout=30)
+                    if answer.status_code == 503:
+                        answer = _generate(url, keys[user], rid)
+                    assert answer.status_code == 200, (user, rid, answer.text)
+                    outcomes[f"{user}/{rid}"] = "served"
+
+        wave("warm", 2)
+        assert _terminate_sessions(postgres_db, server_role) > 0  # idle, in the pool
+        wave("after", 2)
+        assert _connection_lines(caplog, "closed by the database")
+
+        def kill_soon() -> int:
+            time.sleep(0.2)
+            return _terminate_sessions(postgres_db, server_role)
+
+        caplog.clear()
+        with ThreadPoolExecutor(1) as killer:
+            killed = killer.submit(kill_soon)
+            wave("load", 8)  # under load
+            assert killed.result() > 0
+        assert httpx.get(f"{url}/health").status_code == 200
+        audit_money_against_answers(ledger, outcomes)
+    # Under load the loss may cut a commit off: then the request or the batch it failed says so
+    # (its clients got 503 and retried).
+    assert _connection_lines(caplog, "closed by the database", "the ledger is unavailable")
+
+
+@pytest.mark.postgres
+def test_a_dead_postgres_connection_of_a_ledger_job_is_a_warning(
+    postgres_db: MigratedDatabase, server_role: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: the table statistics job (which uses a connection of the pool directly) left
+    # APScheduler's ERROR traceback "Job ... raised an exception".
+    caplog.set_level(logging.WARNING)
+    server_url = make_url(postgres_db.url).set(username=server_role).render_as_string(False)
+    # The statistics job alone runs often, so that it is what finds the connection dead.
+    jobs = {
+        "run_jobs": True,
+        "statistics_interval_seconds": 0.2,
+        "rollover_interval_seconds": 3600,
+        "hold_expiry_interval_seconds": 3600,
+    }
+    with _server(server_url, postgres_db, **jobs) as (url, ledger):
+        key = ledger.create_user("ann", budget_micros=GRANT).api_key
+        assert _generate(url, key, "before").status_code == 200
+        time.sleep(0.5)  # the job has run, and its connection waits in the pool
+        assert _terminate_sessions(postgres_db, server_role) > 0
+        time.sleep(0.6)
+        assert _generate(url, key, "after").status_code == 200
+        audit_money_against_answers(ledger, {"ann/before": "served", "ann/after": "served"})
+    assert _connection_lines(caplog, "did not run: ")

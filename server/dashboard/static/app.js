@@ -142,6 +142,9 @@ function drawMarket(data) {
   setText("m-pricing", data.pricing.mode + (tiers.length ? ` (${tiers.join(", ")})` : ""));
   setText("m-queue", count(data.live.queue));
   setText("m-inflight", count(data.live.inflight));
+  const t = data.totals;
+  setText("m-requests", count(t.requests));
+  setText("m-requests-sub", `${count(t.served)} served · ${count(t.failed)} failed · ${count(t.abandoned)} abandoned`);
   const rate = lastMinute(s.batches_per_second, minute);
   setText("m-rate", rate === null ? "–" : rate.toFixed(2));
   const revenue = lastMinute(s.revenue_micros_per_minute, minute);
@@ -260,7 +263,7 @@ function drawAccount(data) {
   setText("a-spent", credits(b.spent_this_period_micros));
   setText("a-spent-sub", data.budget_micros ? `of ${creditsShort(data.budget_micros)} credits (${percent(b.spent_this_period_micros / data.budget_micros)})` : "credits");
   setText("a-requests", count(data.requests.total));
-  setText("a-requests-sub", `${count(data.requests.served)} served · ${count(data.requests.failed)} failed`);
+  setText("a-requests-sub", `${count(data.requests.served)} served · ${count(data.requests.failed)} failed · ${count(data.requests.abandoned)} abandoned`);
   const p = data.projection;
   if (p) {
     setText("a-projection", credits(p.at_period_end_micros));
