@@ -19,11 +19,19 @@ from matplotlib.axes import Axes
 from inference_auctions.experiments.figures import _figure, _save
 from inference_auctions.experiments.live_metrics import WINDOW_SECONDS, measure
 from inference_auctions.experiments.live_plan import CLASSES, PARETO_SHAPE, LivePlan, make_plan
-from inference_auctions.experiments.live_run import SCHEMES, ServerSetup, run_scheme
+from inference_auctions.experiments.live_run import (
+    SCHEMES,
+    ServerSetup,
+    engine_capacity_at,
+    run_scheme,
+)
 
 __all__ = ["FULL_SECONDS", "QUICK_SECONDS", "run_live", "write_live"]
 
 QUICK_SECONDS = 10.0
+# Against a real SGLang server (its CPU test model: a context of 2,048 tokens), prompts of a
+# quarter of the words.
+SGLANG_PROMPT_SCALE = 0.25
 FULL_SECONDS = 60.0
 _COLORS = {"fcfs": "#7f7f7f", "tiers2": "#ff7f0e", "tiers3": "#2ca02c", "auction": "#1f77b4"}
 
@@ -44,11 +52,15 @@ def run_live(
 ) -> dict[str, Any]:
     """Plan once, run every scheme on the plan, measure each: results.json's contents."""
     setup = setup or ServerSetup()
+    url = setup.engine_url
     plan = make_plan(
         seed,
         seconds,
         max_running_requests=setup.max_running_requests,
         cache_tokens=setup.cache_tokens,
+        # A real engine is measured; its small test model holds a shorter context.
+        capacity=None if url is None else (lambda sample: engine_capacity_at(url, sample)),
+        prompt_scale=1.0 if url is None else SGLANG_PROMPT_SCALE,
     )
     results: dict[str, Any] = {"settings": _settings(plan, setup)}
     for scheme in schemes:
@@ -79,8 +91,12 @@ def _settings(plan: LivePlan, setup: ServerSetup) -> dict[str, Any]:
             for c in CLASSES
         ],
         "welfare_window_seconds": WINDOW_SECONDS,
-        "engine": "embedded emulator, H100 cost model at real time",
-        "max_running_requests": setup.max_running_requests,
+        "engine": "embedded emulator, H100 cost model at real time"
+        if setup.engine_url is None
+        else f"SGLang at {setup.engine_url}, capacity measured",
+        "max_running_requests": setup.max_running_requests
+        if setup.engine_url is None
+        else "the engine's own",
         "cache_tokens": setup.cache_tokens,
         "batch_size": setup.batch_size,
         "priority_slots": setup.batch_size,
@@ -145,7 +161,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     settings = results["settings"]
     figure.suptitle(
         f"The market, live: {settings['requests']} requests at {settings['load']}x capacity "
-        f"over {settings['seconds']:.0f} s (emulated H100, real time)"
+        f"over {settings['seconds']:.0f} s ({settings['engine']})"
     )
     figure.tight_layout()
     _save(figure, path)

@@ -21,7 +21,7 @@ The laws (docs/RESULTS.md, "The market, live"):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,21 +98,25 @@ def _words(rng: np.random.Generator, count: int, tag: str) -> str:
     return " ".join(f"{tag}{int(w)}" for w in rng.integers(0, 5_000, size=count))
 
 
-def _prefixes(rng: np.random.Generator) -> dict[str, str]:
+def _prefixes(rng: np.random.Generator, scale: float) -> dict[str, str]:
     """tenant -> the prompt prefix its requests share."""
     prefixes: dict[str, str] = {}
     for kind in CLASSES:
-        shared = _words(rng, kind.prefix_words, "doc")
+        words = max(1, round(kind.prefix_words * scale))
+        shared = _words(rng, words, "doc")
         for number in range(kind.tenants):
             name = f"{kind.name}-{number}"
-            prefixes[name] = shared if kind.shared_prefix else _words(rng, kind.prefix_words, "s")
+            prefixes[name] = shared if kind.shared_prefix else _words(rng, words, "s")
     return prefixes
 
 
-def _draft(seed: int, seconds: float, rate: float) -> tuple[list[PlannedRequest], dict[str, str]]:
-    """Arrivals, values and prompts at `rate` requests per second in all."""
+def _draft(
+    seed: int, seconds: float, rate: float, prompt_scale: float = 1.0
+) -> tuple[list[PlannedRequest], dict[str, str]]:
+    """Arrivals, values and prompts at `rate` requests per second in all; prompts' words
+    scaled by `prompt_scale` (a small model's context holds fewer)."""
     rng = np.random.default_rng(seed)
-    prefixes = _prefixes(rng)
+    prefixes = _prefixes(rng, prompt_scale)
     weights = {f"{k.name}-{n}": k.rate_weight for k in CLASSES for n in range(k.tenants)}
     kinds = {f"{k.name}-{n}": k for k in CLASSES for n in range(k.tenants)}
     total_weight = sum(weights.values())
@@ -165,12 +169,17 @@ def make_plan(
     max_running_requests: int,
     cache_tokens: int,
     budget_share: float = 0.25,
+    prompt_scale: float = 1.0,
+    capacity: Callable[[list[PlannedRequest]], float] | None = None,
 ) -> LivePlan:
-    """The plan of the module docstring: capacity measured on a sample of the same requests,
-    then arrivals at `load` times it."""
-    sample, _ = _draft(seed + 1, 60.0, 4.0)  # the same laws, for the engine's capacity
-    capacity = engine_capacity(sample[:200], max_running_requests, cache_tokens)
-    requests, kinds = _draft(seed, seconds, load * capacity)
+    """The plan of the module docstring: capacity measured on a sample of the same requests
+    (by `capacity`, else on the emulator's cost model), then arrivals at `load` times it."""
+    sample, _ = _draft(seed + 1, 60.0, 4.0, prompt_scale)  # the same laws, for the capacity
+    if capacity is None:
+        rate = engine_capacity(sample[:200], max_running_requests, cache_tokens)
+    else:  # a real engine's burst takes real time: a smaller sample
+        rate = capacity(sample[:40])
+    requests, kinds = _draft(seed, seconds, load * rate, prompt_scale)
     sums: dict[str, int] = dict.fromkeys(kinds, 0)
     for request in requests:
         sums[request.tenant] += request.value_micros
@@ -179,7 +188,7 @@ def make_plan(
         seed=seed,
         seconds=seconds,
         load=load,
-        capacity_rps=capacity,
+        capacity_rps=rate,
         requests=tuple(requests),
         budgets=budgets,
         kinds=kinds,

@@ -3,8 +3,9 @@ per tenant sending the plan's requests at their times, and what each request got
 
 The server is `inference-auction serve` with the embedded emulator at real time (the H100 cost
 model's seconds are wall-clock seconds) and a small running-request limit, so that the engine,
-not this machine's CPU, is the bottleneck; the clients run in this process. Each scheme is a
-pricing mode of the same server:
+not this machine's CPU, is the bottleneck; the clients run in this process. With `engine_url`
+the server is in front of a real SGLang server instead, its prefix cache flushed before each
+run. Each scheme is a pricing mode of the same server:
 
 * `fcfs`: `--pricing fcfs`; clients send no bid (a bid would be ignored);
 * `tiersN`: `--pricing tiers` with the plan's N prices; each request's tier is the SDK's
@@ -59,13 +60,23 @@ class ServerSetup:
     max_inflight: int = 256
     time_scale: float = 1.0
     request_fee_micros: int = 0  # the server charges no fee yet: 0 in every run
+    # A real SGLang server (started with its own running-request limit) instead of the
+    # embedded emulator; its capacity is then measured, not computed (`engine_capacity_at`).
+    engine_url: str | None = None
 
     def env(self) -> dict[str, str]:
         """The server's settings as `INFERENCE_AUCTION_*` variables."""
+        engine = (
+            {
+                "EMULATOR_MAX_RUNNING_REQUESTS": str(self.max_running_requests),
+                "EMULATOR_CACHE_TOKENS": str(self.cache_tokens),
+                "EMULATOR_TIME_SCALE": str(self.time_scale),
+            }
+            if self.engine_url is None
+            else {"ENGINE_URL": self.engine_url}
+        )
         return {
-            "EMULATOR_MAX_RUNNING_REQUESTS": str(self.max_running_requests),
-            "EMULATOR_CACHE_TOKENS": str(self.cache_tokens),
-            "EMULATOR_TIME_SCALE": str(self.time_scale),
+            **engine,
             "BATCH_SIZE": str(self.batch_size),
             "MAX_INFLIGHT": str(self.max_inflight),
             "RUN_JOBS": "false",
@@ -197,6 +208,8 @@ class _Tenant:
                 request.prompt,
                 value=value,
                 max_new_tokens=request.max_new_tokens,
+                # Every answer as long as planned, whatever the model would stop at.
+                sampling_params={"ignore_eos": True},
                 extra_body=extra,
                 max_retries=0,
             )
@@ -263,6 +276,8 @@ def run_scheme(
 ) -> RunResult:
     """Run the plan through a fresh server and ledger under `scheme`."""
     scheme_env, prices = _scheme_env(scheme, plan)
+    if setup.engine_url is not None:  # every run starts from an empty prefix cache
+        httpx.post(setup.engine_url + "/flush_cache", timeout=30)
     with tempfile.TemporaryDirectory(prefix=f"live-{scheme}-") as tmp:
         workdir = Path(tmp)
         database_url = f"sqlite:///{workdir / 'ledger.db'}"
@@ -298,3 +313,30 @@ def run_scheme(
         wall_seconds=wall,
         plan_digest=plan_digest(sent),
     )
+
+
+def engine_capacity_at(url: str, requests: list[PlannedRequest]) -> float:
+    """Requests per second a real SGLang server completes with all of `requests` at once."""
+
+    async def burst() -> float:
+        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+            await client.post("/flush_cache")
+            started = time.monotonic()
+            sampling = {"ignore_eos": True}
+            await asyncio.gather(
+                *(
+                    client.post(
+                        "/generate",
+                        json={
+                            "text": r.prompt,
+                            "sampling_params": {**sampling, "max_new_tokens": r.max_new_tokens},
+                        },
+                    )
+                    for r in requests
+                )
+            )
+            elapsed = time.monotonic() - started
+            await client.post("/flush_cache")
+            return len(requests) / elapsed
+
+    return asyncio.run(burst())

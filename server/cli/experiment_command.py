@@ -122,6 +122,11 @@ class _RichTracker:
     show_default=True,
     help="The longest a query is held back, in simulated seconds.",
 )
+@click.option(
+    "--engine-url",
+    help="live only: a real SGLang server (priority scheduling on, low values first, a small "
+    "--max-running-requests) instead of the embedded emulator; its capacity is measured.",
+)
 def experiment(
     target: str,
     out: Path,
@@ -134,6 +139,7 @@ def experiment(
     deferral: bool,
     deferral_tokens: int,
     deferral_max_hold: float,
+    engine_url: str | None,
 ) -> None:
     """Reproduce the paper's experiments on the emulated SGLang engine (simulated clock).
 
@@ -172,8 +178,10 @@ def experiment(
     if target == "live":
         if workload_file is not None:
             raise click.UsageError("live draws its own tenants and requests; drop --workload")
-        _run_live(out, quick, seed)
+        _run_live(out, quick, seed, engine_url)
         return
+    if engine_url is not None:
+        raise click.UsageError("--engine-url is for the live target only")
     if target == "manipulation":
         if workload_file is not None:
             raise click.UsageError("manipulation draws its own batches; drop --workload")
@@ -241,7 +249,7 @@ def _run_manipulation(out: Path, quick: bool, seed: int) -> None:
     click.echo(text)
 
 
-def _run_live(out: Path, quick: bool, seed: int) -> None:
+def _run_live(out: Path, quick: bool, seed: int, engine_url: str | None) -> None:
     """The live market: four runs of the real server on one plan, a progress bar each."""
     from inference_auctions.experiments.live_market import (  # noqa: PLC0415
         FULL_SECONDS,
@@ -250,6 +258,7 @@ def _run_live(out: Path, quick: bool, seed: int) -> None:
         run_live,
         write_live,
     )
+    from inference_auctions.experiments.live_run import ServerSetup  # noqa: PLC0415
 
     console = Console(stderr=True)
     columns = (
@@ -264,7 +273,9 @@ def _run_live(out: Path, quick: bool, seed: int) -> None:
             task = progress.add_task(f"live {scheme}", total=total)
             return lambda: progress.advance(task)
 
-        results = run_live(QUICK_SECONDS if quick else FULL_SECONDS, seed, tracker=start)
+        seconds = QUICK_SECONDS if quick else FULL_SECONDS
+        setup = ServerSetup(engine_url=engine_url)
+        results = run_live(seconds, seed, setup, tracker=start)
     written = write_live(results, out)
     console.print(report(results))
     console.print(f"Wrote {', '.join(p.name for p in written)} to {out}.")
