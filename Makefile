@@ -13,7 +13,7 @@ RUNTIME_STAMP := $(VENV)/.runtime
 # SGLang (its CPU environment takes minutes to build once); CI sets
 # INFERENCE_AUCTION_FULL_SUITE=1, builds that environment first and runs everything.
 ifeq ($(INFERENCE_AUCTION_FULL_SUITE),1)
-TEST_SELECTION := -m "not sglang_clients"
+TEST_SELECTION :=
 TEST_PREREQUISITES := sglang-env
 else
 TEST_SELECTION := -m "not cluster and not packaging and not sglang"

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["Agreement", "compare", "run_workload", "workload"]
+__all__ = ["Agreement", "compare", "first_token_order", "run_workload", "workload"]
 
 _TIMING_KEYS = ("e2e_latency", "first_token_latency", "request_received_ts")
 
@@ -40,12 +40,21 @@ def workload(
     """`/generate` bodies (token ids below 500: any small vocabulary has them), in auction
     order: the priority of each is its place."""
     rng = random.Random(seed)
-    prefixes = [[rng.randrange(10, 500) for _ in range(prefix)] for _ in range(groups)]
+
+    def tokens(count: int) -> list[int]:
+        return [rng.randrange(10, 500) for _ in range(count)]
+
+    # Two levels of sharing: pairs of groups share a root, each group adds a tail of its own.
+    roots = [tokens(prefix // 2) for _ in range((groups + 1) // 2)]
+    prefixes = [roots[g // 2] + tokens(prefix - prefix // 2) for g in range(groups)]
     bids = sorted((rng.random() for _ in range(requests)), reverse=True)
-    bodies = []
+    bodies: list[dict[str, Any]] = []
     for place, _bid in enumerate(bids):
-        group = rng.randrange(groups)
-        ids = prefixes[group] + [rng.randrange(10, 500) for _ in range(question)]
+        if bodies and place % 8 == 7:
+            # Now and then a prompt sent before, whole: a full match in the cache.
+            ids = list(rng.choice(bodies)["input_ids"])
+        else:
+            ids = prefixes[rng.randrange(groups)] + tokens(question)
         bodies.append(
             {
                 "input_ids": ids,
@@ -88,7 +97,12 @@ async def _busy_then_all(url: str, bodies: list[dict[str, Any]]) -> list[dict[st
         }
         busy = asyncio.create_task(client.post("/generate", json=busy_body))
         await _until(client, lambda load: load["num_running_reqs"] >= 1)
-        results = asyncio.gather(*(_one(client, body) for body in bodies))
+        # Sent in an order of their own, not the auction's: only the engine's priority
+        # queue can then put them back in auction order.
+        sending = list(range(len(bodies)))
+        random.Random(len(bodies)).shuffle(sending)
+        sent = {place: asyncio.create_task(_one(client, bodies[place])) for place in sending}
+        results = asyncio.gather(*(sent[place] for place in range(len(bodies))))
         # Every request waits before the slot frees: the engine alone orders them.
         await _until(client, lambda load: load["num_waiting_reqs"] >= len(bodies))
         await client.post("/abort_request", json={"rid": "agree-busy"})
@@ -106,7 +120,7 @@ def run_workload(url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]
     return asyncio.run(_busy_then_all(url, bodies))
 
 
-def _order(results: list[dict[str, Any]]) -> list[int]:
+def first_token_order(results: list[dict[str, Any]]) -> list[int]:
     """The workload places in the order the engine produced their first tokens."""
 
     def first_token(i: int) -> float:
@@ -183,7 +197,7 @@ def compare(emulator: list[dict[str, Any]], sglang: list[dict[str, Any]]) -> Agr
             a["meta_info"]["finish_reason"]["type"] == b["meta_info"]["finish_reason"]["type"]
             for a, b in pairs
         ),
-        first_token_order_equal=_order(emulator) == _order(sglang),
+        first_token_order_equal=first_token_order(emulator) == first_token_order(sglang),
         top_keys_equal=all(
             set(a) - {"client_first_chunk"} == set(b) - {"client_first_chunk"} for a, b in pairs
         ),

@@ -16,7 +16,9 @@
 #   2. create user `bench` with a budget of 1000 credits and take its API key;
 #   3. save an offline word-level tokenizer (bench/sglang_client_shim.py tokenizer);
 #   4. run bench_serving (generated-shared-prefix: 8 groups x 16 prompts, 512-token system
-#      prompts, 64-token questions, 16 output tokens, all sent at once, each bidding 0.01)
+#      prompts, 64-token questions, 16 output tokens, all sent at once, each bidding 0.01;
+#      GSP_GROUPS, GSP_PROMPTS_PER_GROUP, GSP_SYSTEM_PROMPT_LEN, GSP_QUESTION_LEN and
+#      GSP_OUTPUT_LEN change them)
 #      with OPENAI_API_KEY set to the key, through bench/sglang_client_shim.py, which only
 #      stubs out the torchvision import that CPU-only torch cannot satisfy;
 #   5. require every request to have succeeded, print the ledger balance, require no funds
@@ -47,6 +49,7 @@ GROUPS_N="${GSP_GROUPS:-8}"
 PER_GROUP="${GSP_PROMPTS_PER_GROUP:-16}"
 SYSTEM_LEN="${GSP_SYSTEM_PROMPT_LEN:-512}"
 QUESTION_LEN="${GSP_QUESTION_LEN:-64}"
+OUTPUT_LEN="${GSP_OUTPUT_LEN:-16}"
 NUM_PROMPTS=$(( GROUPS_N * PER_GROUP ))
 BID="0.01"
 
@@ -132,7 +135,7 @@ BENCH_CMD=(
     --backend sglang --base-url "$BASE_URL"
     --dataset-name generated-shared-prefix
     --gsp-num-groups "$GROUPS_N" --gsp-prompts-per-group "$PER_GROUP"
-    --gsp-system-prompt-len "$SYSTEM_LEN" --gsp-question-len "$QUESTION_LEN" --gsp-output-len 16
+    --gsp-system-prompt-len "$SYSTEM_LEN" --gsp-question-len "$QUESTION_LEN" --gsp-output-len "$OUTPUT_LEN"
     --tokenizer "$WORK/tokenizer"
     --extra-request-body "{\"bid\": \"$BID\"}"
     --num-prompts "$NUM_PROMPTS" --request-rate inf

@@ -38,11 +38,13 @@ from inference_auctions.billing.errors import (
     LedgerUnavailable,
     RefundExceedsCharge,
     RequestNotScheduled,
+    RuleDisagreement,
     UnknownBatch,
     UnknownRequest,
     UnknownUser,
     UserDisabled,
 )
+from inference_auctions.billing.fees import hold_micros
 from inference_auctions.billing.group_commit import GroupOutcome
 from inference_auctions.billing.jobs import start_scheduler
 from inference_auctions.billing.leadership import LedgerJobs
@@ -84,7 +86,6 @@ from inference_auctions.billing.records import (
     SummaryRow,
     UserInfo,
 )
-from inference_auctions.billing.replica_pricing import AnnouncedPricing
 from inference_auctions.billing.schemas import (
     BalanceRecord,
     DriftRecord,
@@ -104,7 +105,6 @@ __all__ = [
     "MICROS_PER_CREDIT",
     "AccountActivity",
     "AccountDrift",
-    "AnnouncedPricing",
     "BalanceRecord",
     "BalanceView",
     "BatchCapExceeded",
@@ -151,6 +151,7 @@ __all__ = [
     "RequestStatus",
     "RequestView",
     "RolloverResult",
+    "RuleDisagreement",
     "ServedRecord",
     "SettleResult",
     "SpendView",
@@ -168,6 +169,7 @@ __all__ = [
     "downgrade_schema",
     "format_micros",
     "head_revision",
+    "hold_micros",
     "mask_database_url",
     "metadata",
     "parse_credits",

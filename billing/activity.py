@@ -30,8 +30,9 @@ from inference_auctions.billing.postings import get_user
 from inference_auctions.billing.queries import balance
 from inference_auctions.billing.records import BalanceView, PricedRequest
 
-# Charges are negative entries and refunds positive: their negated sum is the net spend.
-_SPEND_KINDS = (EntryKind.CHARGE, EntryKind.REFUND)
+# Charges and fees are negative entries, refunds and fees given back positive: their negated
+# sum is the net spend.
+_SPEND_KINDS = (EntryKind.CHARGE, EntryKind.REFUND, EntryKind.FEE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,8 @@ class MarketBucket:
     served: int = 0
     failed: int = 0
     abandoned: int = 0
+    # The request fees of those batches, before any given back for failed requests.
+    fees_micros: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,9 @@ class RecentRequest:
     prompt_tokens: int
     cached_tokens: int | None
     ttft_ms: float | None
+    # The request fee it paid: its batch's, none once failed (given back in the same
+    # transaction that recorded the failure).
+    fee_micros: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +190,7 @@ def market_buckets(
             func.coalesce(func.max(AuctionBatch.n), 0),
             func.coalesce(func.sum(AuctionBatch.revenue_micros), 0),
             func.coalesce(func.sum(AuctionBatch.welfare_micros), 0),
+            func.coalesce(func.sum(AuctionBatch.n * AuctionBatch.request_fee_micros), 0),
         )
         .where(*in_window)
         .group_by(batch_bucket)
@@ -232,6 +239,7 @@ def market_buckets(
                 served=int(s[6]) if s else 0,
                 failed=int(s[7]) if s else 0,
                 abandoned=int(s[8]) if s else 0,
+                fees_micros=int(b[6]) if b else 0,
             )
         )
     return buckets
@@ -481,6 +489,7 @@ def _batches_of_several(
     several = [batch_id for batch_id, n in per_batch.items() if n > 1]
     if not several:
         return {}
+    # Each batch is priced again under the slots it was cleared with, as its refunds are.
     rows = session.execute(
         select(BatchRequest, User.name, AuctionBatch.priority_slots, AuctionBatch.pricing_rule)
         .join(User, User.id == BatchRequest.user_id)
@@ -579,14 +588,16 @@ def _recent_requests(
     if not batches:
         return []
     rows = session.execute(
-        select(BatchRequest, AuctionBatch.closed_at, AuctionBatch.n)
+        select(
+            BatchRequest, AuctionBatch.closed_at, AuctionBatch.n, AuctionBatch.request_fee_micros
+        )
         .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
         .where(BatchRequest.user_id == user_id)
         .where(BatchRequest.batch_id.in_([b[0] for b in batches]))
         .order_by(AuctionBatch.closed_at.desc(), BatchRequest.position)
         .limit(limit)
     ).all()
-    batch_ids = {request.batch_id for request, _, _ in rows}
+    batch_ids = {request.batch_id for request, _, _, _ in rows}
     charges = _batch_money(session, batch_ids, (EntryKind.CHARGE,))
     refunds = _batch_money(session, batch_ids, (EntryKind.REFUND,))
     return [
@@ -604,6 +615,7 @@ def _recent_requests(
             prompt_tokens=request.prompt_tokens,
             cached_tokens=request.cached_tokens,
             ttft_ms=request.ttft_ms,
+            fee_micros=0 if request.status is RequestStatus.FAILED else int(fee),
         )
-        for request, closed_at, n in rows
+        for request, closed_at, n, fee in rows
     ]

@@ -16,6 +16,7 @@ LedgerError
  ├── ChargeExceedsHold          a charge is larger than what the user held in the batch
  ├── RefundExceedsCharge        a refund is larger than what is left of the charge
  ├── IdempotencyConflict        a replay of an operation carries different values
+ ├── RuleDisagreement           another live replica on the ledger clears under another rule
  └── LedgerUnavailable          the database is down, locked past its timeout or out of
                                 connections; nothing was written, retry shortly
 
@@ -189,3 +190,19 @@ class LedgerUnavailable(LedgerError):
     def __init__(self, cause: str) -> None:
         self.cause = cause
         super().__init__("the ledger is unavailable; retry shortly")
+
+
+class RuleDisagreement(LedgerError):
+    """Another replica on the same ledger, seen lately, clears its batches under another
+    pricing mode, tiers, pricing rule or request fee: replicas must price every batch alike."""
+
+    def __init__(self, replica: str, theirs: str, ours: str) -> None:
+        self.replica = replica
+        self.theirs = theirs
+        self.ours = ours
+        super().__init__(
+            f"replica {replica!r} on this ledger clears under {theirs}, this one under {ours}:"
+            " every replica sharing a ledger must use the same pricing mode (and tiers),"
+            " pricing_rule, priority_slots and request_fee_micros; start this one with the same"
+            " settings, or stop every replica before changing them"
+        )

@@ -35,7 +35,7 @@ from inference_auctions.billing import (
     reconcile,
     recovery,
     refunds,
-    replica_pricing,
+    replica_rules,
     request_log,
     settlement,
     users,
@@ -665,7 +665,11 @@ class Ledger:
             )
             for rid, batch_id, name in stale
         ]
-        return [result for result in results if result is not None and result.amount_micros]
+        return [
+            result
+            for result in results
+            if result is not None and (result.amount_micros or result.fee_micros)
+        ]
 
     def find_request(self, rid: str) -> RequestView | None:
         """The settled request `rid`, or None if no batch settled it."""
@@ -722,24 +726,28 @@ class Ledger:
         """Raise unless the database answers a trivial query (for health checks)."""
         self._read(lambda s: s.execute(text("SELECT 1")))
 
-    # Replicas' pricing
+    # The pricing rule of each running replica (`billing.replica_rules`)
 
-    def announce_pricing(
-        self, replica: str, signature: str, live_seconds: float
-    ) -> list[replica_pricing.AnnouncedPricing]:
-        """Write (or renew) this replica's pricing; return the live replicas announcing another
-        (renewed within `live_seconds`), which the caller must not run beside."""
+    def join_replicas(
+        self,
+        replica: str,
+        rule: replica_rules.Rule,
+        live_within: timedelta = timedelta(seconds=30),
+    ) -> None:
+        """Record that `replica` clears under `rule` (pricing rule, priority slots, request
+        fee, tiers); raises `RuleDisagreement` if a replica seen within `live_within` clears under
+        another."""
         now = self._now()
+        self._write(lambda s: replica_rules.join(s, replica, rule, now, live_within))
 
-        def work(session: Session) -> list[replica_pricing.AnnouncedPricing]:
-            replica_pricing.announce(session, replica, signature, now)
-            return replica_pricing.disagreeing(session, replica, signature, now, live_seconds)
+    def replica_heartbeat(self, replica: str, rule: replica_rules.Rule) -> None:
+        """Say again that `replica` runs, under `rule`."""
+        now = self._now()
+        self._write(lambda s: replica_rules.heartbeat(s, replica, rule, now))
 
-        return self._write(work)
-
-    def withdraw_pricing(self, replica: str) -> None:
-        """Remove this replica's pricing: it stops."""
-        self._write(lambda session: replica_pricing.withdraw(session, replica))
+    def leave_replicas(self, replica: str) -> None:
+        """`replica` stopped: its rule binds nobody any more."""
+        self._write(lambda s: replica_rules.leave(s, replica))
 
     def reconcile(self) -> ReconcileReport:
         """Check every balance row against the sum of its entries."""

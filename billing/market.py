@@ -43,13 +43,14 @@ class ClearingSample:
 
 
 def spend_since(session: Session, name: str, since: datetime) -> SpendView:
-    """Charges net of refunds booked at or after `since`, and batches the user took part in."""
+    """Charges and request fees net of refunds booked at or after `since`, and batches the
+    user took part in."""
     since = require_aware(since, "since")
     user = get_user(session, name)
     net = session.scalar(
         select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
             LedgerEntry.user_id == user.id,
-            LedgerEntry.kind.in_([EntryKind.CHARGE, EntryKind.REFUND]),
+            LedgerEntry.kind.in_([EntryKind.CHARGE, EntryKind.REFUND, EntryKind.FEE]),
             LedgerEntry.created_at >= since,
         )
     )

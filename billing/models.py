@@ -95,9 +95,19 @@ class EntryKind(enum.StrEnum):
     CHARGE = "charge"  # < 0, takes from balance
     REFUND = "refund"  # > 0, adds to balance
     ADJUSTMENT = "adjustment"  # != 0, corrects balance either way
+    # != 0: the request fee (docs/SPEC.md section 5) taken from balance (< 0), or given back
+    # for a failed request (> 0). Its own kind, so that VCG charges and refunds stay what the
+    # auction priced, and a fee's refund can never be mistaken for a charge's.
+    FEE = "fee"
 
 
-BALANCE_KINDS = (EntryKind.GRANT, EntryKind.CHARGE, EntryKind.REFUND, EntryKind.ADJUSTMENT)
+BALANCE_KINDS = (
+    EntryKind.GRANT,
+    EntryKind.CHARGE,
+    EntryKind.REFUND,
+    EntryKind.ADJUSTMENT,
+    EntryKind.FEE,
+)
 HELD_KINDS = (EntryKind.HOLD, EntryKind.RELEASE)
 
 
@@ -213,7 +223,8 @@ class LedgerEntry(Base):
             " OR (kind = 'release' AND amount_micros <= 0)"
             " OR (kind = 'charge' AND amount_micros < 0)"
             " OR (kind = 'refund' AND amount_micros > 0)"
-            " OR (kind = 'adjustment' AND amount_micros <> 0)",
+            " OR (kind = 'adjustment' AND amount_micros <> 0)"
+            " OR (kind = 'fee' AND amount_micros <> 0)",
             name="amount_sign",
         ),
         Index(None, "user_id", "created_at"),
@@ -353,19 +364,28 @@ class BatchRequest(Base):
         return [int(node) for node in self.tree_path.split(".") if node]
 
 
+class ReplicaRule(Base):
+    """The pricing rule a running replica clears its batches under, and when it last said so.
+
+    Replicas sharing a ledger must price every batch alike (docs/SPEC.md section 5): a replica
+    whose rule differs from that of another one seen lately refuses to start
+    (`billing.replica_rules`). A replica deletes its row when it stops; a crashed one's row
+    goes stale.
+    """
+
+    __tablename__ = "replica_rules"
+    __table_args__ = (CheckConstraint("request_fee_micros >= 0", name="request_fee_non_negative"),)
+
+    replica: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    pricing_rule: Mapped[str] = mapped_column(String(16))
+    priority_slots: Mapped[int | None] = mapped_column(Integer)
+    request_fee_micros: Mapped[int] = mapped_column(BigInteger)
+    # Under `pricing tiers`, the tiers sold and the default one (`name=micros,...;default=x`).
+    tiers: Mapped[str | None] = mapped_column(String(REASON_LENGTH))
+    seen_at: Mapped[datetime]
+
+
 # The tables behind the models, typed as tables, for Core statements over many rows at once.
 HOLDS = cast(Table, Hold.__table__)
 LEDGER_ENTRIES = cast(Table, LedgerEntry.__table__)
 AUCTION_REQUESTS = cast(Table, BatchRequest.__table__)
-
-
-class ReplicaPricing(Base):
-    """What pricing each running replica announced: replicas on one ledger must agree."""
-
-    __tablename__ = "replica_pricing"
-
-    replica: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
-    # The mode and, under `tiers`, the tiers sold (`ServerSettings.pricing_signature`).
-    signature: Mapped[str] = mapped_column(String(REASON_LENGTH))
-    # Renewed while the replica runs; a row not renewed for a while is a replica gone.
-    seen_at: Mapped[datetime]

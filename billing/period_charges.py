@@ -41,11 +41,14 @@ def charge_entries(
     key: str,
     batch_id: str,
     now: datetime,
+    fee_micros: int = 0,
+    fee_key: str = "",
 ) -> list[dict[str, Any]]:
-    """Charge `charge_micros` against the user's holds `held` (period, amount) in a batch.
+    """Charge `charge_micros`, and the request fees `fee_micros` (under `fee_key`), against the
+    user's holds `held` (period, amount) in a batch.
 
-    Moves the locked row and returns the entries to insert: the charge, one per period it
-    spans, and the expiry of what an ended period's holds held beyond their charge.
+    Moves the locked row and returns the entries to insert: the charge and the fee, one per
+    period each spans, and the expiry of what an ended period's holds held beyond them.
     """
     current = account.budget.current_period_start
     by_period: dict[datetime, int] = defaultdict(int)
@@ -53,10 +56,27 @@ def charge_entries(
         by_period[current if start is None else start] += amount
     entries: list[dict[str, Any]] = []
     left = charge_micros
+    fee_left = fee_micros
     first = True
+    fee_first = True
     for start in sorted(by_period):
         part = min(left, by_period[start])
         left -= part
+        fee_part = min(fee_left, by_period[start] - part)
+        fee_left -= fee_part
+        if fee_part:
+            entries.append(
+                account.entry(
+                    EntryKind.FEE,
+                    -fee_part,
+                    key=_part_key(fee_key, fee_first, start),
+                    now=now,
+                    reason=f"request fees in batch {batch_id}",
+                    batch_id=batch_id,
+                    period_start=start,
+                )
+            )
+            fee_first = False
         if part:
             entries.append(
                 account.entry(
@@ -70,7 +90,7 @@ def charge_entries(
                 )
             )
             first = False
-        unused = by_period[start] - part
+        unused = by_period[start] - part - fee_part
         # As `grants.expire_ended`: money returned to an ended period expires with it.
         if unused > 0 and start < current:
             entries.append(
@@ -85,19 +105,23 @@ def charge_entries(
                     period_start=start,
                 )
             )
-    assert left == 0, "the caller checks that the charge does not exceed the holds"
+    assert left == 0 and fee_left == 0, "the caller checks that the holds cover both"
     return entries
 
 
 def _by_period(
-    session: Session, budget: Budget, kind: EntryKind, batch_id: str
+    session: Session, budget: Budget, kind: EntryKind, batch_id: str, sign: int = 0
 ) -> dict[datetime, int]:
+    # `sign`: only the entries taken (< 0) or given back (> 0), for a kind that does both (fee).
+    column = LedgerEntry.amount_micros
+    signed = [column < 0] if sign < 0 else [column > 0] if sign > 0 else []
     rows = session.execute(
-        select(LedgerEntry.period_start, func.sum(LedgerEntry.amount_micros))
+        select(LedgerEntry.period_start, func.sum(column))
         .where(
             LedgerEntry.user_id == budget.user_id,
             LedgerEntry.batch_id == batch_id,
             LedgerEntry.kind == kind,
+            *signed,
         )
         .group_by(LedgerEntry.period_start)
     ).all()
@@ -110,6 +134,13 @@ def _by_period(
 def charged(session: Session, budget: Budget, batch_id: str) -> int:
     """What the user was charged in the batch, over all periods."""
     return sum(_by_period(session, budget, EntryKind.CHARGE, batch_id).values())
+
+
+def fees_paid(session: Session, budget: Budget, batch_id: str) -> tuple[int, int]:
+    """The request fees the user paid in the batch, and how much of them came back."""
+    taken = _by_period(session, budget, EntryKind.FEE, batch_id, sign=-1)
+    back = _by_period(session, budget, EntryKind.FEE, batch_id, sign=1)
+    return sum(taken.values()), sum(back.values())
 
 
 def recorded_refund(session: Session, user_id: int, batch_id: str, rid: str | None) -> int | None:
@@ -138,10 +169,16 @@ def post_refund(
     batch_id: str,
     rid: str | None,
     now: datetime,
+    fee: bool = False,
 ) -> None:
-    """Credit a refund to the periods of the charge; the caller checked it is refundable."""
-    charges = _by_period(session, budget, EntryKind.CHARGE, batch_id)
-    refunds = _by_period(session, budget, EntryKind.REFUND, batch_id)
+    """Credit a refund to the periods of the charge (with `fee`: a fee given back, to the
+    periods of the fee); the caller checked it is refundable."""
+    if fee:
+        charges = _by_period(session, budget, EntryKind.FEE, batch_id, sign=-1)
+        refunds = _by_period(session, budget, EntryKind.FEE, batch_id, sign=1)
+    else:
+        charges = _by_period(session, budget, EntryKind.CHARGE, batch_id)
+        refunds = _by_period(session, budget, EntryKind.REFUND, batch_id)
     left = amount_micros
     first = True
     for start in sorted(charges, reverse=True):
@@ -154,7 +191,7 @@ def post_refund(
         post(
             session,
             account,
-            EntryKind.REFUND,
+            EntryKind.FEE if fee else EntryKind.REFUND,
             part,
             key=part_key,
             now=now,
@@ -173,4 +210,4 @@ def post_refund(
             reason=f"refund of batch {batch_id} credited to its ended period",
             now=now,
         )
-    assert left == 0, "the caller checks that the refund does not exceed the charge"
+    assert left == 0, "the caller checks that the refund does not exceed what was paid"

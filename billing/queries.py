@@ -52,7 +52,7 @@ def balance(session: Session, name: str, now: datetime) -> BalanceView:
     spent = session.scalar(
         select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
             LedgerEntry.user_id == user.id,
-            LedgerEntry.kind.in_([EntryKind.CHARGE, EntryKind.REFUND]),
+            LedgerEntry.kind.in_([EntryKind.CHARGE, EntryKind.REFUND, EntryKind.FEE]),
             or_(
                 LedgerEntry.period_start == start,
                 # Entries from before periods were recorded count by their time.
@@ -65,8 +65,9 @@ def balance(session: Session, name: str, now: datetime) -> BalanceView:
         balance_micros=account.balance_micros,
         held_micros=account.held_micros,
         available_micros=account.balance_micros - account.held_micros,
-        # Charges are negative entries; refunds are credited to their charge's period, so
-        # this is never negative (old untagged entries aside, hence the floor).
+        # Charges and fees are negative entries; refunds (and fees given back) are credited
+        # to their period, so this is never negative (old untagged entries aside, hence the
+        # floor).
         spent_this_period_micros=max(0, -int(spent or 0)),
         period=budget.period,
         period_start=start,
@@ -193,9 +194,11 @@ def summary(
                         EntryKind.CHARGE,
                         EntryKind.REFUND,
                         EntryKind.ADJUSTMENT,
+                        EntryKind.FEE,
                     )
                 ),
                 entries=counts[start],
+                fees_micros=-sums[EntryKind.FEE],
             )
         )
     return rows

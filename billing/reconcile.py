@@ -1,6 +1,6 @@
 """Reconciliation: every balance row must equal the sum of its user's entries.
 
-`balance_micros` must equal the sum of grant, charge, refund and adjustment entries;
+`balance_micros` must equal the sum of grant, charge, refund, adjustment and fee entries;
 `held_micros` the sum of hold and release entries, and also the total of the open holds.
 One statement reads all three, so on PostgreSQL it sees a single snapshot even while
 settlements run.

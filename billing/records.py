@@ -172,7 +172,8 @@ class ServedRecord:
 
 @dataclass(frozen=True, slots=True)
 class SettleResult:
-    """What settling a batch moved: each user's charge and the holds released (micro-credits).
+    """What settling a batch moved: each user's charge, fees and the holds released
+    (micro-credits).
 
     `replayed` tells a replay from the first settlement; it does not take part in equality, so
     a replay returns a result equal to the first one.
@@ -182,6 +183,8 @@ class SettleResult:
     charges_micros: Mapping[str, int]
     released_micros: Mapping[str, int]
     replayed: bool = field(default=False, compare=False)
+    # Each user's request fees in the batch (docs/SPEC.md section 5); empty without a fee.
+    fees_micros: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +196,8 @@ class RefundResult:
     amount_micros: int
     charged_micros: int
     refunded_total_micros: int
+    # The request fee given back with it (docs/SPEC.md section 5: a failed request's fee).
+    fee_micros: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +267,7 @@ class SummaryRow:
     adjusted_micros: int
     net_micros: int
     entries: int
+    fees_micros: int = 0  # request fees paid, net of those given back
 
 
 @dataclass(frozen=True, slots=True)

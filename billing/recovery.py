@@ -9,18 +9,20 @@ a server that loses answers 503 instead of the output. Recovery is therefore saf
 on any replica, while servers run; a request it fails is one whose client got no answer.
 
 Refunds follow SPEC section 1, "When requests fail": a user gets back what the failed requests'
-bids added to the user's charge, never more than the charge.
+bids added to the user's charge, never more than the charge, and each failed request's fee.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing import period_charges, refunds
+from inference_auctions.billing import fees, period_charges, refunds
 from inference_auctions.billing.errors import RequestNotScheduled
+from inference_auctions.billing.grants import open_period
 from inference_auctions.billing.models import (
     AuctionBatch,
     BatchRequest,
@@ -66,7 +68,7 @@ def fail_request(
     caller priced it; None prices it here with `rule` from the stored tree shape.
     """
     # The account lock first: two failures of one user's requests then refund in turn.
-    lock_account(session, name)
+    account = lock_account(session, name)
     finish_scheduled(
         session,
         rid,
@@ -78,9 +80,16 @@ def fail_request(
     )
     if target_micros is None:
         target_micros = _price_failures(session, batch_id, name, rule)
-    return refunds.refund_toward(
+    refunded = refunds.refund_toward(
         session, batch_id, name, rid=rid, target_micros=target_micros, reason=reason, now=now
     )
+    # The request's own fee comes back with it, by the same rule as its charge: it was not
+    # served (a served or abandoned request keeps its fee, as it keeps its charge).
+    budget = open_period(session, account, now)
+    fee = fees.refund_fee(
+        session, account, budget, batch_id=batch_id, rid=rid, reason=reason, now=now
+    )
+    return replace(refunded, fee_micros=fee) if fee else refunded
 
 
 def recover_request(

@@ -113,6 +113,7 @@ class SummaryRecord(LedgerRecord):
     charged_micros: int
     refunded_micros: int
     adjusted_micros: int
+    fees_micros: int
     net_micros: int
     entries: int
 
@@ -125,6 +126,7 @@ class SummaryRecord(LedgerRecord):
             charged_micros=row.charged_micros,
             refunded_micros=row.refunded_micros,
             adjusted_micros=row.adjusted_micros,
+            fees_micros=row.fees_micros,
             net_micros=row.net_micros,
             entries=row.entries,
         )

@@ -41,6 +41,7 @@ from inference_auctions.billing.errors import (
     InvalidBatch,
     UnknownRequest,
 )
+from inference_auctions.billing.fees import fee_key, hold_micros, user_fees
 from inference_auctions.billing.hold_rows import HoldRow, KnownHolds
 from inference_auctions.billing.holds import entry_key
 from inference_auctions.billing.models import (
@@ -349,7 +350,7 @@ def _settle(
     now: datetime,
 ) -> SettleResult:
     batch_id = batch.batch_id
-    _check_holds(batch_id, requests, accounts, holds)
+    _check_holds(batch_id, requests, accounts, holds, batch.request_fee_micros)
     # Before any hold is released: opening a period expires what is available at that moment.
     open_periods(session, accounts, now)
     held: dict[str, int] = defaultdict(int)
@@ -358,7 +359,9 @@ def _settle(
         hold = holds[request.rid]
         held[request.user] += hold.amount_micros
         by_period[request.user].append((hold.period_start, hold.amount_micros))
-    for name, amount in charges.items():
+    fees = user_fees((r.user for r in requests), batch.request_fee_micros)
+    for name in accounts:
+        amount = charges.get(name, 0) + fees.get(name, 0)
         if amount > held[name]:
             raise ChargeExceedsHold(batch_id, name, amount, held[name])
     cursor = driver_cursor(session)
@@ -410,6 +413,8 @@ def _settle(
                 key=charge_key(account.user_id, batch_id),
                 batch_id=batch_id,
                 now=now,
+                fee_micros=fees.get(name, 0),
+                fee_key=fee_key(account.user_id, batch_id),
             )
         insert_entries(session, entries)
         write_balances(session, [accounts[name] for name in sorted(accounts)], now)
@@ -421,6 +426,7 @@ def _settle(
         batch_id=batch_id,
         charges_micros={name: charges.get(name, 0) for name in sorted(accounts)},
         released_micros={name: held[name] for name in sorted(accounts)},
+        fees_micros={name: fees[name] for name in sorted(accounts) if fees.get(name)},
     )
 
 
@@ -429,6 +435,7 @@ def _check_holds(
     requests: Sequence[RequestRecord],
     accounts: Mapping[str, AccountRow],
     holds: Mapping[str, HoldRow],
+    fee_micros: int,
 ) -> None:
     for request in requests:
         hold = holds.get(request.rid)
@@ -440,11 +447,12 @@ def _check_holds(
             )
         if hold.state != HoldState.OPEN:
             raise HoldNotOpen(request.rid, HoldState(hold.state).value)
-        if request.bid_micros > hold.amount_micros:
+        if hold_micros(request.bid_micros, fee_micros) > hold.amount_micros:
+            fee = f" plus the request fee of {fee_micros}" if fee_micros else ""
             raise InvalidBatch(
                 batch_id,
-                f"request {request.rid!r} bids {request.bid_micros} micro-credits but holds only"
-                f" {hold.amount_micros}",
+                f"request {request.rid!r} bids {request.bid_micros} micro-credits{fee} but"
+                f" holds only {hold.amount_micros}",
             )
 
 
@@ -508,6 +516,7 @@ def _replay(
         charges_micros=result.charges_micros,
         released_micros=result.released_micros,
         replayed=True,
+        fees_micros=result.fees_micros,
     )
 
 
@@ -521,19 +530,23 @@ def stored_result(session: Session, batch_id: str) -> SettleResult:
     ).all()
     charged: dict[str, int] = dict.fromkeys(users, 0)
     released: dict[str, int] = dict.fromkeys(users, 0)
+    fees: dict[str, int] = dict.fromkeys(users, 0)
+    moved = {EntryKind.CHARGE: charged, EntryKind.RELEASE: released, EntryKind.FEE: fees}
     rows = session.execute(
         select(User.name, LedgerEntry.kind, LedgerEntry.amount_micros)
         .join(User, User.id == LedgerEntry.user_id)
         .where(
             LedgerEntry.batch_id == batch_id,
-            LedgerEntry.kind.in_([EntryKind.CHARGE, EntryKind.RELEASE]),
+            LedgerEntry.kind.in_(list(moved)),
+            # A fee given back later (> 0) is a refund's, not the settlement's.
+            LedgerEntry.amount_micros <= 0,
         )
     ).all()
     for name, kind, amount in rows:
-        target = charged if kind is EntryKind.CHARGE else released
-        target[name] -= amount
+        moved[kind][name] -= amount
     return SettleResult(
         batch_id=batch_id,
         charges_micros={name: charged[name] for name in sorted(users)},
         released_micros={name: released[name] for name in sorted(users)},
+        fees_micros={name: fees[name] for name in sorted(users) if fees[name]},
     )

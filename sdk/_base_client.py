@@ -355,7 +355,10 @@ class BaseClient:
                 f"the budget is spent: {format_credits(spent)} of {format_credits(total)} "
                 "credits in this period"
             )
-            if self._on_exhausted == "raise":
+            fee = self._bidder.request_fee_micros
+            if self._on_exhausted == "raise" or fee:
+                if fee:  # a bid of 0 is not free: it would pay the fee beyond the budget
+                    message += f" (every request pays the server's fee of {format_credits(fee)})"
                 raise BudgetExhaustedError(
                     message + "; nothing was sent (pass on_budget_exhausted='bid_zero' to "
                     "send at bid 0 instead)",
@@ -365,9 +368,13 @@ class BaseClient:
             logger.warning("%s; sending at bid 0", message)
             # Five frames up is the caller of `generate`, `chat` or `completions.create`.
             warnings.warn(message + "; sending at bid 0", BudgetExhaustedWarning, stacklevel=5)
+        fee = self._bidder.request_fee_micros
         (bid,) = self._bidder.bid(values, max_bid=cap)
         rid = rid or new_rid()
-        settlement = Settlement(self._bidder, rid=rid, reserved=bid, on_change=self._save_state)
+        # The fee is reserved with the bid (`PacingBidder.bid`) and freed with it.
+        settlement = Settlement(
+            self._bidder, rid=rid, reserved=bid + fee, on_change=self._save_state
+        )
         return rid, bid, settlement
 
     def _generate_call(
@@ -503,6 +510,7 @@ class BaseClient:
                     f"user {payload.user!r} has a lifetime grant on the server, with no period "
                     "to pace over: pass budget=Budget(total=..., auctions=...) instead"
                 )
+            self._bidder.set_request_fee(payload.request_fee_micros)
             self._bidder.sync_shared(
                 marker=marker,
                 spent_micros=payload.spent_micros,
@@ -514,6 +522,7 @@ class BaseClient:
             )
         else:
             window = self._bidder.window
+            self._bidder.set_request_fee(payload.request_fee_micros)
             self._bidder.sync_shared(
                 marker=marker,
                 spent_micros=payload.spent_micros,

@@ -35,7 +35,7 @@ __all__ = [
     "SummaryPeriod",
 ]
 
-EntryKind = Literal["grant", "hold", "release", "charge", "refund", "adjustment"]
+EntryKind = Literal["grant", "hold", "release", "charge", "refund", "adjustment", "fee"]
 SummaryPeriod = Literal["day", "week", "month"]
 
 

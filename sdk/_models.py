@@ -75,6 +75,9 @@ class Auction(_Model):
     """This request's share of the user's batch charge."""
     charge_micros: int
     """Deprecated alias of `user_batch_charge_micros`, kept for one release."""
+    request_fee_micros: int = 0
+    """The request fee this request pays besides its charge (0 when the server has none);
+    given back if the request fails."""
     per_request_charges: bool = Field(default=False, repr=False)
     """Whether the server sent `request_charge_micros` (else it repeats the batch charge)."""
 
@@ -111,6 +114,11 @@ class Auction(_Model):
     def charge(self) -> Decimal:
         """Deprecated alias of `user_batch_charge`."""
         return Decimal(self.charge_micros) / MICROS_PER_CREDIT
+
+    @property
+    def request_fee(self) -> Decimal:
+        """The request fee this request pays, in credits."""
+        return Decimal(self.request_fee_micros) / MICROS_PER_CREDIT
 
 
 class Usage(_Model):
@@ -308,7 +316,7 @@ class BudgetPeriod(_Model):
     seconds_left: float | None = None
     grant_micros: int
     spent_micros: int
-    """Charges net of refunds in this period, positive."""
+    """Charges and request fees net of refunds in this period, positive."""
     remaining_micros: int
     """`grant - spent`, never below 0."""
     balance_micros: int
@@ -316,6 +324,8 @@ class BudgetPeriod(_Model):
     available_micros: int
     auctions: int
     """Batches of this period that held at least one of the user's requests."""
+    request_fee_micros: int = 0
+    """The fee every request pays besides its charge, zero bids included."""
 
     @property
     def grant(self) -> Decimal:
@@ -349,13 +359,16 @@ class BudgetPeriod(_Model):
 
 
 class Spend(_Model):
-    """The user's spend (charges net of refunds, positive) and auctions since a moment."""
+    """The user's spend (charges and request fees net of refunds, positive) and auctions since
+    a moment."""
 
     since: datetime
     now: datetime
     spent_micros: int
     held_micros: int
     auctions: int
+    request_fee_micros: int = 0
+    """The fee every request pays besides its charge (counted in `spent_micros` once paid)."""
 
     @property
     def spent(self) -> Decimal:
@@ -426,6 +439,13 @@ class MarketPrices(_Model):
     samples: int
     charge_per_priority_micros: PricePerPriority
     by_priority: list[PriceBand]
+    request_fee_micros: int = 0
+    """The fee every request pays on top of these charges, zero bids included."""
+
+    @property
+    def request_fee(self) -> Decimal:
+        """The request fee, in credits."""
+        return Decimal(self.request_fee_micros) / MICROS_PER_CREDIT
 
 
 class MarketRule(_Model):
@@ -444,6 +464,11 @@ class MarketRule(_Model):
     batch_size: int
     request_fee_micros: int = 0
     pricing: Literal["auction", "tiers", "fcfs"] = "auction"
+
+    @property
+    def request_fee(self) -> Decimal:
+        """The request fee, in credits."""
+        return Decimal(self.request_fee_micros) / MICROS_PER_CREDIT
 
 
 class Tier(_Model):
@@ -473,12 +498,13 @@ class LedgerEntry(_Model):
     """One row of the ledger.
 
     `amount_micros` is signed as the entry moves the balance: grants and refunds are positive,
-    charges negative (a hold or release moves held money: a hold is positive, its release
-    negative). `rid` is the request id as the client sent it.
+    charges negative, a `fee` negative when paid and positive when given back for a failed
+    request (a hold or release moves held money: a hold is positive, its release negative).
+    `rid` is the request id as the client sent it.
     """
 
     id: int
-    kind: Literal["grant", "hold", "release", "charge", "refund", "adjustment"]
+    kind: Literal["grant", "hold", "release", "charge", "refund", "adjustment", "fee"]
     amount_micros: int
     batch_id: str | None = None
     rid: str | None = None
@@ -502,8 +528,9 @@ class LedgerSummaryRow(_Model):
     """Totals over one day, week or month.
 
     `charged`, `refunded` and `granted` are magnitudes (never negative: what was charged is
-    reported as a positive amount); `adjusted` and `net` are signed as they move the balance,
-    like `LedgerEntry.amount_micros`, so `net = granted - charged + refunded + adjusted`.
+    reported as a positive amount), and so is `fees`, the request fees paid net of those given
+    back; `adjusted` and `net` are signed as they move the balance, like
+    `LedgerEntry.amount_micros`, so `net = granted - charged + refunded + adjusted - fees`.
     """
 
     period_start: datetime
@@ -511,6 +538,7 @@ class LedgerSummaryRow(_Model):
     refunded_micros: int
     granted_micros: int
     adjusted_micros: int = 0
+    fees_micros: int = 0
     net_micros: int | None = None
     requests: int | None = None
     entries: int | None = None
@@ -534,6 +562,11 @@ class LedgerSummaryRow(_Model):
     def adjusted(self) -> Decimal:
         """Adjustments in the period, in credits (signed)."""
         return Decimal(self.adjusted_micros) / MICROS_PER_CREDIT
+
+    @property
+    def fees(self) -> Decimal:
+        """Request fees paid in the period, net of those given back, in credits (positive)."""
+        return Decimal(self.fees_micros) / MICROS_PER_CREDIT
 
     @property
     def net(self) -> Decimal | None:

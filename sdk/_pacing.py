@@ -6,7 +6,10 @@ spend per auction `gamma`, the dual variable moves as `mu <- clip(mu + eta * (z 
 mu_max)`: spending above target shades later bids down, spending below target lifts them back
 towards the full value. Separately from pacing, bids are scaled down whenever their sum plus
 everything already in flight would exceed what is left of the budget; since a VCG charge never
-exceeds the bids it answers, the charges can then never add up to more than the budget.
+exceeds the bids it answers, the charges can then never add up to more than the budget. A
+server's request fee (paid by every request, zero bids included, on top of its charge) counts
+as spend and is reserved with each bid: bids are scaled down to leave room for the fees, and a
+request whose fee alone the budget cannot cover is not sent (`BudgetExhaustedError`).
 
 Several processes of one user share one budget through the server's ledger: a client hands the
 user's ledger-wide spend, auction count and open holds to `sync_shared` at a bounded interval,
@@ -46,7 +49,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from ._budget import Budget, default_anchor, period_window
-from ._exceptions import ConfigurationError
+from ._exceptions import BudgetExhaustedError, ConfigurationError
 
 __all__ = ["PacingBidder", "SyncMarker"]
 
@@ -97,6 +100,9 @@ class PacingBidder:
         self._auctions = 0
         self._v_max = 0
         self._guarded = False
+        # The server's request fee (micro-credits per request), learned at each ledger sync
+        # and from every cleared request.
+        self._fee = 0
         self._batches: OrderedDict[str, _Batch] = OrderedDict()
         # The auction rate is measured over the whole life of the bidder, across periods.
         self._rate_auctions = 0
@@ -165,8 +171,20 @@ class PacingBidder:
 
     @property
     def in_flight_micros(self) -> int:
-        """Sum of bids sent whose outcome is not known yet."""
+        """Sum of bids (and their request fees) sent whose outcome is not known yet."""
         return self._reserved
+
+    @property
+    def request_fee_micros(self) -> int:
+        """The server's request fee, as last learned (0: none, or not learned yet)."""
+        return self._fee
+
+    def set_request_fee(self, fee_micros: int) -> None:
+        """Take the server's request fee (from a ledger sync or a cleared request)."""
+        if fee_micros < 0:
+            raise ValueError("the request fee must not be negative")
+        with self._lock:
+            self._fee = fee_micros
 
     @property
     def others_in_flight_micros(self) -> int:
@@ -212,7 +230,9 @@ class PacingBidder:
         """
         with self._lock:
             self._roll(self._clock())
-            return self._spent - self._unconfirmed >= self._total
+            confirmed = self._spent - self._unconfirmed
+            # With a fee, a budget that cannot pay it is spent: no request is free any more.
+            return confirmed >= self._total or confirmed + self._fee > self._total
 
     @property
     def needs_sync(self) -> bool:
@@ -253,10 +273,21 @@ class PacingBidder:
     # -- bidding and settling ----------------------------------------------------------------
 
     def bid(self, values: Sequence[int], *, max_bid: int | None = None) -> list[int]:
-        """Bids in micro-credits for one auction's values; their sum is reserved as in flight."""
+        """Bids in micro-credits for one auction's values; their sum and the requests' fees
+        are reserved as in flight. Raises `BudgetExhaustedError` when what is available cannot
+        pay the fees alone (nothing is reserved then)."""
         if any(v < 0 for v in values):
             raise ValueError("values must not be negative")
         with self._locked() as now:
+            fees = self._fee * len(values)
+            if fees > self._available():
+                raise BudgetExhaustedError(
+                    f"the request fee of {fees} micro-credits is more than the"
+                    f" {self._available()} available (budget less spend and bids in flight);"
+                    " nothing was sent",
+                    spent_micros=self._spent,
+                    total_micros=self._total,
+                )
             self._v_max = max(self._v_max, sum(values))
             mu = 0.0
             if self._budget.pacing == "asap":
@@ -277,13 +308,13 @@ class PacingBidder:
             for cap in (self._budget.max_bid_micros, max_bid):
                 if cap is not None:
                     bids = [min(b, cap) for b in bids]
-            bids = self._guard(bids)
+            bids = self._guard(bids, fees)
             if self._probe:
                 # Settled by the reserved amount, which is how the charge finds its multiplier.
-                self._probe_bids.setdefault(sum(bids), []).append(1.0 / (1.0 + mu))
+                self._probe_bids.setdefault(sum(bids) + fees, []).append(1.0 / (1.0 + mu))
                 while len(self._probe_bids) > _STATE_BATCHES:
                     self._probe_bids.popitem(last=False)
-            self._reserved += sum(bids)
+            self._reserved += sum(bids) + fees
             return bids
 
     def reserve(self, amount: int) -> int:
@@ -511,8 +542,9 @@ class PacingBidder:
     def _available(self) -> int:
         return max(0, self._total - self._spent - self._reserved - self._others_held)
 
-    def _guard(self, bids: list[int]) -> list[int]:
-        available = self._available()
+    def _guard(self, bids: list[int], fees: int = 0) -> list[int]:
+        # The fees are paid whatever the bids: what is left after them caps the bids.
+        available = self._available() - fees
         total = sum(bids)
         self._guarded = total > available
         if not self._guarded:

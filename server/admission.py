@@ -21,6 +21,7 @@ from inference_auctions.billing import (
     Ledger,
     LedgerError,
     LedgerUnavailable,
+    hold_micros,
 )
 from inference_auctions.billing import IdempotencyConflict as LedgerConflict
 from inference_auctions.server.errors import Conflict, ServiceError, Unavailable, from_ledger_error
@@ -62,9 +63,10 @@ def unavailable(message: str) -> ServiceError:
 
 
 def queue_hold(writer: LedgerWriter, ticket: Ticket) -> asyncio.Future[HoldView]:
-    """Queue the ticket's hold (re-opening a released hold of the same payload) for the
-    writer's next group commit; `held` tells its outcome."""
-    request = HoldRequest(ticket.user, ticket.ledger_rid, ticket.bid_micros, ticket.fingerprint)
+    """Queue the ticket's hold of its bid and request fee (re-opening a released hold of the
+    same payload) for the writer's next group commit; `held` tells its outcome."""
+    amount = hold_micros(ticket.bid_micros, ticket.fee_micros)  # the bid and the request fee
+    request = HoldRequest(ticket.user, ticket.ledger_rid, amount, ticket.fingerprint)
     return writer.queue_hold(request)
 
 
@@ -79,7 +81,7 @@ async def held(placing: asyncio.Future[HoldView], metrics: Metrics, ticket: Tick
         log.warning("placing a hold failed: %s", error)
         raise unavailable("the ledger is unavailable; retry shortly") from None
     except LedgerError as error:
-        raise from_ledger_error(error) from None
+        raise from_ledger_error(error, ticket.fee_micros) from None
     except Exception as error:  # the database is down or locked: nothing was written
         metrics.ledger_errors.labels(operation="hold").inc()
         log.warning("placing a hold failed: %s", error)

@@ -28,11 +28,8 @@ from inference_auctions.server.api.direct_routes import DirectRoutes, find_route
 from inference_auctions.server.api.error_handlers import install_error_handlers
 from inference_auctions.server.api.pacing_routes import prices_json
 from inference_auctions.server.api.request_id import RequestIdMiddleware
-from inference_auctions.server.cluster.pricing_agreement import (
-    PricingAgreement,
-    PricingDisagreement,
-)
 from inference_auctions.server.cluster.replica import rate_limit_share, replica_header
+from inference_auctions.server.cluster.rule_agreement import RuleAgreement
 from inference_auctions.server.engine.base import Engine
 from inference_auctions.server.engine.factory import make_engine
 from inference_auctions.server.engine.local_tokenizer import ENGINE, load_tokenizer
@@ -61,11 +58,11 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         # The WAL checkpoints of a SQLite file run beside this process's ledger thread
         # (`billing.wal_checkpoints`).
         ledger = Ledger.from_url(settings.database_url, checkpoint_in_background=True)
-        agreement = PricingAgreement(ledger, settings)
+        agreement = RuleAgreement(ledger, settings)
         try:
-            await agreement.join()  # refuses to run beside a replica of another pricing
-        except PricingDisagreement as error:
-            log.error("%s", error)
+            await agreement.start()  # replicas sharing the ledger clear under one rule
+        except Exception as error:
+            log.error("not starting: %s", error)
             ledger.close()
             raise
         backend = engine or make_engine_from(settings)
@@ -95,7 +92,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
             if scheduler is not None:
                 scheduler.shutdown(wait=False)
             await backend.close()
-            await agreement.leave()
+            await agreement.stop()
             ledger.close()
             decoder.close()
 
@@ -158,4 +155,5 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         timeout=None,
         model_name=settings.model_name,
         tokenizer=tokenizer,
+        vocab_size=settings.engine_vocab_size,
     )

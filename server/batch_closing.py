@@ -226,6 +226,8 @@ class BatchClosing:
         self._metrics.batches.inc()
         self._metrics.batch_size.observe(outcome.size)
         self._metrics.revenue.inc(outcome.revenue)
+        if outcome.fee_revenue:
+            self._metrics.fee_revenue.inc(outcome.fee_revenue)
         self._metrics.welfare.inc(int(outcome.welfare))
         if self._tiers is not None:
             for rid in outcome.order:
@@ -254,4 +256,5 @@ class BatchClosing:
             user_batch_charge_micros=batch.charge(ticket.user),
             request_charge_micros=batch.shares[ticket.ledger_rid],
             sequence=sequence,
+            request_fee_micros=outcome.rule.request_fee_micros,
         )

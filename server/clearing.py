@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from inference_auctions.billing import (
     BatchClaim,
@@ -30,12 +30,13 @@ from inference_auctions.billing import (
     RequestRecord,
 )
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
-from inference_auctions.server.auction.fixed_price import (
-    FixedPriceRepricer,
-    clear_fixed_price,
-    fixed_price_refund,
+from inference_auctions.server.auction.fixed_price import FixedPriceRepricer, clear_fixed_price
+from inference_auctions.server.auction.pricing import (
+    FIXED_PRICE_RULES,
+    PAPER_RULE,
+    Mode,
+    PricingRule,
 )
-from inference_auctions.server.auction.pricing import FIXED_PRICE_RULES, PAPER_RULE, PricingRule
 from inference_auctions.server.auction.repricing import Repricer
 from inference_auctions.server.tickets import Ticket
 
@@ -180,9 +181,12 @@ class BatchClearing:
         if made is None:  # cleared in the writer's process: the same auction, run again here
             claimable = [rid for rid in self._rids if rid not in claimed.refused]
             made = _auction([self._at_commit.requests[rid] for rid in claimable], self._rule)
-            charged = claimed.settled.charges_micros
+            settled = claimed.settled
+            charged, fees = settled.charges_micros, settled.fees_micros
             if any(charged.get(user, 0) != paid for user, paid in made.outcome.payments.items()):
                 raise RuntimeError("the auction run again does not charge what was settled")
+            if any(fees.get(user, 0) != fee for user, fee in made.outcome.fees.items()):
+                raise RuntimeError("the auction run again does not take the fees settled")
         return Cleared(batch=self._batch(made), refused=dict(claimed.refused))
 
     def _batch(self, made: _Made) -> ClearedBatch:
@@ -265,12 +269,17 @@ def refund_rule(
     """The failure refund (SPEC section 1) of a settled batch, priced again from the tree shape
     the ledger stored with it and under the pricing rule it was cleared with: what crash
     recovery refunds."""
+    return settled_repricer(requests).failure_refund(user, failed, charge)
+
+
+def settled_repricer(requests: Sequence[PricedRequest]) -> Repricer | FixedPriceRepricer:
+    """A settled batch, rebuilt from what the ledger stored (tree shape, arrival order, bids)
+    under the pricing rule it was cleared with, ready to be priced again."""
     ordered = sorted(requests, key=lambda r: -1 if r.arrival is None else r.arrival)
+    rebuilt = [AuctionRequest(r.rid, r.user, r.tree_path or [], r.bid_micros) for r in ordered]
     if ordered and ordered[0].pricing_rule in FIXED_PRICE_RULES:
-        return fixed_price_refund({r.rid: r.bid_micros for r in ordered}, failed, charge)
+        # Each request's recorded bid is the price it was admitted at.
+        mode = cast(Mode, ordered[0].pricing_rule)
+        return FixedPriceRepricer(clear_fixed_price(rebuilt, PricingRule(mode=mode)))
     slots = ordered[0].priority_slots if ordered else None
-    repricer = Repricer(
-        [AuctionRequest(r.rid, r.user, r.tree_path or [], r.bid_micros) for r in ordered],
-        PAPER_RULE if slots is None else PricingRule(slots=slots),
-    )
-    return repricer.failure_refund(user, failed, charge)
+    return Repricer(rebuilt, PAPER_RULE if slots is None else PricingRule(slots=slots))

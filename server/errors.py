@@ -88,15 +88,16 @@ class EngineTimedOut(ServiceError):
     status_code, error_type = 504, "engine_timeout"
 
 
-def from_ledger_error(error: billing.LedgerError) -> ServiceError:
-    """Map a refused ledger operation to the HTTP error a client should see."""
+def from_ledger_error(error: billing.LedgerError, fee_micros: int = 0) -> ServiceError:
+    """Map a refused ledger operation to the HTTP error a client should see; `fee_micros`:
+    the request fee held with the bid, named in a 402."""
     message = str(error)
     if isinstance(error, billing.LedgerUnavailable):
         return Unavailable(message, headers={"Retry-After": "1"})
     if isinstance(error, billing.InsufficientFunds):
-        return PaymentRequired(_insufficient_funds(error), param="bid")
+        return PaymentRequired(_insufficient_funds(error, fee_micros), param="bid")
     if isinstance(error, billing.BatchCapExceeded):
-        return PaymentRequired(_over_batch_cap(error), param="bid")
+        return PaymentRequired(_over_batch_cap(error, fee_micros), param="bid")
     rid = getattr(error, "rid", None)
     if isinstance(rid, str) and "/" in rid:
         # The ledger keys a request as "<user>/<rid>"; the client knows it by its own rid.
@@ -123,9 +124,21 @@ def _credits(micros: int) -> str:
     return f"{whole:,}" + (f".{fraction:06d}".rstrip("0") if fraction else "")
 
 
-def _insufficient_funds(error: billing.InsufficientFunds) -> str:
+def _what_is_held(requested_micros: int, fee_micros: int) -> str:
+    """The bid, or the bid and the request fee held with it (docs/SPEC.md section 5)."""
+    if not fee_micros:
+        return f"the bid of {_credits(requested_micros)} credits"
+    bid = requested_micros - fee_micros
     return (
-        f"the bid of {_credits(error.requested_micros)} credits is more than the "
+        f"the bid of {_credits(bid)} credits plus the request fee of {_credits(fee_micros)}"
+        f" credits (every request pays it, zero bids included), {_credits(requested_micros)}"
+        " credits,"
+    )
+
+
+def _insufficient_funds(error: billing.InsufficientFunds, fee_micros: int = 0) -> str:
+    return (
+        f"{_what_is_held(error.requested_micros, fee_micros)} is more than the "
         f"{_credits(error.available_micros)} credits available to user {error.name!r} "
         f"({error.requested_micros} micro-credits requested, {error.available_micros} "
         "available); bid less, wait for held bids to settle, or ask an admin to raise "
@@ -133,10 +146,10 @@ def _insufficient_funds(error: billing.InsufficientFunds) -> str:
     )
 
 
-def _over_batch_cap(error: billing.BatchCapExceeded) -> str:
+def _over_batch_cap(error: billing.BatchCapExceeded, fee_micros: int = 0) -> str:
     return (
         f"user {error.name!r} may hold at most {_credits(error.cap_micros)} credits per batch "
         f"({error.cap_micros} micro-credits): {_credits(error.held_micros)} are already held "
-        f"and this bid is {_credits(error.requested_micros)}; bid less, or send the request "
-        "after the current batch closes"
+        f"and this request holds {_what_is_held(error.requested_micros, fee_micros)}; bid "
+        "less, or send the request after the current batch closes"
     )

@@ -69,6 +69,11 @@ class Metrics:
             "Charges settled: VCG charges, or tier prices under pricing tiers (micro-credits)",
             registry=r,
         )
+        self.fee_revenue = Counter(
+            "inference_auction_fee_revenue_micros",
+            "Request fees settled, before any given back (micro-credits)",
+            registry=r,
+        )
         self.welfare = Counter(
             "inference_auction_welfare_micros",
             "Reported welfare of the chosen schedules (micro-credits)",

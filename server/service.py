@@ -160,6 +160,15 @@ class AuctionService:
         """The engine's token ids for a prompt (cached, read-only)."""
         return await self._engine.tokenize_array(text)
 
+    async def vocab_size(self) -> int | None:
+        """How many token ids the engine's model has (None: nothing tells)."""
+        try:
+            return await self._engine.vocab_size()
+        except EngineTimeout as error:
+            raise EngineTimedOut(f"asking the engine for its vocabulary: {error}") from None
+        except EngineError as error:
+            raise EngineFailed(f"the engine did not tell its vocabulary: {error}") from None
+
     async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
         """A conversation's prompt ids, rendered with the engine's chat template."""
         return await self._engine.tokenize_chat(messages)
@@ -244,6 +253,7 @@ class AuctionService:
             bid_micros=bid_micros,
             sampling_params=sampling_params,
             fingerprint=fingerprint,
+            fee_micros=self.settings.request_fee_micros,
             streamed=streamed,
         )
         self._shares.check(ticket)  # 400 for a free request bigger than free traffic's share

@@ -60,6 +60,12 @@ class ServerSettings(LedgerSettings):
     tokenizer: str = Field(default="engine", min_length=1)
     """Who tokenizes prompts for `engine_url`: `engine` (its `/tokenize`), `builtin` (the
     emulator's), or the path of the model's `tokenizer.json`."""
+    # A prompt's token ids must be below the model's vocabulary size: one above it kills
+    # SGLang's scheduler. Learnt from the engine (server.engine.vocabulary) unless set here.
+    engine_vocab_size: int | None = Field(default=None, ge=1)
+    """The model's vocabulary size, for an engine URL whose model the server cannot learn it
+    from (default: learnt from the engine's `/model_info`, its model folder, or the local
+    tokenizer); token ids at or above it are refused at admission."""
     emulator_cache_tokens: int = Field(default=23_000, gt=0)
     """The embedded emulator's KV cache size, in tokens."""
     emulator_max_running_requests: int | None = Field(default=None, ge=1)
@@ -207,14 +213,23 @@ class ServerSettings(LedgerSettings):
     # is priced against `priority_slots` slots (by default `batch_size`; one value for every
     # replica of a deployment, recorded with each batch), so requests that delay nobody lower
     # no charge. `batch-size` is the paper's rule (slots = the batch's own size), kept for
-    # comparison; it lets zero-bid junk requests dilute every charge. The request fee of the
-    # rule is not charged by the server yet (the ledger has no entry for it): 0 here.
+    # comparison; it lets zero-bid junk requests dilute every charge. `request_fee_micros` is
+    # the rule's fee, paid by every request, zero bids included, on top of its VCG charge: what
+    # makes a decoy cost its sender. Its default is 0 because the right fee is a share of the
+    # deployment's bids (docs/SPEC.md recommends two slots of the mean bid), which the server
+    # cannot know before it has traffic, and because any fee takes away the free zero-bid
+    # requests a budget of 0 can send today. Replicas sharing a ledger must agree on all three
+    # (`billing.replica_rules`).
     pricing_rule: Literal["fixed-slots", "batch-size"] = "fixed-slots"
     """How a batch is priced: `fixed-slots` (every batch in `priority_slots` slots) or the
     paper's `batch-size` (each batch in its own size; open to price dilution)."""
     priority_slots: int | None = Field(default=None, ge=1, le=100_000)
     """The slots K every batch is priced in under `fixed-slots` (default: `batch_size`; at
     least `batch_size`; the same on every replica)."""
+    request_fee_micros: int = Field(default=0, ge=0, le=1_000_000_000_000)
+    """The fee every request pays besides its VCG charge, zero bids included, in micro-credits;
+    held with the bid, given back when the request fails (default 0: no fee; the same on
+    every replica)."""
 
     # The pricing mode (docs/guides/pricing-modes.md): `auction` (bids, VCG charges, the rule
     # above), `tiers` (fixed prices per request, `tiers`, a dearer tier served first, first
@@ -256,6 +271,11 @@ class ServerSettings(LedgerSettings):
     @model_validator(mode="after")
     def _tiers_parse(self) -> ServerSettings:
         self.tier_menu()  # a ValueError names what is wrong
+        if self.pricing != "auction" and self.request_fee_micros:
+            raise ValueError(
+                f"request_fee_micros ({self.request_fee_micros}) is the auction's fee: under "
+                f"pricing {self.pricing} a request pays its tier's price (or nothing); set it to 0"
+            )
         return self
 
     def tier_menu(self) -> TierMenu:
@@ -269,17 +289,19 @@ class ServerSettings(LedgerSettings):
 
         if self.pricing != "auction":
             return PricingRule(mode=self.pricing)
+        fee = self.request_fee_micros
         if self.pricing_rule == "batch-size":
-            return PricingRule()
-        return PricingRule(slots=self.priority_slots or self.batch_size)
+            return PricingRule(request_fee_micros=fee)
+        return PricingRule(slots=self.priority_slots or self.batch_size, request_fee_micros=fee)
 
-    def pricing_signature(self) -> str:
-        """What every replica on one ledger must agree on: the mode, and the tiers it sells."""
+    def tiers_signature(self) -> str | None:
+        """Under `pricing tiers`, the tiers sold and the default one, which every replica on
+        one ledger must agree on (`billing.replica_rules`); None otherwise."""
         if self.pricing != "tiers":
-            return self.pricing
+            return None
         menu = self.tier_menu()
         sold = ",".join(f"{tier.name}={tier.price_micros}" for tier in menu.tiers)
-        return f"tiers:{sold};default={menu.default.name}"
+        return f"{sold};default={menu.default.name}"
 
 
 def without_password(url: str) -> str:

@@ -36,6 +36,7 @@ class Clearance:
     # The engine priority (lower goes first): the global schedule sequence number, or under
     # `tiers` the tier's (`server.tiers`).
     sequence: int
+    request_fee_micros: int = 0  # the fee this request pays besides its charge (SPEC section 5)
     pricing: str = "auction"  # the server's pricing mode
     service_tier: str | None = None  # the request's tier, under `tiers`
 
@@ -53,6 +54,7 @@ class Clearance:
             "bid_micros": self.bid_micros,
             "user_batch_charge_micros": self.user_batch_charge_micros,
             "request_charge_micros": self.request_charge_micros,
+            "request_fee_micros": self.request_fee_micros,
             # Deprecated alias of user_batch_charge_micros, kept for one release.
             "charge_micros": self.user_batch_charge_micros,
         }
@@ -78,6 +80,8 @@ class Ticket:
     bid_micros: int
     sampling_params: dict[str, Any]
     fingerprint: str  # of the payload, so a retry can be told from a conflicting reuse
+    # The request fee of the rule it is admitted under, held with its bid.
+    fee_micros: int = 0
     # Whether its client reads the answer as a stream (a retry that joins it may differ: it
     # then reads the stream this one asked the engine for).
     streamed: bool = True

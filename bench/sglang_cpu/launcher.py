@@ -12,7 +12,8 @@ a scheduler subprocess that dies at start-up leaves `launch_server` alive and si
 start waits for `/health` under a deadline and, past it or when the launcher exits, kills the
 whole process group it started (`start_new_session`), never anything by name. `--sleep-on-idle`
 keeps the idle scheduler from spinning a core; `--max-total-tokens` bounds the KV pool (without
-it SGLang takes 72% of free memory).
+it SGLang takes 72% of free memory). `stop` is SGLang's graceful stop (it drains requests, and
+notices the signal only at its watchdog's next 5-second tick); `kill` is immediate.
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ class SGLangServer:
         command += ["--attention-backend", "torch_native"]
         command += ["--max-total-tokens", str(self.max_total_tokens)]
         command += ["--sleep-on-idle", "--enable-cache-report", "--enable-metrics"]
+        # Its warm-up request only delays readiness (a fixed sleep, then a generation): the
+        # start waits for `/health`, which generates a token itself.
+        command += ["--skip-server-warmup"]
         command += ["--log-level", "warning"]
         if not _has_weights(self.model):
             command += ["--load-format", "dummy"]

@@ -20,9 +20,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from inference_auctions.billing import AccountActivity, ClearingPoint, MarketActivity, UserInfo
 from inference_auctions.server.api.deps import AppState, CurrentUser, State, current_user
 from inference_auctions.server.api.ledger_routes import balance_json
-from inference_auctions.server.auction import AuctionRequest
-from inference_auctions.server.auction.pricing import FIXED_PRICE_RULES, PricingRule
-from inference_auctions.server.auction.repricing import Repricer
+from inference_auctions.server.clearing import settled_repricer
 from inference_auctions.server.dashboard.health import ReconcileStatus
 from inference_auctions.server.dashboard.sessions import COOKIE_NAME
 from inference_auctions.server.errors import Forbidden, Unauthenticated
@@ -231,6 +229,7 @@ def account_json(activity: AccountActivity, now: datetime) -> dict[str, Any]:
                 "priority": r.priority,
                 "bid_micros": r.bid_micros,
                 "request_charge_micros": shares.get(r.rid, r.batch_charge_micros),
+                "request_fee_micros": r.fee_micros,
                 "batch_charge_micros": r.batch_charge_micros,
                 "batch_refund_micros": r.batch_refund_micros,
                 "status": str(r.status),
@@ -285,15 +284,7 @@ def request_shares(activity: AccountActivity) -> dict[str, int]:
     for batch_id, priced in activity.shared_batches.items():
         if any(p.arrival is None or p.tree_path is None for p in priced):
             continue  # settled before the tree's shape was stored: no split to show
-        ordered = sorted(priced, key=lambda p: p.arrival or 0)
-        if ordered[0].pricing_rule in FIXED_PRICE_RULES:  # each request carries its price
-            shares.update({p.rid: p.bid_micros for p in ordered if p.user == name})
-            continue
-        slots = ordered[0].priority_slots
-        repricer = Repricer(
-            [AuctionRequest(p.rid, p.user, p.tree_path or [], p.bid_micros) for p in ordered],
-            PricingRule() if slots is None else PricingRule(slots=slots),
-        )
+        repricer = settled_repricer(priced)
         positions = {p.rid: index for index, p in enumerate(priced)}
         shares.update(repricer.shares(name, charges[batch_id], positions))
     return shares
@@ -344,12 +335,14 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
             "batches": sum(b.batches for b in buckets),
             "requests": sum(b.requests for b in buckets),
             "revenue_micros": sum(b.revenue_micros for b in buckets),
+            "fees_micros": sum(b.fees_micros for b in buckets),
             "welfare_micros": sum(b.welfare_micros for b in buckets),
             # By outcome so far; a request at the engine is in none of them yet.
             "served": sum(b.served for b in buckets),
             "failed": sum(b.failed for b in buckets),
             "abandoned": sum(b.abandoned for b in buckets),
         },
+        "request_fee_micros": state.settings.request_fee_micros,
         "series": {
             "t": [_epoch(b.start) for b in buckets],
             "batches_per_second": [round(b.batches / seconds, 3) for b in buckets],
@@ -358,6 +351,7 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
             ],
             "largest_batch": [b.largest_batch or None for b in buckets],
             "revenue_micros_per_minute": [b.revenue_micros * 60 // seconds for b in buckets],
+            "fees_micros_per_minute": [b.fees_micros * 60 // seconds for b in buckets],
             "welfare_micros_per_minute": [b.welfare_micros * 60 // seconds for b in buckets],
             "cache_hit_rate": [
                 round(b.cached_tokens / b.prompt_tokens, 4) if b.prompt_tokens else None

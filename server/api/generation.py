@@ -98,6 +98,8 @@ async def prompt_tokens(
     else:
         assert input_ids is not None
         tokens = _token_array(input_ids)
+        # The ids came in `input_ids` (`/generate`) or as the OpenAI `prompt` itself.
+        await _check_vocabulary(state, tokens, "input_ids" if field == "text" else field)
     if len(tokens) == 0:
         raise InvalidRequest(f"{field}: the prompt is empty", param=field)
     if len(tokens) > settings.max_prompt_tokens:
@@ -106,6 +108,20 @@ async def prompt_tokens(
             param=field,
         )
     return tokens
+
+
+async def _check_vocabulary(state: AppState, tokens: TokenArray, field: str) -> None:
+    """Refuse ids the model has no embedding for: one kills SGLang's scheduler, and with it
+    every request it holds (`server.engine.vocabulary`)."""
+    vocab_size = await state.service.vocab_size()
+    if vocab_size is None or len(tokens) == 0 or int(tokens.max()) < vocab_size:
+        return
+    bad = int(tokens[tokens >= vocab_size][0])
+    raise InvalidRequest(
+        f"{field}: token id {bad:,} is outside the model's vocabulary "
+        f"(ids 0 to {vocab_size - 1:,})",
+        param=field,
+    )
 
 
 def _token_array(input_ids: list[int]) -> TokenArray:

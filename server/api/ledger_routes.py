@@ -13,6 +13,8 @@ from inference_auctions.billing import BalanceRecord, BalanceView, EntryRecord, 
 from inference_auctions.server.api.deps import CurrentUser, State
 from inference_auctions.server.errors import InvalidRequest
 
+EntryKindName = Literal["grant", "hold", "release", "charge", "refund", "adjustment", "fee"]
+
 router = APIRouter(prefix="/v1/ledger", tags=["ledger"])
 
 
@@ -46,7 +48,7 @@ async def entries(
     state: State,
     since: datetime | None = None,
     until: datetime | None = None,
-    kind: Literal["grant", "hold", "release", "charge", "refund", "adjustment"] | None = None,
+    kind: EntryKindName | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     # An entry id as returned in `next_cursor`: ASCII digits that fit the id column (the
     # ledger's own parser takes any Unicode digit, and a bigint overflow is a database error).

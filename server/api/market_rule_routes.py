@@ -21,7 +21,8 @@ async def rule(_: CurrentUser, state: State) -> dict[str, Any]:
     `batch-size` under `auction`; the mode's name otherwise), `priority_slots` (the K every
     batch is priced in; null under `batch-size`, where it is each batch's own size, and in the
     fixed-price modes), `batch_size`, and `request_fee_micros`, what every request pays besides
-    its VCG charge (0: the server charges no fee yet)."""
+    its VCG charge, zero bids included (held with the bid, given back when the request fails;
+    0: no fee; always 0 in the fixed-price modes)."""
     pricing = state.settings.auction_rule()
     return {
         "pricing": state.settings.pricing,

@@ -50,8 +50,10 @@ def _budget_view(ledger: Ledger, name: str) -> dict[str, Any]:
 
 @router.get("/budget", summary="My budget period: grant, spent so far, time left")
 async def budget(user: CurrentUser, state: State) -> dict[str, Any]:
-    """The current budget period and its figures; every process of a user reads the same."""
-    return await asyncio.to_thread(_budget_view, state.ledger, user.name)
+    """The current budget period and its figures; every process of a user reads the same.
+    `request_fee_micros`: the fee every request pays, which a pacing client reserves."""
+    view = await asyncio.to_thread(_budget_view, state.ledger, user.name)
+    return {**view, "request_fee_micros": state.settings.request_fee_micros}
 
 
 def _spend_view(ledger: Ledger, name: str, since: datetime) -> dict[str, Any]:
@@ -68,7 +70,8 @@ def _spend_view(ledger: Ledger, name: str, since: datetime) -> dict[str, Any]:
 
 @router.get("/spend", summary="My spend and auctions since a moment")
 async def spend(user: CurrentUser, state: State, since: datetime) -> dict[str, Any]:
-    """Charges net of refunds since `since`, the bids held now, and auctions taken part in."""
+    """Charges and request fees net of refunds since `since`, the bids (and fees) held now,
+    auctions taken part in, and the request fee (`request_fee_micros`)."""
     if since.tzinfo is None:
         raise InvalidRequest(
             "since: must carry a time zone, e.g. 2030-01-01T00:00:00Z", param="since"
@@ -76,7 +79,8 @@ async def spend(user: CurrentUser, state: State, since: datetime) -> dict[str, A
     since = since.astimezone(UTC)
     if since > datetime.now(UTC) + timedelta(minutes=5):
         raise InvalidRequest("since: must not lie in the future", param="since")
-    return await asyncio.to_thread(_spend_view, state.ledger, user.name, since)
+    view = await asyncio.to_thread(_spend_view, state.ledger, user.name, since)
+    return {**view, "request_fee_micros": state.settings.request_fee_micros}
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -146,6 +150,7 @@ async def prices(
 ) -> dict[str, Any]:
     """Recent charge per unit of priority (the whole schedule is 1 per batch), from cleared
     batches of all users; no user is named, and no figure drawn from fewer than `MIN_USERS`
-    users is published; answered from an aggregate in memory (`server.market_prices`)."""
-
-    return await state.market_prices.answer(user.name, window_seconds, max_batches)
+    users is published; answered from an aggregate in memory (`server.market_prices`).
+    `request_fee_micros`: the fee every request pays on top of these charges."""
+    answer = await state.market_prices.answer(user.name, window_seconds, max_batches)
+    return {**answer, "request_fee_micros": state.settings.request_fee_micros}

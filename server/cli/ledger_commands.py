@@ -490,6 +490,7 @@ SUMMARY_COLUMNS = [
     ("charged_micros", "charged"),
     ("refunded_micros", "refunded"),
     ("adjusted_micros", "adjusted"),
+    ("fees_micros", "fees"),
     ("net_micros", "net"),
     ("entries", "entries"),
 ]
@@ -509,7 +510,7 @@ SUMMARY_COLUMNS = [
 )
 @click.option(
     "--kind",
-    type=click.Choice(["grant", "hold", "release", "charge", "refund", "adjustment"]),
+    type=click.Choice(["grant", "hold", "release", "charge", "refund", "adjustment", "fee"]),
     default=None,
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
@@ -662,8 +663,9 @@ def refund_unserved(older_than: float, database_url: str | None) -> None:
 
     Every request still `scheduled` for longer than --older-than seconds is marked failed and
     refunded by the per-request rule (docs/SPEC.md, "When requests fail"): its user gets back
-    what the failed requests' bids added to the user's charge, never more than the charge. A
-    request is failed only if it is still scheduled, and a server records an answer only if it
+    what the failed requests' bids added to the user's charge, never more than the charge, and
+    each failed request's fee (docs/SPEC.md section 5). A request is failed only if it is still
+    scheduled, and a server records an answer only if it
     is, in one conditional write each: whichever commits first wins, so a request is either
     served (its client got the whole answer, it stays charged) or failed (its client got no
     complete answer, it is refunded), never both. Safe at any time, on any replica, while
@@ -675,8 +677,11 @@ def refund_unserved(older_than: float, database_url: str | None) -> None:
     with open_ledger(database_url) as book:
         refunded = book.refund_unserved(timedelta(seconds=older_than), rule=refund_rule)
     for result in refunded:
+        fee = (
+            f" and a request fee of {format_micros(result.fee_micros)}" if result.fee_micros else ""
+        )
         click.echo(
-            f"Refunded {format_micros(result.amount_micros)} credits to {result.user!r}"
+            f"Refunded {format_micros(result.amount_micros)} credits{fee} to {result.user!r}"
             f" in batch {result.batch_id}."
         )
     click.echo(f"{len(refunded)} refunds.")

@@ -120,6 +120,12 @@ from inference_auctions.server.settings import ServerSettings, without_password
     "[default: fixed-slots]",
 )
 @click.option(
+    "--request-fee-micros",
+    type=click.IntRange(min=0),
+    help="The fee every request pays besides its VCG charge, zero bids included, in "
+    "micro-credits; the same on every replica (docs/SPEC.md section 5).  [default: 0]",
+)
+@click.option(
     "--pricing",
     type=click.Choice(["auction", "tiers", "fcfs"]),
     help="How priority is sold: auction (bids, VCG charges), tiers (fixed prices per request, "

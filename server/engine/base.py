@@ -175,6 +175,10 @@ class Engine(Protocol):
     async def context_length(self) -> int | None:
         """The model's context length in tokens (None when the engine does not say)."""
 
+    async def vocab_size(self) -> int | None:
+        """How many token ids the model has (a prompt's ids must be below it); None when
+        nothing tells."""
+
     async def flush_cache(self) -> bool:
         """Empty the engine's prefix cache; False while requests run or wait (SGLang's rule)."""
 

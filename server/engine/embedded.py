@@ -27,10 +27,11 @@ from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME, LiveReques
 from inference_auctions.server.engine.sglang_openai import render_chat
 from inference_auctions.server.engine.sglang_request import (
     check_context_length,
+    check_vocabulary,
     parse_sampling_params,
 )
 from inference_auctions.server.engine.simulator import DEFAULT_CACHE_TOKENS, EngineSimulator
-from inference_auctions.server.tokenizer import encode
+from inference_auctions.server.tokenizer import VOCABULARY_SIZE, encode
 
 __all__ = ["EmbeddedEngine"]
 
@@ -105,6 +106,10 @@ class EmbeddedEngine(EngineBase):
         """The emulated model's context: its KV capacity, as the emulator's `/tokenize` says."""
         return self.live.simulator.cache.capacity
 
+    async def vocab_size(self) -> int:
+        """The builtin tokenizer's vocabulary, the emulated model's."""
+        return VOCABULARY_SIZE
+
     async def server_info(self) -> dict[str, Any]:
         """The emulated `/server_info`: the simulator's limits, as SGLang states them."""
         return self.live.server_info()
@@ -126,13 +131,15 @@ class EmbeddedEngine(EngineBase):
             request = generation.request
             try:
                 options = parse_sampling_params(request.sampling_params)
+                input_ids = _as_list(request.input_ids)
+                check_vocabulary(input_ids, VOCABULARY_SIZE)
                 check_context_length(
-                    len(request.input_ids),
+                    len(input_ids),
                     request.sampling_params.get("max_new_tokens"),
                     capacity,
                 )
                 submitted = self.live.submit(
-                    _as_list(request.input_ids),
+                    input_ids,
                     max_new_tokens=capacity
                     if options.max_new_tokens is None
                     else options.max_new_tokens,

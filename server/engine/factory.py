@@ -27,11 +27,13 @@ def make_engine(
     api_key: str | None = None,
     tokenizer: LocalTokenizer | None = None,
     max_running_requests: int | None = None,
+    vocab_size: int | None = None,
 ) -> Engine:
     """The SGLang backend at `engine_url` in `mode`, or the embedded emulator without a URL.
 
     `timeout` bounds one request at SGLang (None: no bound); `tokenizer`, when given, tokenizes
-    prompts for SGLang in this process (`server.engine.local_tokenizer`). The emulator options
+    prompts for SGLang in this process (`server.engine.local_tokenizer`); `vocab_size`, when
+    given, is the model's, instead of learning it (`server.engine.vocabulary`). The emulator options
     apply only without a URL, and the emulator ignores `mode` (it honours priorities itself)
     and `tokenizer` (it tokenizes in process already).
     """
@@ -51,4 +53,5 @@ def make_engine(
         request_timeout=timeout,
         api_key=api_key,
         tokenizer=tokenizer,
+        vocab_size=vocab_size,
     )

@@ -80,6 +80,9 @@ class LocalTokenizer(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         """The token ids of `text`, as the engine's `/tokenize` would answer them."""
 
+    def vocabulary_size(self) -> int:
+        """How many ids it has, added tokens included."""
+
 
 class BuiltinTokenizer:
     """The project's offline tokenizer, which the SGLang emulator serves."""
@@ -89,6 +92,10 @@ class BuiltinTokenizer:
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         """`server.tokenizer.encode`; it has no special tokens to add."""
         return builtin_tokenizer.encode(text)
+
+    def vocabulary_size(self) -> int:
+        """`server.tokenizer.VOCABULARY_SIZE`."""
+        return builtin_tokenizer.VOCABULARY_SIZE
 
 
 class HuggingFaceTokenizer:
@@ -110,6 +117,11 @@ class HuggingFaceTokenizer:
         """The ids of `text`, special tokens added by the file's post-processor if asked."""
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
+
+    def vocabulary_size(self) -> int:
+        """The file's vocabulary with its added tokens."""
+        size: int = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        return size
 
 
 def tokenizer_file(path: Path) -> Path:

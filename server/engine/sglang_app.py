@@ -51,9 +51,10 @@ from inference_auctions.server.engine.sglang_request import (
     GenerateInput,
     SamplingOptions,
     check_context_length,
+    check_vocabulary,
     parse_generate_body,
 )
-from inference_auctions.server.tokenizer import piece_id, pieces
+from inference_auctions.server.tokenizer import VOCABULARY_SIZE, piece_id, pieces
 
 __all__ = ["create_sglang_app"]
 
@@ -227,6 +228,7 @@ class _Routes:
             input_ids = parsed.input_ids
         else:
             input_ids = self.book.learn(parsed.text or "")
+        check_vocabulary(input_ids, VOCABULARY_SIZE)  # where SGLang's scheduler would die
         max_new_tokens = parsed.sampling.max_new_tokens
         check_context_length(
             len(input_ids), parsed.sampling.requested_max_new_tokens, self.capacity
@@ -329,8 +331,10 @@ class _Routes:
         return {"object": "list", "data": [card]}
 
     async def model_info(self) -> dict[str, Any]:
-        """`/model_info`."""
+        """`/model_info`, and the vocabulary size, which SGLang 0.5.23 states nowhere (the
+        auction server reads it here when an engine does state it)."""
         return {
+            "vocab_size": VOCABULARY_SIZE,
             "model_path": self.live.model_name,
             "served_model_name": self.live.model_name,
             "tokenizer_path": "inference_auctions.server.tokenizer",

@@ -81,6 +81,7 @@ from inference_auctions.server.engine.local_tokenizer import (
 )
 from inference_auctions.server.engine.sglang_openai import render_chat
 from inference_auctions.server.engine.sglang_request import REQUEST_LEVEL_KEYS
+from inference_auctions.server.engine.vocabulary import learn_vocab_size
 
 __all__ = ["SGLangHTTPEngine"]
 
@@ -195,6 +196,7 @@ class SGLangHTTPEngine(EngineBase):
         add_special_tokens: bool = True,
         api_key: str | None = None,
         tokenizer: LocalTokenizer | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("priority", "ordered"):
@@ -210,6 +212,8 @@ class SGLangHTTPEngine(EngineBase):
         self._tokens: OrderedDict[str, TokenArray] = OrderedDict()
         self._context_length: int | None = None
         self._context_asked = False  # an SGLang without `max_model_len` is asked only once
+        self._vocab_size = vocab_size
+        self._vocab_asked = vocab_size is not None  # stated by the settings: never asked
         self._renders_chats = True  # its /tokenize takes chat `messages` (SGLang 0.5.23 does)
         self._tokenize_cache_size = tokenize_cache_size
         # Bounded in bytes too (the texts and their ids), and no entry above a 64th of that:
@@ -395,6 +399,14 @@ class SGLangHTTPEngine(EngineBase):
             await self._fetch_tokens("a")
             self._context_asked = True
         return self._context_length
+
+    async def vocab_size(self) -> int | None:
+        """The model's vocabulary size (`server.engine.vocabulary`), learnt once."""
+        if not self._vocab_asked:
+            info = await self._control_json("/model_info")
+            self._vocab_size = await asyncio.to_thread(learn_vocab_size, info, self.tokenizer)
+            self._vocab_asked = True
+        return self._vocab_size
 
     async def _tokens_of(self, text: str) -> TokenArray:
         """The ids of a text not in the cache, from the local tokenizer or SGLang's."""

@@ -17,7 +17,7 @@ emulator serves one request per call.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "ContractError",
     "GenerateInput",
     "SamplingOptions",
+    "check_vocabulary",
     "parse_generate_body",
     "parse_sampling_params",
 ]
@@ -298,6 +299,21 @@ def parse_generate_body(body: Any) -> GenerateInput:
             raise ValueError("The input_ids must be token ids in [0, 2^63).")
     sampling = SamplingOptions() if params is None else _sampling_options(params)
     return GenerateInput(rid, text, tokens, sampling, bool(stream), priority)
+
+
+def check_vocabulary(input_ids: Sequence[int], vocab_size: int) -> None:
+    """Refuse token ids the model has no embedding for.
+
+    SGLang 0.5.23 checks none of a prompt's ids: one at or above its vocabulary size kills its
+    scheduler (an IndexError in the embedding), and with it every request it holds. The message
+    follows SGLang's own for `token_ids_logprob`.
+    """
+    if len(input_ids) == 0 or (min(input_ids) >= 0 and max(input_ids) < vocab_size):
+        return
+    bad = next(token for token in input_ids if not 0 <= token < vocab_size)
+    raise ValueError(
+        f"input_ids contains out-of-vocabulary token id {bad}; valid range is [0, {vocab_size})."
+    )
 
 
 def check_context_length(prompt_tokens: int, max_new_tokens: object, context_length: int) -> None:

@@ -14,7 +14,7 @@ from inference_auctions.billing.records import BatchRecord, RequestRecord
 from inference_auctions.server.auction import AuctionRequest, run_auction
 from inference_auctions.server.auction.pricing import PricingRule
 from inference_auctions.server.auction.repricing import Repricer
-from inference_auctions.server.clearing import refund_rule
+from inference_auctions.server.clearing import refund_rule, settled_repricer
 
 # alice's two requests share a prefix with bob's: her failed one changes her charge.
 REQUESTS = [
@@ -93,6 +93,20 @@ def test_each_batch_keeps_its_rule_and_recovery_refunds_by_it(users: Ledger) -> 
         assert got.get((batch_id, "alice"), 0) == expected
         assert got.get((batch_id, "bob"), 0) == charges["bob"]
     assert ledger.reconcile().ok
+
+
+def test_the_dashboard_splits_a_charge_under_the_batchs_own_rule(users: Ledger) -> None:
+    """Each request's share of alice's charge is priced under the slots its batch recorded."""
+    ledger = users
+    _, old_charges = _settle(ledger, "before", PricingRule())
+    new, new_charges = _settle(ledger, "after", PricingRule(slots=16))
+    shared = ledger.account_activity("alice").shared_batches
+    assert [p.priority_slots for p in shared["after"]] == [16] * len(REQUESTS)
+    assert [p.priority_slots for p in shared["before"]] == [None] * len(REQUESTS)
+    for batch_id, charges in (("before", old_charges), ("after", new_charges)):
+        repricer = settled_repricer(shared[batch_id])
+        assert repricer.charge("alice") == charges["alice"]  # the charge the batch made
+    assert settled_repricer(shared["after"]).charge("alice") == new.charge("alice")
 
 
 def test_a_rule_that_does_not_fit_the_batch_is_refused_by_name(users: Ledger) -> None:

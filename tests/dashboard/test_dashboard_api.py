@@ -252,6 +252,7 @@ def test_the_market_view_matches_the_ledger_and_needs_an_admin(server: RunningSe
         "batches": batches,
         "requests": requests,
         "revenue_micros": revenue,
+        "fees_micros": 0,  # no request fee on this server
         "welfare_micros": welfare,
         "served": requests,
         "failed": 0,

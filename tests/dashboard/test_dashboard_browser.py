@@ -167,7 +167,7 @@ def test_a_user_sees_the_ledgers_numbers_and_drawn_charts(
         "return [...document.querySelectorAll('#t-recent tr')]"
         ".map((tr) => [...tr.children].map((td) => td.textContent))"
     )
-    totals = [cells[6] for cells in table if cells[6]]
+    totals = [cells[7] for cells in table if cells[7]]  # after the request's charge and fee
     assert len(totals) == len({r.batch_id for r in _recent(server, "alice")}) < len(table)
     _screenshot(browser, "dashboard-user.png", tmp_path)
     urls = _requested_urls(browser)

@@ -65,6 +65,12 @@ def postgres_db(tmp_path: Path) -> Iterator[MigratedDatabase]:
         yield db
 
 
+# The server restarted after a crash is the crashed replica again, under its name: it may clear
+# under other settings at once (another replica would wait for the dead one's pricing rule to
+# go stale, `billing.replica_rules`).
+RESTARTED = "crashed-and-restarted"
+
+
 def _environment(database_url: str, port: int, **settings: object) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERENCE_AUCTION_")}
     env["INFERENCE_AUCTION_DATABASE_URL"] = database_url
@@ -218,7 +224,14 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
     log = tmp_path / "server.log"
 
     # 1. A batch closes at three requests, its settlement blocked on two of its holds.
-    env = _environment(server_url, free_port(), batch_size=3, max_wait_ms=60_000, run_jobs="false")
+    env = _environment(
+        server_url,
+        free_port(),
+        batch_size=3,
+        max_wait_ms=60_000,
+        run_jobs="false",
+        replica_name=RESTARTED,
+    )
     with (
         _serve(env, log) as (url, process),
         ThreadPoolExecutor(3) as pool,
@@ -261,6 +274,7 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
     env = _environment(
         server_url,
         free_port(),
+        replica_name=RESTARTED,
         batch_size=8,
         max_wait_ms=20,
         run_jobs="true",
@@ -440,7 +454,12 @@ def test_sigkill_after_part_of_a_batch_was_answered_refunds_only_the_rest(
     log = tmp_path / "server.log"
     with faulty.serve() as engine_url:
         env = _environment(
-            ledger_db.url, free_port(), batch_size=4, max_wait_ms=60_000, run_jobs="false"
+            ledger_db.url,
+            free_port(),
+            batch_size=4,
+            max_wait_ms=60_000,
+            run_jobs="false",
+            replica_name=RESTARTED,
         )
         env["INFERENCE_AUCTION_ENGINE_URL"] = engine_url
         with _serve(env, log) as (url, process), ThreadPoolExecutor(4) as pool:
@@ -462,7 +481,14 @@ def test_sigkill_after_part_of_a_batch_was_answered_refunds_only_the_rest(
     charged = {u: GRANT - ledger.balance(u).balance_micros for u in keys}
 
     # Restart, and run the documented recovery while it serves.
-    env = _environment(ledger_db.url, free_port(), batch_size=1, max_wait_ms=20, run_jobs="false")
+    env = _environment(
+        ledger_db.url,
+        free_port(),
+        batch_size=1,
+        max_wait_ms=20,
+        run_jobs="false",
+        replica_name=RESTARTED,
+    )
     with _serve(env, log) as (url, _):
         recover = [*CLI, "ledger", "refund-unserved", "--older-than", "0"]
         recover += ["--database-url", ledger_db.url]

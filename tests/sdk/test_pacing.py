@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_auctions.sdk import Budget, ConfigurationError, PacingBidder
+from inference_auctions.sdk import Budget, BudgetExhaustedError, ConfigurationError, PacingBidder
 from inference_auctions.sdk._pacing import _scale
 
 CREDIT = 1_000_000
@@ -309,3 +309,57 @@ def test_the_multiplier_freezes_once_the_budget_is_spent() -> None:
         bidder.settle(f"z{i}", 0, reserved=bidder.bid([CREDIT])[0])
     assert bidder.mu == mu > 0
     assert bidder.budget_limited
+
+
+def test_the_guard_leaves_room_for_the_request_fees() -> None:
+    bidder = horizon_bidder(total="1", auctions=10, pacing="asap")
+    bidder.set_request_fee(100_000)
+    # Two requests: 200,000 of fees first, the bids share the rest.
+    assert bidder.bid([800_000, 800_000]) == [400_000, 400_000]
+    assert bidder.in_flight_micros == CREDIT and bidder.available_micros == 0
+    with pytest.raises(BudgetExhaustedError, match="request fee of 100000"):
+        bidder.bid([0])  # a zero bid is not free: nothing is sent, nothing reserved
+    assert bidder.in_flight_micros == CREDIT
+    # Charged 300,000 and a fee for each request: half the budget spent, nothing in flight.
+    bidder.settle("b1", 300_000 + 100_000, reserved=500_000, rid="a", per_request=True)
+    bidder.settle("b1", 100_000, reserved=500_000, rid="b", per_request=True)
+    assert bidder.spent_micros == 500_000
+    assert bidder.bid([CREDIT]) == [400_000]
+    bidder.release(500_000)
+    bidder.settle("b2", 450_000, reserved=0)
+    assert bidder.remaining_micros == 50_000 and bidder.exhausted  # less than one fee left
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(min_value=0, max_value=5 * CREDIT), min_size=1, max_size=4),
+            st.integers(min_value=0, max_value=3),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(min_value=1, max_value=5 * CREDIT),
+    st.integers(min_value=1, max_value=CREDIT),
+)
+def test_full_bid_charges_and_fees_never_exceed_the_budget(
+    steps: list[tuple[list[int], int]], total: int, fee: int
+) -> None:
+    """Every request pays its fee and its batch charges the full sum of its bids."""
+    bidder = PacingBidder(Budget(total=f"{total / CREDIT:.6f}", auctions=10))
+    bidder.set_request_fee(fee)
+    in_flight: list[tuple[str, int]] = []
+    paid = 0
+    for n, (values, clear) in enumerate(steps):
+        try:
+            bids = bidder.bid(values)
+        except BudgetExhaustedError:
+            bids = []  # nothing sent
+        in_flight += [(f"r{n}.{i}", bid) for i, bid in enumerate(bids)]
+        batch, in_flight = in_flight[:clear], in_flight[clear:]
+        for rid, bid in batch:  # each request's share: its whole bid, and its fee
+            bidder.settle(f"b{n}", bid + fee, reserved=bid + fee, rid=rid, per_request=True)
+            paid += bid + fee
+        assert paid <= total
+        assert paid + sum(bid + fee for _, bid in in_flight) <= total

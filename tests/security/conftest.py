@@ -30,8 +30,8 @@ def ledger_snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
     snapshot = {}
     with engine.connect() as connection:
         for table in Base.metadata.sorted_tables:
-            if table.name == "replica_pricing":
-                continue
+            if table.name == "replica_rules":
+                continue  # which replicas run, and when they last said so: no money
             query = select(table).order_by(*table.primary_key.columns)
             snapshot[table.name] = [tuple(row) for row in connection.execute(query)]
     return snapshot

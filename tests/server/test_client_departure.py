@@ -4,7 +4,8 @@ got (docs/SPEC.md, "A client that leaves").
 Three users share one batch of long generations and each client leaves at another moment:
 after its first token (streamed), before its first token (streamed), and in the middle of a
 whole answer it waits for. The engine stops all three within a second, the one that left
-before its first token is refunded, the others keep their charge, and none is `served`.
+before its first token is refunded (its request fee too), the others keep their charge and
+fee, and none is `served`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from tests.server.money_audit import audit_money_against_answers, net_charge
 # `max_new_tokens`), so none waits there for another.
 _LONG = {"max_new_tokens": 6_000, "ignore_eos": True}
 
+
+# Every request pays it besides its charge (docs/SPEC.md section 5).
+_FEE = 1_000
 
 # 60x slower than the emulated H100: a first token takes about half a second, which leaves
 # room to leave before it; 6,000 tokens would take many minutes.
@@ -80,6 +84,7 @@ def test_clients_that_leave_stop_their_work_and_pay_only_for_what_they_got(
         batch_size=3,
         max_wait_ms=10_000,
         engine_stream_interval=1,
+        request_fee_micros=_FEE,
     ) as server:
         keys = {name: server.create_user(name, budget=10_000_000) for name in ("al", "bo", "cy")}
 
@@ -132,3 +137,8 @@ def test_clients_that_leave_stop_their_work_and_pay_only_for_what_they_got(
             found = server.ledger.find_request(f"{name}/{rid}")
             assert found is not None
             assert net_charge(server.ledger, name, found.batch_id) > 0
+        # The request fee goes the way of the charge: kept after the first token, given back
+        # to the request that left before it.
+        for name, kept in (("al", _FEE), ("bo", 0), ("cy", _FEE)):
+            fees = server.ledger.entries(name, kind="fee").entries
+            assert -sum(e.amount_micros for e in fees) == kept, name

@@ -12,12 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from inference_auctions.billing import BatchRecord, Ledger, RequestRecord
+from inference_auctions.billing import BatchRecord, Ledger, RequestRecord, RuleDisagreement
 from inference_auctions.server.clearing import refund_rule
-from inference_auctions.server.cluster.pricing_agreement import (
-    PricingAgreement,
-    PricingDisagreement,
-)
+from inference_auctions.server.cluster.rule_agreement import RuleAgreement
 from inference_auctions.server.engine.embedded import EmbeddedEngine
 from inference_auctions.server.engine.errors import EngineUnavailable
 from inference_auctions.server.engine.generation import Generation
@@ -289,11 +286,11 @@ def test_replicas_of_different_pricing_on_one_ledger_refuse_to_run(
     ledger = Ledger(ledger_db.new_engine())
 
     def join(**settings: Any) -> None:
-        agreement = PricingAgreement(ledger, ServerSettings(**base, **settings))
+        agreement = RuleAgreement(ledger, ServerSettings(**base, **settings))
 
         async def start_and_stop() -> None:
-            await agreement.join()
-            await agreement.leave()
+            await agreement.start()
+            await agreement.stop()
 
         asyncio.run(start_and_stop())
 
@@ -304,11 +301,11 @@ def test_replicas_of_different_pricing_on_one_ledger_refuse_to_run(
         command += ["--port", port, "--database-url", ledger_db.url, "--pricing", "auction"]
         refused = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
         assert refused.returncode != 0
-        assert "a runs tiers:priority=10000" in refused.stderr
-        with pytest.raises(PricingDisagreement, match="pricing"):
-            join(pricing="fcfs")
-        with pytest.raises(PricingDisagreement, match="differs"):
-            join(**{**TIERS, "tiers": "flex=0,priority=0.02"})
-        join(**TIERS)  # the same pricing runs beside it
-    # Once it stopped, its announcement is withdrawn: another mode may run.
-    join(pricing="fcfs")
+        assert "replica 'a' on this ledger clears under tiers (priority=10000" in refused.stderr
+        with pytest.raises(RuleDisagreement, match="under fcfs"):
+            join(pricing="fcfs", replica_name="b")
+        with pytest.raises(RuleDisagreement, match="priority=20000"):
+            join(**{**TIERS, "tiers": "flex=0,priority=0.02"}, replica_name="c")
+        join(**TIERS, replica_name="d")  # the same pricing runs beside it
+    # Once it stopped, its row is gone: another mode may run.
+    join(pricing="fcfs", replica_name="e")

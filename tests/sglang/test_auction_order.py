@@ -35,11 +35,16 @@ def sqlite_db(tmp_path: Path) -> Iterator[MigratedDatabase]:
         yield db
 
 
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+def _wait_for(
+    condition: Callable[[], bool],
+    what: str,
+    timeout: float = 60,
+    state: Callable[[], object] = lambda: "",
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
+            raise AssertionError(f"timed out waiting until {what} {state()}")
         time.sleep(0.01)
 
 
@@ -101,9 +106,15 @@ def test_waiting_bidders_are_auctioned_and_served_in_auction_order(
                 )
                 await asyncio.to_thread(
                     _wait_for,
-                    lambda: _engine_load(sglang_url)["num_running_reqs"] == 1,
+                    lambda: busy.done() or _engine_load(sglang_url)["num_running_reqs"] == 1,
                     "the busy request runs",
+                    state=lambda: (
+                        _engine_load(sglang_url),
+                        httpx.get(server.url + "/server_info", timeout=10).json(),
+                    ),
                 )
+                # A busy request that failed or ended first says why here, not after a timeout.
+                assert not busy.done(), f"the busy request ended before it was seen: {busy}"
                 first = await wave(client, "w", [f"0.{10 + 7 * i}" for i in range(WAVE)])
                 await asyncio.to_thread(
                     _wait_for,

@@ -1,10 +1,12 @@
 """The emulator keeps agreeing with the real SGLang on what the auction depends on.
 
-The same workload (`bench.engine_agreement`: a couple of hundred requests in groups sharing a
-system prefix, in auction order, one running request at a time, the same KV size) through
+The same workload (`bench.engine_agreement`: requests in groups sharing a system prefix, pairs
+of groups sharing part of it, now and then a prompt sent before whole; priorities from mixed
+bids; sent out of order, one running request at a time, the same KV size) through
 `emulate-sglang` and through the real SGLang: per request the same `cached_tokens` and type
 of `finish_reason`, first tokens in the same order, the same top-level keys, and the keys the
-server reads in both (docs/ENGINE.md has the table).
+server reads in both (docs/ENGINE.md has the table of the full-size run, 200 requests). Here
+48 requests in 6 groups: every kind of match the cache makes, in a few seconds of each engine.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.engine_agreement import compare, run_workload, workload
+from bench.engine_agreement import compare, first_token_order, run_workload, workload
 from bench.sglang_cpu.launcher import SGLangServer
 from tests.processes import free_port, wait_until_healthy
 from tests.sglang.conftest import MAX_RUNNING_REQUESTS, MAX_TOTAL_TOKENS
 
+PREFIX = 150  # tokens a group's prompts share; pairs of groups share the first half
 # What the server reads from `meta_info` (server.engine.base, server.dispatch).
 READ_BY_THE_SERVER = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"}
 
@@ -45,14 +48,20 @@ def emulator(sglang: SGLangServer) -> Iterator[str]:
 def test_the_emulator_agrees_with_sglang_on_what_the_auction_reads(
     emulator: str, sglang_url: str
 ) -> None:
-    bodies = workload(requests=200)
+    bodies = workload(requests=48, groups=6, prefix=PREFIX)
     emulated, real = run_workload(emulator, bodies), run_workload(sglang_url, bodies)
     agreement = compare(emulated, real)
     print(agreement.table())
     assert agreement.cached_equal == agreement.requests, agreement
-    assert agreement.cached_sglang > 0  # the siblings did share their prefixes
+    # Every kind of match happened: none, a pair's shared root, a group's prefix, a whole
+    # prompt sent before (all but its last token).
+    cached = {r["meta_info"]["cached_tokens"] for r in real}
+    prompt = len(bodies[0]["input_ids"])
+    assert {0, PREFIX // 2, PREFIX, prompt - 1} <= cached, cached
     assert agreement.finish_types_equal == agreement.requests
     assert agreement.first_token_order_equal
+    # Sent out of order, served in the auction's: the engines' priority queues did it.
+    assert first_token_order(real) == list(range(len(bodies)))
     assert agreement.top_keys_equal
     assert agreement.present_in_both
     assert not READ_BY_THE_SERVER & (

@@ -159,7 +159,7 @@ def test_a_prompt_over_the_context_length_is_refused_with_sglangs_words(
     server: RunningServer,
 ) -> None:
     key = server.create_user("ann", budget=10_000_000)
-    too_long = list(range(10, 10 + CONTEXT_LENGTH + 5))
+    too_long = [10 + i % 400 for i in range(CONTEXT_LENGTH + 5)]  # ids in the vocabulary
     with server.client(key) as client:
         reply = client.post("/generate", json={"input_ids": too_long, "bid": "0.5"})
     engine = httpx.post(
@@ -173,6 +173,36 @@ def test_a_prompt_over_the_context_length_is_refused_with_sglangs_words(
     assert balance.balance_micros == 10_000_000 and balance.held_micros == 0
     kinds = [entry.kind for entry in server.ledger.entries("ann").entries]
     assert kinds == ["grant"], "no hold was ever placed"
+    assert_ledger_settled(server, ["ann"])
+
+
+def test_ids_outside_the_vocabulary_are_refused_and_sglang_stays_up(
+    server: RunningServer, sglang: SGLangServer
+) -> None:
+    # SGLang states no vocabulary size; the server reads it from the model folder its
+    # /model_info names. SGLang itself checks no prompt id: this one would kill its scheduler.
+    vocab_size = json.loads((sglang.model / "config.json").read_text())["vocab_size"]
+    key = server.create_user("ann", budget=10_000_000)
+    with server.client(key) as client:
+        reply = client.post(
+            "/generate", json={"input_ids": [10, 11, vocab_size], "bid": "0.5", "rid": "poison"}
+        )
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == "input_ids"
+        assert f"token id {vocab_size:,} is outside" in reply.json()["error"]["message"]
+        # The engine is still up, and the vocabulary's last id is served.
+        edge = client.post(
+            "/generate",
+            json={
+                "input_ids": [10, 11, vocab_size - 1],
+                "bid": "0.5",
+                "sampling_params": {"max_new_tokens": 2},
+            },
+        )
+    assert edge.status_code == 200, edge.text
+    assert sglang.alive()
+    kinds = [entry.kind for entry in server.ledger.entries("ann").entries]
+    assert kinds.count("hold") == 1, "the refused request placed no hold"
     assert_ledger_settled(server, ["ann"])
 
 

@@ -186,6 +186,7 @@ function drawMarket(data) {
   lineChart($("c-money"), {
     series: [
       { name: "revenue (VCG charges)", color: GREEN, t: s.t, values: s.revenue_micros_per_minute },
+      ...(data.totals.fees_micros ? [{ name: "request fees", color: ORANGE, t: s.t, values: s.fees_micros_per_minute }] : []),
       { name: "welfare (reported value served)", color: PURPLE, t: s.t, values: s.welfare_micros_per_minute },
     ],
     xDomain: domain, yFormat: creditsShort, empty: "no batches yet",
@@ -306,10 +307,11 @@ function drawAccount(data) {
     return row([
       clock(Date.parse(r.closed_at) / 1000), r.rid, `${r.position + 1} of ${r.batch_size}`,
       r.priority.toFixed(3), credits(r.bid_micros), credits(r.request_charge_micros),
+      r.request_fee_micros ? credits(r.request_fee_micros) : "",
       first ? credits(r.batch_charge_micros) : "",
       first && r.batch_refund_micros ? credits(r.batch_refund_micros) : "", r.status,
       millis(r.ttft_ms), r.cached_tokens === null ? "–" : `${r.cached_tokens}/${r.prompt_tokens}`,
-    ], ["", "mono", "num", "num mono", "num mono", "num mono", "num mono", "num mono", r.status === "failed" ? "bad" : "", "num", "num"]);
+    ], ["", "mono", "num", "num mono", "num mono", "num mono", "num mono", "num mono", "num mono", r.status === "failed" ? "bad" : "", "num", "num"]);
   });
   $("t-recent").replaceChildren(...(rows.length ? rows : [row(["no requests settled yet"])]));
 }

@@ -1,9 +1,9 @@
-"""The fixed-price pricing modes: batches cleared under `tiers` or `fcfs`, and the pricing each
-running replica announced (replicas on one ledger must agree on it).
+"""The fixed-price pricing modes: batches cleared under `tiers` or `fcfs`, and the tiers each
+running replica sells (replicas on one ledger must agree on them, `billing.replica_rules`).
 
 Revision ID: 5d2a7f3c9e41
-Revises: 3b8d4c2e6f10
-Create Date: 2026-12-03 22:00:00.000000+00:00
+Revises: 5d2f8a1c9e47
+Create Date: 2026-12-03 22:30:00.000000+00:00
 """
 
 # ruff: noqa: N999  # dated file names sort revisions; Alembic loads them by path, not import
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "5d2a7f3c9e41"
-down_revision: str | None = "3b8d4c2e6f10"
+down_revision: str | None = "5d2f8a1c9e47"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -36,17 +36,13 @@ def upgrade() -> None:
     with op.batch_alter_table("auction_batches") as batches:
         batches.drop_constraint(op.f(_NAME), type_="check")
         batches.create_check_constraint("pricing_rule_valid", _WITH_FIXED_PRICES)
-    op.create_table(
-        "replica_pricing",
-        sa.Column("replica", sa.String(length=128), nullable=False),
-        sa.Column("signature", sa.String(length=500), nullable=False),
-        sa.Column("seen_at", sa.DateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint("replica", name=op.f("replica_pricing_pkey")),
-    )
+    # Not in batch mode: nothing points at replica_rules, and a column is added in place.
+    op.add_column("replica_rules", sa.Column("tiers", sa.String(length=500), nullable=True))
 
 
 def downgrade() -> None:
-    op.drop_table("replica_pricing")
+    with op.batch_alter_table("replica_rules") as rules:
+        rules.drop_column("tiers")
     # The older schema knows no fixed-price batch: refused rather than rewritten, since their
     # charges were not priced by any rule it knows.
     bind = op.get_bind()

@@ -1,0 +1,79 @@
+"""The request fee (docs/SPEC.md section 5): what every request pays besides its VCG charge.
+
+One rule for admission, settlement and refunds: a request holds its bid plus the fee
+(`hold_micros`); its batch's settlement takes the fees of a user's requests as `fee` entries
+beside the user's charge (`user_fees`, `fee_key`); a request recorded failed gets its own fee
+back, once (`refund_fee`); one served or abandoned keeps it. Zero bids pay it too: that is
+what makes a decoy request cost its sender.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from inference_auctions.billing import period_charges
+from inference_auctions.billing.models import REASON_LENGTH, AuctionBatch, Budget, LedgerEntry
+from inference_auctions.billing.postings import Account
+
+
+def hold_micros(bid_micros: int, fee_micros: int) -> int:
+    """What a request holds from its user's budget until its batch settles: bid plus fee."""
+    return bid_micros + fee_micros
+
+
+def user_fees(users: Iterable[str], fee_micros: int) -> dict[str, int]:
+    """Each user's fees in a batch, from the users of its requests (one name per request)."""
+    return {user: count * fee_micros for user, count in Counter(users).items()}
+
+
+def fee_key(user_id: int, batch_id: str) -> str:
+    """Idempotency key of a user's request fees in a batch."""
+    return f"fee:{user_id}:{batch_id}"
+
+
+def fee_refund_key(rid: str) -> str:
+    """Idempotency key of the fee given back for the failed request `rid`."""
+    return f"fee-refund:{rid}"
+
+
+def refund_fee(
+    session: Session,
+    account: Account,
+    budget: Budget,
+    *,
+    batch_id: str,
+    rid: str,
+    reason: str,
+    now: datetime,
+) -> int:
+    """Give back the fee of the failed request `rid` of the locked `account`, once; returns
+    what was given back now (0 for a replay, a batch without a fee, or fees already all
+    given back)."""
+    key = fee_refund_key(rid)
+    if session.scalar(select(LedgerEntry.id).where(LedgerEntry.idempotency_key == key)):
+        return 0
+    fee = session.scalar(select(AuctionBatch.request_fee_micros).where(AuctionBatch.id == batch_id))
+    if not fee:
+        return 0
+    taken, back = period_charges.fees_paid(session, budget, batch_id)
+    amount = min(int(fee), taken - back)
+    if amount <= 0:
+        return 0
+    period_charges.post_refund(
+        session,
+        account,
+        budget,
+        amount_micros=amount,
+        key=key,
+        reason=f"fee of a failed request: {reason}"[:REASON_LENGTH],
+        batch_id=batch_id,
+        rid=rid,
+        now=now,
+        fee=True,
+    )
+    return amount
