@@ -59,7 +59,8 @@ class ServerSetup:
     batch_size: int = 64
     max_inflight: int = 256
     time_scale: float = 1.0
-    request_fee_micros: int = 0  # the server charges no fee yet: 0 in every run
+    # The auction's request fee: 0, the default, in every run (the fixed-price modes take none).
+    request_fee_micros: int = 0
     # A real SGLang server (started with its own running-request limit) instead of the
     # embedded emulator; its capacity is then measured, not computed (`engine_capacity_at`).
     engine_url: str | None = None
@@ -82,6 +83,7 @@ class ServerSetup:
             "RUN_JOBS": "false",
             "RATE_LIMIT_PER_SECOND": "10000",
             "RATE_LIMIT_BURST": "10000",
+            "REQUEST_FEE_MICROS": str(self.request_fee_micros),
         }
 
 

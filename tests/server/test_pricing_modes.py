@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from inference_auctions.billing import BatchRecord, Ledger, RequestRecord, RuleDisagreement
 from inference_auctions.server.clearing import refund_rule
@@ -309,3 +310,28 @@ def test_replicas_of_different_pricing_on_one_ledger_refuse_to_run(
         join(**TIERS, replica_name="d")  # the same pricing runs beside it
     # Once it stopped, its row is gone: another mode may run.
     join(pricing="fcfs", replica_name="e")
+
+
+def test_the_settings_refuse_tiers_that_cannot_be_sold_and_a_fee_outside_the_auction() -> None:
+    cases = {
+        "flex=0,priority=0": "share a price",
+        "flex=0,flex=1": "appears twice",
+        "Flex=0": "is not name=price",
+        "auto=1": "reserved",
+        "flex=0,priority=0.0000001": "tiers: the price of 'priority'",
+        "flex=0,priority=-1": "tiers: the price of 'priority'",
+    }
+    for tiers, words in cases.items():
+        with pytest.raises(ValidationError, match=words):
+            ServerSettings(pricing="tiers", tiers=tiers)
+    with pytest.raises(ValidationError, match="default_tier: 'gold'"):
+        ServerSettings(pricing="tiers", default_tier="gold")
+    with pytest.raises(ValidationError, match="request_fee_micros"):
+        ServerSettings(pricing="fcfs", request_fee_micros=5)
+    menu = ServerSettings(pricing="tiers", tiers="a=0.5,b=0,c=0.000001").tier_menu()
+    assert [(t.name, t.price_micros, t.engine_priority) for t in menu.tiers] == [
+        ("a", 500_000, 0),
+        ("c", 1, 100),
+        ("b", 0, 200),
+    ]
+    assert menu.default.name == "b"
