@@ -491,15 +491,15 @@ def _batches_of_several(
         return {}
     # Each batch is priced again under the slots it was cleared with, as its refunds are.
     rows = session.execute(
-        select(BatchRequest, User.name, AuctionBatch.priority_slots)
+        select(BatchRequest, User.name, AuctionBatch.priority_slots, AuctionBatch.pricing_rule)
         .join(User, User.id == BatchRequest.user_id)
         .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
         .where(BatchRequest.batch_id.in_(several))
         .order_by(BatchRequest.position)
     ).all()
     batches: dict[str, list[PricedRequest]] = defaultdict(list)
-    for request, owner, slots in rows:
-        batches[request.batch_id].append(PricedRequest.of(request, owner, slots))
+    for request, owner, slots, rule in rows:
+        batches[request.batch_id].append(PricedRequest.of(request, owner, slots, rule))
     return dict(batches)
 
 

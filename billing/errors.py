@@ -194,7 +194,7 @@ class LedgerUnavailable(LedgerError):
 
 class RuleDisagreement(LedgerError):
     """Another replica on the same ledger, seen lately, clears its batches under another
-    pricing rule or request fee: replicas must price every batch alike."""
+    pricing mode, tiers, pricing rule or request fee: replicas must price every batch alike."""
 
     def __init__(self, replica: str, theirs: str, ours: str) -> None:
         self.replica = replica
@@ -202,7 +202,7 @@ class RuleDisagreement(LedgerError):
         self.ours = ours
         super().__init__(
             f"replica {replica!r} on this ledger clears under {theirs}, this one under {ours}:"
-            " every replica sharing a ledger must use the same pricing_rule, priority_slots and"
-            " request_fee_micros; start this one with the same settings, or stop every"
-            " replica before changing them"
+            " every replica sharing a ledger must use the same pricing mode (and tiers),"
+            " pricing_rule, priority_slots and request_fee_micros; start this one with the same"
+            " settings, or stop every replica before changing them"
         )

@@ -731,16 +731,16 @@ class Ledger:
     def join_replicas(
         self,
         replica: str,
-        rule: tuple[str, int | None, int],
+        rule: replica_rules.Rule,
         live_within: timedelta = timedelta(seconds=30),
     ) -> None:
         """Record that `replica` clears under `rule` (pricing rule, priority slots, request
-        fee); raises `RuleDisagreement` if a replica seen within `live_within` clears under
+        fee, tiers); raises `RuleDisagreement` if a replica seen within `live_within` clears under
         another."""
         now = self._now()
         self._write(lambda s: replica_rules.join(s, replica, rule, now, live_within))
 
-    def replica_heartbeat(self, replica: str, rule: tuple[str, int | None, int]) -> None:
+    def replica_heartbeat(self, replica: str, rule: replica_rules.Rule) -> None:
         """Say again that `replica` runs, under `rule`."""
         now = self._now()
         self._write(lambda s: replica_rules.heartbeat(s, replica, rule, now))

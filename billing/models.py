@@ -276,6 +276,16 @@ class Hold(Base):
     attempt: Mapped[int] = mapped_column(Integer, server_default=text("1"))
 
 
+# The rules a batch may record: the auction's two, with their slots, and the fixed-price
+# modes (`tiers`, `fcfs`), which have no slots and no fee.
+PRICING_RULE_VALID = (
+    "(pricing_rule = 'batch-size' AND priority_slots IS NULL)"
+    " OR (pricing_rule = 'fixed-slots' AND priority_slots >= n)"
+    " OR (pricing_rule IN ('tiers', 'fcfs') AND priority_slots IS NULL"
+    " AND request_fee_micros = 0)"
+)
+
+
 class AuctionBatch(Base):
     """One cleared auction: its size, revenue, welfare and radix-tree shape."""
 
@@ -284,11 +294,7 @@ class AuctionBatch(Base):
         CheckConstraint("n > 0", name="n_positive"),
         CheckConstraint("revenue_micros >= 0", name="revenue_non_negative"),
         CheckConstraint("welfare_micros >= 0", name="welfare_non_negative"),
-        CheckConstraint(
-            "(pricing_rule = 'batch-size' AND priority_slots IS NULL)"
-            " OR (pricing_rule = 'fixed-slots' AND priority_slots >= n)",
-            name="pricing_rule_valid",
-        ),
+        CheckConstraint(PRICING_RULE_VALID, name="pricing_rule_valid"),
         CheckConstraint("request_fee_micros >= 0", name="request_fee_non_negative"),
         Index(None, "closed_at"),  # the dashboard reads the batches of the last minutes
     )
@@ -307,8 +313,9 @@ class AuctionBatch(Base):
     settled_at: Mapped[datetime]
     # The pricing rule the batch was cleared under (docs/SPEC.md): `batch-size` (the paper's,
     # every batch settled before the rule was recorded) or `fixed-slots` with its
-    # `priority_slots`; and the fee each of its requests paid. Refunds price the batch again
-    # under this rule, never under the server's current one.
+    # `priority_slots`, or a fixed-price mode (`tiers`, `fcfs`: each request paid its
+    # `bid_micros`, the price it was admitted at); and the fee each of its requests paid.
+    # Refunds price the batch again under this rule, never under the server's current one.
     pricing_rule: Mapped[str] = mapped_column(String(16), server_default=text("'batch-size'"))
     priority_slots: Mapped[int | None] = mapped_column(Integer)
     request_fee_micros: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
@@ -373,6 +380,8 @@ class ReplicaRule(Base):
     pricing_rule: Mapped[str] = mapped_column(String(16))
     priority_slots: Mapped[int | None] = mapped_column(Integer)
     request_fee_micros: Mapped[int] = mapped_column(BigInteger)
+    # Under `pricing tiers`, the tiers sold and the default one (`name=micros,...;default=x`).
+    tiers: Mapped[str | None] = mapped_column(String(REASON_LENGTH))
     seen_at: Mapped[datetime]
 
 

@@ -26,7 +26,8 @@ class BatchRecord:
     tree_depth: int = 0
     shared_tokens: int = 0
     total_tokens: int = 0
-    # The pricing rule it was cleared under: `batch-size` (slots None) or `fixed-slots`.
+    # The pricing rule it was cleared under: `batch-size` (slots None), `fixed-slots`, or a
+    # fixed-price mode (`tiers`, `fcfs`; slots None, no fee).
     pricing_rule: str = "batch-size"
     priority_slots: int | None = None
     request_fee_micros: int = 0
@@ -57,10 +58,20 @@ class PricedRequest:
     tree_path: list[int] | None
     # Its batch's priority slots (None: as many as the batch's requests, the paper's rule).
     priority_slots: int | None = None
+    # Its batch's pricing rule (`batch-size`, `fixed-slots`, or a fixed-price mode's name:
+    # `tiers`, `fcfs`, where `bid_micros` is the price the request was admitted at).
+    pricing_rule: str = "batch-size"
 
     @classmethod
-    def of(cls, request: BatchRequest, owner: str, slots: int | None = None) -> PricedRequest:
-        """The settled request `request` of user `owner`, in a batch of `slots` slots."""
+    def of(
+        cls,
+        request: BatchRequest,
+        owner: str,
+        slots: int | None = None,
+        rule: str = "batch-size",
+    ) -> PricedRequest:
+        """The settled request `request` of user `owner`, in a batch of `slots` slots cleared
+        under `rule`."""
         return cls(
             rid=request.rid,
             user=owner,
@@ -68,6 +79,7 @@ class PricedRequest:
             arrival=request.arrival,
             tree_path=request.tree_nodes,
             priority_slots=slots,
+            pricing_rule=rule,
         )
 
 

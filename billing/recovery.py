@@ -120,9 +120,11 @@ def recover_request(
 
 
 def _price_failures(session: Session, batch_id: str, name: str, rule: RefundRule | None) -> int:
-    slots = session.execute(
-        select(AuctionBatch.priority_slots).where(AuctionBatch.id == batch_id)
-    ).scalar_one()
+    slots, pricing_rule = session.execute(
+        select(AuctionBatch.priority_slots, AuctionBatch.pricing_rule).where(
+            AuctionBatch.id == batch_id
+        )
+    ).one()
     rows = session.execute(
         select(BatchRequest, User.name)
         .join(User, User.id == BatchRequest.user_id)
@@ -138,7 +140,7 @@ def _price_failures(session: Session, batch_id: str, name: str, rule: RefundRule
         for request, owner in rows
         if owner == name and request.status is RequestStatus.FAILED
     )
-    priced = [PricedRequest.of(request, owner, slots) for request, owner in rows]
+    priced = [PricedRequest.of(request, owner, slots, pricing_rule) for request, owner in rows]
     if rule is None or any(p.arrival is None or p.tree_path is None for p in priced):
         # Without the tree's shape (batches settled before it was stored) the batch cannot be
         # priced again: the whole charge is refunded, as it always was for such batches.

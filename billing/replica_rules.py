@@ -20,14 +20,17 @@ from inference_auctions.billing.errors import RuleDisagreement
 from inference_auctions.billing.models import ReplicaRule
 from inference_auctions.billing.postings import check_id
 
-# (pricing rule, priority slots, request fee): what must agree.
-Rule = tuple[str, int | None, int]
+# (pricing rule, priority slots, request fee, the tiers sold under `pricing tiers`): what must
+# agree.
+Rule = tuple[str, int | None, int, str | None]
 
 
 def describe(rule: Rule) -> str:
     """A rule in words, for the refusal's message."""
-    name, slots, fee = rule
+    name, slots, fee, tiers = rule
     where = f"{name} ({slots} slots)" if slots is not None else name
+    if tiers is not None:
+        where = f"{where} ({tiers})"
     return f"{where} with a request fee of {fee} micro-credits"
 
 
@@ -42,7 +45,12 @@ def join(session: Session, replica: str, rule: Rule, now: datetime, live: timede
         select(ReplicaRule).where(ReplicaRule.replica != replica, ReplicaRule.seen_at >= now - live)
     ).all()
     for other in sorted(others, key=lambda row: row.replica):
-        theirs: Rule = (other.pricing_rule, other.priority_slots, other.request_fee_micros)
+        theirs: Rule = (
+            other.pricing_rule,
+            other.priority_slots,
+            other.request_fee_micros,
+            other.tiers,
+        )
         if theirs != rule:
             raise RuleDisagreement(other.replica, describe(theirs), describe(rule))
     heartbeat(session, replica, rule, now)
@@ -54,7 +62,7 @@ def heartbeat(session: Session, replica: str, rule: Rule, now: datetime) -> None
     if row is None:
         row = ReplicaRule(replica=replica)
         session.add(row)
-    row.pricing_rule, row.priority_slots, row.request_fee_micros = rule
+    row.pricing_rule, row.priority_slots, row.request_fee_micros, row.tiers = rule
     row.seen_at = now
 
 

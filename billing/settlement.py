@@ -269,10 +269,19 @@ def _validate_rule(batch: BatchRecord) -> None:
                 f"priority_slots must be an integer >= n ({batch.n}) under 'fixed-slots',"
                 f" got {slots!r}",
             )
+    elif batch.pricing_rule in ("tiers", "fcfs"):
+        # A fixed price: no slots to price a delay in, and no fee besides the price.
+        if slots is not None or fee:
+            raise InvalidBatch(
+                batch.batch_id,
+                f"priority_slots must be None and request_fee_micros 0 under"
+                f" {batch.pricing_rule!r}",
+            )
     else:
         raise InvalidBatch(
             batch.batch_id,
-            f"pricing_rule must be 'batch-size' or 'fixed-slots', got {batch.pricing_rule!r}",
+            "pricing_rule must be 'batch-size', 'fixed-slots', 'tiers' or 'fcfs', got"
+            f" {batch.pricing_rule!r}",
         )
     check_micros(fee, "request_fee_micros")
 

@@ -55,11 +55,14 @@ from ._models import (
     PriceBand,
     PricePerPriority,
     Spend,
+    Tier,
+    TierMenu,
     Usage,
 )
 from ._money import format_credits, to_micros
 from ._pacing import PacingBidder
 from ._streaming import AsyncStream, Stream
+from ._tiers import choose_tier, expected_gain_micros
 from ._types import NOT_GIVEN, NotGiven
 from ._version import __version__
 
@@ -123,9 +126,13 @@ __all__ = [
     "Spend",
     "Stream",
     "StreamError",
+    "Tier",
+    "TierMenu",
     "UnprocessableEntityError",
     "Usage",
     "__version__",
+    "choose_tier",
+    "expected_gain_micros",
     "format_credits",
     "to_micros",
 ]

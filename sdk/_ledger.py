@@ -21,6 +21,7 @@ from ._models import (
     MarketRule,
     ModelList,
     Spend,
+    TierMenu,
 )
 
 __all__ = [
@@ -195,6 +196,10 @@ class Market:
         """The pricing rule every batch is cleared under: its slots and the request fee."""
         return self._client._get("/v1/market/rule", {}, MarketRule)
 
+    def tiers(self) -> TierMenu:
+        """The tiers a `--pricing tiers` server sells, with what each recently bought."""
+        return self._client._get("/v1/market/tiers", {}, TierMenu)
+
 
 class AsyncMarket:
     """Recent clearing prices through an asynchronous client."""
@@ -210,3 +215,7 @@ class AsyncMarket:
     async def rule(self) -> MarketRule:
         """The pricing rule every batch is cleared under: its slots and the request fee."""
         return await self._client._get("/v1/market/rule", {}, MarketRule)
+
+    async def tiers(self) -> TierMenu:
+        """The tiers a `--pricing tiers` server sells, with what each recently bought."""
+        return await self._client._get("/v1/market/tiers", {}, TierMenu)

@@ -31,6 +31,8 @@ __all__ = [
     "PriceBand",
     "PricePerPriority",
     "Spend",
+    "Tier",
+    "TierMenu",
     "Usage",
 ]
 
@@ -449,20 +451,47 @@ class MarketPrices(_Model):
 class MarketRule(_Model):
     """The pricing rule the server clears every batch under (`GET /v1/market/rule`).
 
+    `pricing` is the server's mode: `auction` (bids), `tiers` (fixed prices, `market.tiers()`)
+    or `fcfs` (first come, first served; bids ignored, nothing charged).
+
     `priority_slots` is the K every batch is priced in (a bid `b` is worth `b/(K-1)` per slot
     of delay); None under `batch-size`, where K is each batch's own size. `request_fee_micros`
     is what every request pays besides its VCG charge, zero bids included.
     """
 
-    pricing_rule: Literal["fixed-slots", "batch-size"]
+    pricing_rule: Literal["fixed-slots", "batch-size", "tiers", "fcfs"]
     priority_slots: int | None = None
     batch_size: int
     request_fee_micros: int = 0
+    pricing: Literal["auction", "tiers", "fcfs"] = "auction"
 
     @property
     def request_fee(self) -> Decimal:
         """The request fee, in credits."""
         return Decimal(self.request_fee_micros) / MICROS_PER_CREDIT
+
+
+class Tier(_Model):
+    """One tier a `--pricing tiers` server sells (`GET /v1/market/tiers`).
+
+    `price_micros` is what each request in it pays; `rank` 0 is served first;
+    `expected_priority_ppm` is the mean priority (parts per million of its batch gone ahead
+    of) of its recent requests, drawn from `samples` of them (0: an even split of the batch by
+    tier, before any traffic).
+    """
+
+    name: str
+    price_micros: int
+    rank: int
+    expected_priority_ppm: int
+    samples: int = 0
+
+
+class TierMenu(_Model):
+    """The tiers a `--pricing tiers` server sells, dearest first, and the default one."""
+
+    default_tier: str
+    tiers: list[Tier]
 
 
 class LedgerEntry(_Model):

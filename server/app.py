@@ -149,6 +149,7 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         settings.engine_url,
         mode=settings.engine_mode,
         cache_tokens=settings.emulator_cache_tokens,
+        max_running_requests=settings.emulator_max_running_requests,
         time_scale=settings.emulator_time_scale,
         # The server applies the stall deadline and the total cap itself, chunk by chunk.
         timeout=None,

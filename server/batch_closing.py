@@ -36,6 +36,7 @@ from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.settings import ServerSettings
 from inference_auctions.server.speculation import Speculation
 from inference_auctions.server.tickets import Clearance, Ticket
+from inference_auctions.server.tier_figures import TierFigures
 
 __all__ = ["BatchClosing"]
 
@@ -59,6 +60,7 @@ class BatchClosing:
         forget: Callable[[Ticket], None],
         new_batch_id: Callable[[], str],
         clock: Callable[[], datetime],
+        tier_figures: TierFigures,
     ) -> None:
         self._settings = settings
         self._writer = writer
@@ -70,6 +72,8 @@ class BatchClosing:
         self._new_batch_id = new_batch_id
         self._clock = clock
         self._sequence = 0  # the engine priority of the next request cleared
+        self._tiers = settings.tier_menu() if settings.pricing == "tiers" else None
+        self._tier_figures = tier_figures
 
     async def __call__(self, tickets: list[Ticket]) -> None:
         """Clear, settle and dispatch a closed batch; return once its commit has told."""
@@ -225,12 +229,25 @@ class BatchClosing:
         if outcome.fee_revenue:
             self._metrics.fee_revenue.inc(outcome.fee_revenue)
         self._metrics.welfare.inc(int(outcome.welfare))
+        if self._tiers is not None:
+            for rid in outcome.order:
+                tier = self._tiers.by_price(outcome.bids[rid])
+                if tier is not None:
+                    self._tier_figures.observe(tier.name, outcome.priority(rid))
+                    self._metrics.tier_requests.labels(tier=tier.name).inc()
+                    self._metrics.tier_revenue.labels(tier=tier.name).inc(tier.price_micros)
 
     def _clearance(self, batch: ClearedBatch, ticket: Ticket) -> Clearance:
         sequence = self._sequence
         self._sequence += 1
         outcome = batch.outcome
+        tier = None if self._tiers is None else self._tiers.by_price(ticket.bid_micros)
+        if tier is not None:
+            # Tier by tier at the engine too, first come first served within one.
+            sequence = tier.engine_priority
         return Clearance(
+            pricing=self._settings.pricing,
+            service_tier=None if tier is None else tier.name,
             batch_id=batch.batch_id,
             position=outcome.positions[ticket.ledger_rid],
             batch_size=outcome.size,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from inference_auctions.billing import (
     BatchClaim,
@@ -30,7 +30,13 @@ from inference_auctions.billing import (
     RequestRecord,
 )
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
-from inference_auctions.server.auction.pricing import PAPER_RULE, PricingRule
+from inference_auctions.server.auction.fixed_price import FixedPriceRepricer, clear_fixed_price
+from inference_auctions.server.auction.pricing import (
+    FIXED_PRICE_RULES,
+    PAPER_RULE,
+    Mode,
+    PricingRule,
+)
 from inference_auctions.server.auction.repricing import Repricer
 from inference_auctions.server.tickets import Ticket
 
@@ -46,7 +52,7 @@ class ClearedBatch:
 
     batch_id: str
     outcome: AuctionOutcome
-    repricer: Repricer
+    repricer: Repricer | FixedPriceRepricer
     shares: dict[str, int]  # ledger rid -> the request's share of its user's charge
     auction_seconds: float
     failed: dict[str, set[str]] = field(default_factory=dict)  # user -> ledger rids
@@ -199,14 +205,20 @@ class _Made:
     """An auction's outcome, its repricer and the seconds both took."""
 
     outcome: AuctionOutcome
-    repricer: Repricer
+    repricer: Repricer | FixedPriceRepricer
     seconds: float
 
 
 def _auction(requests: list[AuctionRequest], rule: PricingRule) -> _Made:
+    """The batch cleared under the server's mode: the auction, or a fixed price."""
     started = time.perf_counter()
-    outcome = run_auction(requests, rule)
-    repricer = Repricer.from_outcome(outcome)
+    repricer: Repricer | FixedPriceRepricer
+    if rule.fixed_price:
+        outcome = clear_fixed_price(requests, rule)
+        repricer = FixedPriceRepricer(outcome)
+    else:
+        outcome = run_auction(requests, rule)
+        repricer = Repricer.from_outcome(outcome)
     return _Made(outcome, repricer, time.perf_counter() - started)
 
 
@@ -260,12 +272,14 @@ def refund_rule(
     return settled_repricer(requests).failure_refund(user, failed, charge)
 
 
-def settled_repricer(requests: Sequence[PricedRequest]) -> Repricer:
+def settled_repricer(requests: Sequence[PricedRequest]) -> Repricer | FixedPriceRepricer:
     """A settled batch, rebuilt from what the ledger stored (tree shape, arrival order, bids)
     under the pricing rule it was cleared with, ready to be priced again."""
     ordered = sorted(requests, key=lambda r: -1 if r.arrival is None else r.arrival)
+    rebuilt = [AuctionRequest(r.rid, r.user, r.tree_path or [], r.bid_micros) for r in ordered]
+    if ordered and ordered[0].pricing_rule in FIXED_PRICE_RULES:
+        # Each request's recorded bid is the price it was admitted at.
+        mode = cast(Mode, ordered[0].pricing_rule)
+        return FixedPriceRepricer(clear_fixed_price(rebuilt, PricingRule(mode=mode)))
     slots = ordered[0].priority_slots if ordered else None
-    return Repricer(
-        [AuctionRequest(r.rid, r.user, r.tree_path or [], r.bid_micros) for r in ordered],
-        PAPER_RULE if slots is None else PricingRule(slots=slots),
-    )
+    return Repricer(rebuilt, PAPER_RULE if slots is None else PricingRule(slots=slots))

@@ -8,6 +8,8 @@ a share; they stay in the pool for a later auction rather than fail:
 * zero-bid requests together never hold more than `zero_bid_share` of the slots and of the
   engine's tokens, so free traffic cannot fill the engine ahead of bidders who come later (a
   zero-bid request bigger than that token share alone is refused at admission, by name);
+  under `pricing fcfs`, where nobody bids, no request counts as free traffic, and under
+  `pricing tiers` a free tier's requests do;
 * while another user's request waits, a user holding `user_share` of the slots or tokens or
   more gets no more (a user with nothing at the engine may always start one). Alone, a user
   may take everything: a single tenant is never held back.
@@ -61,10 +63,12 @@ class EngineShares:
         self._free_tokens = None if capacity is None else capacity * settings.zero_bid_share
         self._users: defaultdict[str, _Held] = defaultdict(_Held)
         self._free = _Held()
+        # Under `pricing fcfs` nobody bids: no request is free traffic held to a share.
+        self._free_counted = settings.pricing != "fcfs"
 
     def check(self, ticket: Ticket) -> None:
         """Refuse at admission a zero-bid request that could never fit its share."""
-        if ticket.bid_micros or self._free_tokens is None:
+        if ticket.bid_micros or self._free_tokens is None or not self._free_counted:
             return
         tokens = request_tokens(ticket)
         if tokens > self._free_tokens:
@@ -83,7 +87,8 @@ class EngineShares:
             if len(taken) == room:
                 break
             tokens = request_tokens(ticket)
-            if not ticket.bid_micros and not self._fits(self._free, tokens, free=True):
+            free = self._free_counted and not ticket.bid_micros
+            if free and not self._fits(self._free, tokens, free=True):
                 continue
             held = self._users[ticket.user]
             contested = len(users) > 1
@@ -104,7 +109,7 @@ class EngineShares:
         held = self._users[ticket.user]
         held.slots += 1
         held.tokens += tokens
-        free = not ticket.bid_micros
+        free = self._free_counted and not ticket.bid_micros
         if free:
             self._free.slots += 1
             self._free.tokens += tokens

@@ -25,6 +25,24 @@ class Metrics:
         )
         self.inflight.set_function(inflight)
         self.batches = Counter("inference_auction_batches", "Batches cleared", registry=r)
+        self.pricing_mode = Gauge(
+            "inference_auction_pricing_mode",
+            "1 for the pricing mode this server runs (auction, tiers or fcfs)",
+            ["mode"],
+            registry=r,
+        )
+        self.tier_requests = Counter(
+            "inference_auction_tier_requests",
+            "Requests cleared per tier (pricing tiers)",
+            ["tier"],
+            registry=r,
+        )
+        self.tier_revenue = Counter(
+            "inference_auction_tier_revenue_micros",
+            "Tier prices charged per tier, before refunds (pricing tiers; micro-credits)",
+            ["tier"],
+            registry=r,
+        )
         self.ledger_group_writes = Histogram(
             "inference_auction_ledger_group_writes",
             "Holds and served records written per group commit (one transaction)",
@@ -47,7 +65,9 @@ class Metrics:
             registry=r,
         )
         self.revenue = Counter(
-            "inference_auction_revenue_micros", "VCG charges settled (micro-credits)", registry=r
+            "inference_auction_revenue_micros",
+            "Charges settled: VCG charges, or tier prices under pricing tiers (micro-credits)",
+            registry=r,
         )
         self.fee_revenue = Counter(
             "inference_auction_fee_revenue_micros",

@@ -59,6 +59,7 @@ from inference_auctions.server.ledger_writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.settings import ServerSettings
 from inference_auctions.server.tickets import Ticket
+from inference_auctions.server.tier_figures import TierFigures
 
 __all__ = ["AuctionService", "Load", "new_batch_id", "payload_fingerprint"]
 
@@ -105,6 +106,10 @@ class AuctionService:
             settings, engine, ledger, self.writer, self.metrics, wake=self._wake_pool
         )
         self._distrust = Distrust()
+        # The tiers sold under `pricing tiers`, and what each recently bought.
+        self.tier_menu = settings.tier_menu() if settings.pricing == "tiers" else None
+        self.tier_figures = TierFigures(self.tier_menu)
+        self.metrics.pricing_mode.labels(mode=settings.pricing).set(1)
         closing = BatchClosing(
             settings,
             self.writer,
@@ -115,6 +120,7 @@ class AuctionService:
             forget=lambda ticket: self._forget((ticket.user, ticket.rid)),
             new_batch_id=new_batch_id,
             clock=clock,
+            tier_figures=self.tier_figures,
         )
         policy = BatchingPolicy(
             batch_size=settings.batch_size,
@@ -128,7 +134,7 @@ class AuctionService:
             closing,
             lambda: self._dispatch.inflight,
             saturated=self._dispatch.saturated,
-            select=self._shares.select,
+            select=self._select,
         )
         self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
         self._answers = AnswerMemory(settings.answer_memory_mib * 2**20, self._forget_ticket)
@@ -333,6 +339,15 @@ class AuctionService:
     def _forget_ticket(self, ticket: Ticket) -> None:
         if self._tickets.get((ticket.user, ticket.rid)) is ticket:
             del self._tickets[(ticket.user, ticket.rid)]
+
+    def _select(self, waiting: list[Ticket], room: int) -> list[int]:
+        """The places of the waiting requests the next batch takes: the oldest first, but
+        under `pricing tiers` a dearer tier's first (first come, first served within one)."""
+        if self.tier_menu is None:
+            return self._shares.select(waiting, room)
+        order = sorted(range(len(waiting)), key=lambda place: -waiting[place].bid_micros)
+        chosen = self._shares.select([waiting[place] for place in order], room)
+        return [order[index] for index in chosen]
 
     def _wake_pool(self) -> None:
         # A method, not `self._pool.wake`: dispatch is made before the pool it wakes.

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, field_validator, model_validator
 
 from inference_auctions.billing import LedgerSettings, mask_database_url
+from inference_auctions.server.tiers import TierMenu, parse_tiers
 
 if TYPE_CHECKING:  # the auction core (numpy) loads only where batches are cleared
     from inference_auctions.server.auction.pricing import PricingRule
@@ -67,6 +68,9 @@ class ServerSettings(LedgerSettings):
     tokenizer); token ids at or above it are refused at admission."""
     emulator_cache_tokens: int = Field(default=23_000, gt=0)
     """The embedded emulator's KV cache size, in tokens."""
+    emulator_max_running_requests: int | None = Field(default=None, ge=1)
+    """The embedded emulator's cap on running requests, as SGLang's `--max-running-requests`
+    (default: none; its KV cache bounds them)."""
     emulator_time_scale: float = Field(default=1.0, gt=0)
     """The emulator's wall-clock seconds per model second (0.01 runs 100x faster)."""
 
@@ -227,6 +231,21 @@ class ServerSettings(LedgerSettings):
     held with the bid, given back when the request fails (default 0: no fee; the same on
     every replica)."""
 
+    # The pricing mode (docs/guides/pricing-modes.md): `auction` (bids, VCG charges, the rule
+    # above), `tiers` (fixed prices per request, `tiers`, a dearer tier served first, first
+    # come first served within one) or `fcfs` (first come, first served; bids ignored, nobody
+    # charged). Every replica on one ledger runs the same mode and tiers.
+    pricing: Literal["auction", "tiers", "fcfs"] = "auction"
+    """How priority is sold: `auction` (bids and VCG charges), `tiers` (fixed prices per request,
+    `tiers`) or `fcfs` (first come, first served: bids ignored, nothing charged); the same on
+    every replica."""
+    tiers: str = "flex=0,default=0.0005,priority=0.005"
+    """The tiers sold under `pricing tiers`: `name=price` pairs, price in credits per request,
+    each price different (a dearer tier is served first)."""
+    default_tier: str | None = None
+    """The tier of a request that names none (or `auto`) under `pricing tiers`; by default the
+    cheapest."""
+
     # This replica's name on its health, responses and (only when set) metrics; by default
     # host:port.
     replica_name: str | None = Field(default=None, min_length=1, max_length=128)
@@ -249,14 +268,40 @@ class ServerSettings(LedgerSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _tiers_parse(self) -> ServerSettings:
+        self.tier_menu()  # a ValueError names what is wrong
+        if self.pricing != "auction" and self.request_fee_micros:
+            raise ValueError(
+                f"request_fee_micros ({self.request_fee_micros}) is the auction's fee: under "
+                f"pricing {self.pricing} a request pays its tier's price (or nothing); set it to 0"
+            )
+        return self
+
+    def tier_menu(self) -> TierMenu:
+        """The tiers of `pricing tiers`, dearest first."""
+        maximum = self.max_bid_credits * 1_000_000
+        return parse_tiers(self.tiers, self.default_tier, maximum=maximum)
+
     def auction_rule(self) -> PricingRule:
         """The rule every batch of this server is cleared under."""
         from inference_auctions.server.auction.pricing import PricingRule  # noqa: PLC0415
 
+        if self.pricing != "auction":
+            return PricingRule(mode=self.pricing)
         fee = self.request_fee_micros
         if self.pricing_rule == "batch-size":
             return PricingRule(request_fee_micros=fee)
         return PricingRule(slots=self.priority_slots or self.batch_size, request_fee_micros=fee)
+
+    def tiers_signature(self) -> str | None:
+        """Under `pricing tiers`, the tiers sold and the default one, which every replica on
+        one ledger must agree on (`billing.replica_rules`); None otherwise."""
+        if self.pricing != "tiers":
+            return None
+        menu = self.tier_menu()
+        sold = ",".join(f"{tier.name}={tier.price_micros}" for tier in menu.tiers)
+        return f"{sold};default={menu.default.name}"
 
 
 def without_password(url: str) -> str:

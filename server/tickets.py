@@ -33,12 +33,20 @@ class Clearance:
     bid_micros: int
     user_batch_charge_micros: int  # the user's whole charge for the batch
     request_charge_micros: int  # this request's share of it (SPEC section 1)
-    sequence: int  # global schedule sequence number: the engine priority (lower goes first)
+    # The engine priority (lower goes first): the global schedule sequence number, or under
+    # `tiers` the tier's (`server.tiers`).
+    sequence: int
     request_fee_micros: int = 0  # the fee this request pays besides its charge (SPEC section 5)
+    pricing: str = "auction"  # the server's pricing mode
+    service_tier: str | None = None  # the request's tier, under `tiers`
 
     def as_json(self) -> dict[str, Any]:
         """The `auction` object of the responses."""
+        extra: dict[str, Any] = {}
+        if self.pricing != "auction":  # the auction's answers stay as they were
+            extra = {"pricing": self.pricing, "service_tier": self.service_tier}
         return {
+            **extra,
             "batch_id": self.batch_id,
             "position": self.position,
             "batch_size": self.batch_size,

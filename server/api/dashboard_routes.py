@@ -325,6 +325,7 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
                 "inflight": inflight,
             }
         ],
+        "pricing": _pricing_json(state),
         "live": {
             "queue": queue,
             "inflight": inflight,
@@ -385,6 +386,25 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
             "failed_writes_total": sum(failed.values()),
         },
     }
+
+
+def _pricing_json(state: AppState) -> dict[str, Any]:
+    """The pricing mode and, under `tiers`, each tier's price and recent priority."""
+    service = state.service
+    menu = service.tier_menu
+    tiers = (
+        []
+        if menu is None
+        else [
+            {
+                "name": tier.name,
+                "price_micros": tier.price_micros,
+                "expected_priority_ppm": service.tier_figures.expected_priority_ppm(tier.name),
+            }
+            for tier in menu.tiers
+        ]
+    )
+    return {"mode": state.settings.pricing, "tiers": tiers}
 
 
 def _reconcile_json(status: ReconcileStatus) -> dict[str, Any]:

@@ -1,5 +1,7 @@
-"""`GET /v1/market/rule`: the pricing rule every batch of this deployment is cleared under
-(docs/SPEC.md section 5), so that a bidder knows what a bid buys before placing it."""
+"""`GET /v1/market/rule`: how this deployment sells priority (docs/SPEC.md section 5, and the
+pricing modes), so that a client knows what a bid or a tier buys before sending one;
+`GET /v1/market/tiers`: the tiers sold under `--pricing tiers`, with what each recently
+bought."""
 
 from __future__ import annotations
 
@@ -8,20 +10,53 @@ from typing import Any
 from fastapi import APIRouter
 
 from inference_auctions.server.api.deps import CurrentUser, State
+from inference_auctions.server.errors import NotFound
 
 router = APIRouter(prefix="/v1", tags=["market"])
 
 
-@router.get("/market/rule", summary="The pricing rule batches are cleared under")
+@router.get("/market/rule", summary="How batches are cleared and priced")
 async def rule(_: CurrentUser, state: State) -> dict[str, Any]:
-    """`pricing_rule` (`fixed-slots` or `batch-size`), `priority_slots` (the K every batch is
-    priced in; null under `batch-size`, where it is each batch's own size), `batch_size`, and
-    `request_fee_micros`, what every request pays besides its VCG charge, zero bids included
-    (held with the bid, given back when the request fails; 0: no fee)."""
+    """`pricing` (the mode: `auction`, `tiers` or `fcfs`), `pricing_rule` (`fixed-slots` or
+    `batch-size` under `auction`; the mode's name otherwise), `priority_slots` (the K every
+    batch is priced in; null under `batch-size`, where it is each batch's own size, and in the
+    fixed-price modes), `batch_size`, and `request_fee_micros`, what every request pays besides
+    its VCG charge, zero bids included (held with the bid, given back when the request fails;
+    0: no fee; always 0 in the fixed-price modes)."""
     pricing = state.settings.auction_rule()
     return {
+        "pricing": state.settings.pricing,
         "pricing_rule": pricing.name,
         "priority_slots": pricing.slots,
         "batch_size": state.settings.batch_size,
         "request_fee_micros": pricing.request_fee_micros,
+    }
+
+
+@router.get("/market/tiers", summary="The tiers sold, their prices and what they bought")
+async def tiers(_: CurrentUser, state: State) -> dict[str, Any]:
+    """Under `--pricing tiers` (404 otherwise): every tier, dearest first (served first), with
+    `price_micros` per request, and `expected_priority_ppm`, the mean priority (parts per
+    million of a batch gone ahead of) of its last requests on this replica (`samples` of
+    them; 0 samples: an even split of the batch by tier); `default_tier` is a request's tier
+    when it names none."""
+    menu = state.service.tier_menu
+    if menu is None:
+        raise NotFound(
+            f"this server runs pricing {state.settings.pricing!r}, not tiers",
+            param="pricing",
+        )
+    figures = state.service.tier_figures
+    return {
+        "default_tier": menu.default.name,
+        "tiers": [
+            {
+                "name": tier.name,
+                "price_micros": tier.price_micros,
+                "rank": tier.rank,
+                "expected_priority_ppm": figures.expected_priority_ppm(tier.name),
+                "samples": figures.samples(tier.name),
+            }
+            for tier in menu.tiers
+        ],
     }

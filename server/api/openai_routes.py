@@ -21,7 +21,6 @@ from inference_auctions.server.api.generation import (
     check_max_new_tokens,
     complete,
     make_job,
-    parse_bid,
     prompt_tokens,
     stream,
 )
@@ -33,6 +32,7 @@ from inference_auctions.server.api.logprobs import (
     openai_options,
     refuse_unless_served,
 )
+from inference_auctions.server.api.pricing_fields import admission_amount
 from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.tickets import Chunk, Clearance
@@ -75,6 +75,7 @@ async def completions(request: Request) -> Response:
         state,
         rid=body.rid,
         bid_value=body.bid,
+        tier_value=body.service_tier,
         text=text,
         input_ids=ids,
         sampling=sampling,
@@ -104,6 +105,7 @@ async def chat_completions(request: Request) -> Response:
         state,
         rid=body.rid,
         bid_value=body.bid,
+        tier_value=body.service_tier,
         text=text,
         input_ids=None,
         sampling=sampling,
@@ -151,6 +153,7 @@ async def _run(
     *,
     rid: str | None,
     bid_value: Any,
+    tier_value: Any,
     text: str | None,
     input_ids: list[int] | None,
     sampling: dict[str, Any],
@@ -158,10 +161,12 @@ async def _run(
     kind: str,
     messages: list[tuple[str, str]] | None = None,
 ) -> Response:
-    bid = parse_bid(bid_value, state)
+    bid = admission_amount(state, bid_value, tier_value)
     field = "prompt" if messages is None else "messages"
     tokens = await prompt_tokens(state, text, input_ids, field, messages)
     payload = {"kind": kind, "text": text, "input_ids": input_ids, "sampling": sampling, "bid": bid}
+    if tier_value is not None:  # a tier named is part of what a retry must repeat
+        payload["service_tier"] = tier_value
     job = make_job(rid, tokens, bid, sampling, payload, streamed=streamed)
     ticket = await admit(state, user, job)
     model = state.settings.model_name

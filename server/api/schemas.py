@@ -249,6 +249,10 @@ class GenerateBody(RequestBody):
     bid: Any = Field(
         default="0", description="Credits: a JSON number or a decimal string; none means 0"
     )
+    service_tier: Any = Field(
+        default=None,
+        description="Under `--pricing tiers`: the tier's name (none or `auto`: the default tier)",
+    )
 
     @classmethod
     def check_raw(cls, data: Mapping[str, Any], limits: BodyLimits) -> None:
@@ -291,6 +295,10 @@ class CompletionBody(RequestBody):
     bid: Any = Field(
         default="0", description="Credits: a JSON number or a decimal string; none means 0"
     )
+    service_tier: Any = Field(
+        default=None,
+        description="Under `--pricing tiers`: the tier's name (none or `auto`: the default tier)",
+    )
 
 
 class ChatMessage(BaseModel):
@@ -321,4 +329,8 @@ class ChatBody(RequestBody):
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     bid: Any = Field(
         default="0", description="Credits: a JSON number or a decimal string; none means 0"
+    )
+    service_tier: Any = Field(
+        default=None,
+        description="Under `--pricing tiers`: the tier's name (none or `auto`: the default tier)",
     )

@@ -14,12 +14,12 @@ from inference_auctions.server.api.generation import (
     check_max_new_tokens,
     complete,
     make_job,
-    parse_bid,
     prompt_tokens,
     stream,
 )
 from inference_auctions.server.api.json_response import JSONBytes
 from inference_auctions.server.api.logprobs import native_options, refuse_unless_served
+from inference_auctions.server.api.pricing_fields import admission_amount
 from inference_auctions.server.api.schemas import GenerateBody
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.tickets import Chunk, Clearance
@@ -41,13 +41,15 @@ async def generate(request: Request) -> Response:
     check_max_new_tokens(
         body.sampling_params.max_new_tokens, state, "sampling_params.max_new_tokens"
     )
-    bid = parse_bid(body.bid, state)
+    bid = admission_amount(state, body.bid, body.service_tier)
     text = body.text if isinstance(body.text, str) else None
     tokens = await prompt_tokens(state, text, body.input_ids, "text")
     sampling = body.sampling_params.for_engine()
     if body.return_logprob:
         sampling.update(native_options(body))
     payload = {"text": body.text, "input_ids": body.input_ids, "sampling": sampling, "bid": bid}
+    if body.service_tier is not None:  # a tier named is part of what a retry must repeat
+        payload["service_tier"] = body.service_tier
     job = make_job(body.rid, tokens, bid, sampling, payload, streamed=body.stream)
     ticket = await admit(state, user, job)
     if body.stream:

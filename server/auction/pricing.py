@@ -9,6 +9,11 @@ two welfares differ by a term no order changes), and so are the VCG numerators; 
 denominator is K-1 instead of n-1, so requests that add nothing to anyone's delay lower no
 charge. The fee is a flat amount per request, zero bids included, on top of the VCG charge:
 what makes a decoy request cost its sender.
+
+The two other pricing modes of a server record their own names: `tiers` (each request pays its
+tier's fixed price, dearer tiers first) and `fcfs` (arrival order, nothing charged); they are
+cleared by `fixed_price`, not by the auction, and their batches' priorities are measured in the
+batch's own size, for display.
 """
 
 from __future__ import annotations
@@ -18,21 +23,29 @@ from typing import Literal
 
 from inference_auctions.server.auction.errors import AuctionInputError
 
-RuleName = Literal["batch-size", "fixed-slots"]
+RuleName = Literal["batch-size", "fixed-slots", "tiers", "fcfs"]
+Mode = Literal["auction", "tiers", "fcfs"]
 # The rule of every batch cleared before the rule was recorded with each batch.
 BATCH_SIZE: RuleName = "batch-size"
 FIXED_SLOTS: RuleName = "fixed-slots"
+# The rules of the fixed-price modes (`fixed_price`): a request pays the price it was admitted
+# at (its tier's, or nothing).
+FIXED_PRICE_RULES: frozenset[str] = frozenset({"tiers", "fcfs"})
 
 
 @dataclass(frozen=True, slots=True)
 class PricingRule:
     """`slots`: the K a delay is measured in (None: the batch's own size, the `batch-size`
-    rule); `request_fee_micros`: what every request of the batch pays besides its VCG charge."""
+    rule); `request_fee_micros`: what every request of the batch pays besides its VCG charge;
+    `mode`: `auction`, or one of the fixed-price modes (`tiers`, `fcfs`), which have neither."""
 
     slots: int | None = None
     request_fee_micros: int = 0
+    mode: Mode = "auction"
 
     def __post_init__(self) -> None:
+        if self.mode != "auction" and (self.slots is not None or self.request_fee_micros):
+            raise ValueError(f"the {self.mode} mode has no priority slots and no request fee")
         if self.slots is not None and (type(self.slots) is not int or self.slots < 1):
             raise ValueError(f"priority slots must be a whole number >= 1, got {self.slots!r}")
         fee = self.request_fee_micros
@@ -41,8 +54,16 @@ class PricingRule:
 
     @property
     def name(self) -> RuleName:
-        """`batch-size` or `fixed-slots`: what the ledger records with each batch."""
+        """`batch-size`, `fixed-slots`, `tiers` or `fcfs`: what the ledger records with each
+        batch."""
+        if self.mode != "auction":
+            return self.mode
         return BATCH_SIZE if self.slots is None else FIXED_SLOTS
+
+    @property
+    def fixed_price(self) -> bool:
+        """Whether a request pays the price it was admitted at (`tiers`, `fcfs`)."""
+        return self.mode != "auction"
 
     def slot_count(self, size: int) -> int:
         """The K of a batch of `size` requests; a batch may not hold more requests than K."""

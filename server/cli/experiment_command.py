@@ -22,7 +22,16 @@ from inference_auctions.server.deferral import (
 )
 from inference_auctions.server.engine.simulator import DEFAULT_CACHE_TOKENS
 
-TARGETS = ("figure1", "figure2", "figure3", "figure4", "all", "scale-out", "manipulation")
+TARGETS = (
+    "figure1",
+    "figure2",
+    "figure3",
+    "figure4",
+    "all",
+    "scale-out",
+    "manipulation",
+    "live",
+)
 # Figures 3 and 4 need the generators' cluster and user structure; a file has neither.
 FILE_FIGURES = ("figure1", "figure2")
 
@@ -113,6 +122,11 @@ class _RichTracker:
     show_default=True,
     help="The longest a query is held back, in simulated seconds.",
 )
+@click.option(
+    "--engine-url",
+    help="live only: a real SGLang server (priority scheduling on, low values first, a small "
+    "--max-running-requests) instead of the embedded emulator; its capacity is measured.",
+)
 def experiment(
     target: str,
     out: Path,
@@ -125,6 +139,7 @@ def experiment(
     deferral: bool,
     deferral_tokens: int,
     deferral_max_hold: float,
+    engine_url: str | None,
 ) -> None:
     """Reproduce the paper's experiments on the emulated SGLang engine (simulated clock).
 
@@ -135,6 +150,10 @@ def experiment(
     round-robin router (scale-out.png, .json and .md in --out; docs/SCALE-OUT.md).
     manipulation runs the study of junk requests, decoys, split and merged accounts and joint
     shading on both pricing rules (manipulation.md in --out; docs/RESULTS.md, "Manipulation").
+    live runs the market through the real server four times on the same tenants, arrivals
+    and values: fcfs, tiers2, tiers3 and auction (--quick: 10 s of traffic each, under two
+    minutes in all; else 60 s); results.json, live.md and live.png in --out
+    (docs/RESULTS.md, "The market, live").
 
     With --workload FILE, figure1 sweeps the batch size over your queue and figure2 compares
     the orders on it whole. FILE has one query per line, in arrival order:
@@ -156,6 +175,13 @@ def experiment(
     unknown = [name for name in chosen if name not in ORDERS]
     if unknown or not chosen:
         raise click.BadParameter(f"choose from {', '.join(ORDERS)}", param_hint="--orders")
+    if target == "live":
+        if workload_file is not None:
+            raise click.UsageError("live draws its own tenants and requests; drop --workload")
+        _run_live(out, quick, seed, engine_url)
+        return
+    if engine_url is not None:
+        raise click.UsageError("--engine-url is for the live target only")
     if target == "manipulation":
         if workload_file is not None:
             raise click.UsageError("manipulation draws its own batches; drop --workload")
@@ -221,3 +247,35 @@ def _run_manipulation(out: Path, quick: bool, seed: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "manipulation.md").write_text(text, encoding="utf-8")
     click.echo(text)
+
+
+def _run_live(out: Path, quick: bool, seed: int, engine_url: str | None) -> None:
+    """The live market: four runs of the real server on one plan, a progress bar each."""
+    from inference_auctions.experiments.live_market import (  # noqa: PLC0415
+        FULL_SECONDS,
+        QUICK_SECONDS,
+        report,
+        run_live,
+        write_live,
+    )
+    from inference_auctions.experiments.live_run import ServerSetup  # noqa: PLC0415
+
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+
+        def start(scheme: str, total: int) -> Callable[[], None]:
+            task = progress.add_task(f"live {scheme}", total=total)
+            return lambda: progress.advance(task)
+
+        seconds = QUICK_SECONDS if quick else FULL_SECONDS
+        setup = ServerSetup(engine_url=engine_url)
+        results = run_live(seconds, seed, setup, tracker=start)
+    written = write_live(results, out)
+    console.print(report(results))
+    console.print(f"Wrote {', '.join(p.name for p in written)} to {out}.")

@@ -80,6 +80,12 @@ from inference_auctions.server.settings import ServerSettings, without_password
 )
 @click.option("--cache-tokens", "emulator_cache_tokens", type=int, help="Emulator KV cache size.")
 @click.option(
+    "--emulator-max-running-requests",
+    type=click.IntRange(min=1),
+    help="The embedded emulator's cap on running requests, as SGLang's --max-running-requests."
+    "  [default: none]",
+)
+@click.option(
     "--time-scale",
     "emulator_time_scale",
     type=float,
@@ -118,6 +124,23 @@ from inference_auctions.server.settings import ServerSettings, without_password
     type=click.IntRange(min=0),
     help="The fee every request pays besides its VCG charge, zero bids included, in "
     "micro-credits; the same on every replica (docs/SPEC.md section 5).  [default: 0]",
+)
+@click.option(
+    "--pricing",
+    type=click.Choice(["auction", "tiers", "fcfs"]),
+    help="How priority is sold: auction (bids, VCG charges), tiers (fixed prices per request, "
+    "--tiers) or fcfs (first come, first served: bids ignored, nothing charged); the same on "
+    "every replica of a ledger.  [default: auction]",
+)
+@click.option(
+    "--tiers",
+    help="The tiers sold under --pricing tiers: name=price pairs, price in credits per "
+    "request, each price different (a dearer tier is served first).  "
+    "[default: flex=0,default=0.0005,priority=0.005]",
+)
+@click.option(
+    "--default-tier",
+    help="The tier of a request that names none (or 'auto').  [default: the cheapest]",
 )
 # Removed: the ledger's group commits run on threads of the server. Still parsed, so that
 # `--ledger-writer process` is refused by name rather than as an unknown option.

@@ -28,7 +28,8 @@ class RuleAgreement:
         rule = settings.auction_rule()
         self._ledger = ledger
         self._replica = replica_name(settings)
-        self._rule = (rule.name, rule.slots, rule.request_fee_micros)
+        # Under `pricing tiers` the tiers sold must agree too (the mode is the rule's name).
+        self._rule = (rule.name, rule.slots, rule.request_fee_micros, settings.tiers_signature())
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

@@ -61,10 +61,15 @@ class EmbeddedEngine(EngineBase):
         cost_model: CostModel | None = None,
         time_scale: float = 1.0,
         model_name: str = DEFAULT_MODEL_NAME,
+        max_running_requests: int | None = None,
     ) -> None:
         super().__init__()
         if live is None:
-            simulator = EngineSimulator(cache_tokens=cache_tokens, cost_model=cost_model)
+            simulator = EngineSimulator(
+                cache_tokens=cache_tokens,
+                cost_model=cost_model,
+                max_running_requests=max_running_requests,
+            )
             live = LiveSimulator(simulator, time_scale=time_scale, model_name=model_name)
         self.live = live
 

@@ -26,6 +26,7 @@ def make_engine(
     model_name: str = DEFAULT_MODEL_NAME,
     api_key: str | None = None,
     tokenizer: LocalTokenizer | None = None,
+    max_running_requests: int | None = None,
     vocab_size: int | None = None,
 ) -> Engine:
     """The SGLang backend at `engine_url` in `mode`, or the embedded emulator without a URL.
@@ -44,6 +45,7 @@ def make_engine(
             cost_model=cost_model,
             time_scale=time_scale,
             model_name=model_name,
+            max_running_requests=max_running_requests,
         )
     return SGLangHTTPEngine(
         engine_url,

@@ -126,7 +126,7 @@ def test_a_rule_that_does_not_fit_the_batch_is_refused_by_name(users: Ledger) ->
     )
     with pytest.raises(InvalidBatch, match="priority_slots must be an integer >= n"):
         ledger.settle_batch(record, [request], {})
-    with pytest.raises(InvalidBatch, match="pricing_rule must be 'batch-size' or 'fixed-slots'"):
+    with pytest.raises(InvalidBatch, match="pricing_rule must be 'batch-size', 'fixed-slots'"):
         ledger.settle_batch(
             BatchRecord(**{**_fields(record), "pricing_rule": "cheap"}), [request], {}
         )

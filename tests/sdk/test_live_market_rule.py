@@ -22,6 +22,7 @@ def test_the_rule_is_published_as_the_settings_give_it(live: LiveServer) -> None
         "priority_slots": 8,
         "batch_size": 8,
         "request_fee_micros": 0,
+        "pricing": "auction",
     }
 
     async def read() -> MarketRule:

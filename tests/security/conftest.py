@@ -25,7 +25,8 @@ def server(ledger_db: MigratedDatabase) -> Iterator[RunningServer]:
 
 def ledger_snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every ledger table, in primary-key order: equal snapshots mean that
-    nothing (users, budgets, balances, entries, holds, batches, requests) changed."""
+    nothing (users, budgets, balances, entries, holds, batches, requests) changed. The
+    replicas' pricing announcements are left out: a running server renews its own."""
     snapshot = {}
     with engine.connect() as connection:
         for table in Base.metadata.sorted_tables:

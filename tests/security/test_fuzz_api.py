@@ -194,6 +194,7 @@ def _steer(path: str, case: Any, steer: bool, bid: object) -> Any:
         return case
     body = _integral(case.body)
     body["bid"] = bid
+    body.pop("service_tier", None)  # a tier exists only under --pricing tiers: an auction here
     _short(body, "max_tokens", "max_completion_tokens")
     if path == "/generate":
         if isinstance(body.get("sampling_params"), dict):
@@ -205,6 +206,8 @@ def _steer(path: str, case: Any, steer: bool, bid: object) -> Any:
         elif not body.get("input_ids"):
             body["text"] = "fuzz"
             body.pop("input_ids", None)
+    elif path == "/v1/completions" and not (isinstance(body.get("prompt"), str) and body["prompt"]):
+        body["prompt"] = "fuzz"  # one text prompt, as /generate's is made one above
     case.body = body
     return case
 

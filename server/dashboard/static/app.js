@@ -138,6 +138,8 @@ function drawMarket(data) {
   const domain = [s.t[0], s.t[s.t.length - 1] + data.bucket_seconds];
   setText("m-bucket", String(data.bucket_seconds));
   setText("m-replica", data.replicas.map((r) => r.name).join(", "));
+  const tiers = data.pricing.tiers.map((t) => `${t.name} ${credits(t.price_micros)}`);
+  setText("m-pricing", data.pricing.mode + (tiers.length ? ` (${tiers.join(", ")})` : ""));
   setText("m-queue", count(data.live.queue));
   setText("m-inflight", count(data.live.inflight));
   const t = data.totals;
