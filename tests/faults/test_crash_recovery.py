@@ -216,6 +216,23 @@ def _settlement_blocked(
             transaction.rollback()
 
 
+def _holds_after_the_crash(ledger: Ledger, rids: dict[str, str]) -> set[str]:
+    """The users whose "crash" holds survived the crash, every one open and unclaimed.
+
+    alice's and bob's holds were committed before the batch closed; carol's request closed
+    it, so its hold may have gone into the batch's own transaction (a batch that closes at
+    once places its last holds in the same commit as its claim) and died with it."""
+    survived = set()
+    for user in BIDS:
+        hold = get_hold(ledger, rids[user])
+        if hold is None:
+            assert user == "carol", f"{user}'s hold, committed before the batch, is gone"
+            continue
+        assert str(hold.state) == "open" and hold.batch_id is None
+        survived.add(user)
+    return survived
+
+
 @pytest.mark.postgres
 def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
     postgres_db: MigratedDatabase, tmp_path: Path
@@ -246,27 +263,27 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
         # 2. SIGKILL while the settlement transaction is open (the lock goes with the block).
         os.kill(process.pid, signal.SIGKILL)
         assert process.wait(10) == -signal.SIGKILL
-        for user, reply in replies.items():
+        for reply in replies.values():
             with pytest.raises(httpx.TransportError):
                 reply.result(timeout=30)  # the connection dropped without an answer
-            assert get_hold(ledger, rids[user]) is not None
 
     # PostgreSQL ends the dead server's sessions and rolls their transactions back.
     _wait_until(
         lambda: _server_backends(ledger, application_name) == 0, 15, "the server's sessions gone"
     )
 
-    # 3. All or nothing: no batch, no request row, no charge; every hold is still open.
+    # 3. All or nothing: no batch, no request row, no charge; every hold committed before the
+    # batch is still open.
     assert _count(ledger, "auction_batches") == 0
     assert _count(ledger, "auction_requests") == 0
+    held = _holds_after_the_crash(ledger, rids)
     for user, bid in BIDS.items():
-        hold = get_hold(ledger, rids[user])
-        assert hold is not None and str(hold.state) == "open" and hold.batch_id is None
-        assert [e.kind for e in ledger.entries(user).entries] == ["grant", "hold"]
+        kinds = ["grant", "hold"] if user in held else ["grant"]
+        assert [e.kind for e in ledger.entries(user).entries] == kinds
         balance = ledger.balance(user)
         assert (balance.balance_micros, balance.held_micros) == (
             GRANT,
-            round(float(bid) * 1_000_000),
+            round(float(bid) * 1_000_000) if user in held else 0,
         )
     assert ledger.reconcile().ok
 
@@ -287,7 +304,7 @@ def test_sigkill_in_the_middle_of_settling_settles_nothing_and_recovers(
             15,
             "the stale holds released",
         )
-        for user in BIDS:
+        for user in held:
             hold = get_hold(ledger, rids[user])
             assert hold is not None and str(hold.state) == "released"
             release = ledger.entries(user).entries[-1]
@@ -361,17 +378,16 @@ def test_sigkill_while_a_batch_sent_ahead_waits_for_its_commit_answers_and_charg
             with pytest.raises(httpx.TransportError):
                 reply.result(timeout=30)  # the engine had answered; the client got nothing
 
-    # 4. Nothing of the batch was settled or charged; every hold of it is still open.
+    # 4. Nothing of the batch was settled or charged; every hold placed before it is open.
     _wait_until(
         lambda: _server_backends(ledger, application_name) == 0, 15, "the server's sessions gone"
     )
+    held = _holds_after_the_crash(ledger, rids)
     for user, bid in BIDS.items():
         assert ledger.find_request(rids[user]) is None
-        hold = get_hold(ledger, rids[user])
-        assert hold is not None and str(hold.state) == "open" and hold.batch_id is None
         after = ledger.balance(user)
         assert after.balance_micros == before[user].balance_micros
-        assert after.held_micros == round(float(bid) * 1_000_000)
+        assert after.held_micros == (round(float(bid) * 1_000_000) if user in held else 0)
     assert ledger.reconcile().ok
 
 
