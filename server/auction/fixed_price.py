@@ -19,7 +19,11 @@ from inference_auctions.server.auction.mechanism import AuctionOutcome
 from inference_auctions.server.auction.pricing import PricingRule
 from inference_auctions.server.auction.repricing import largest_remainder
 from inference_auctions.server.auction.request import AuctionRequest, validate_batch
-from inference_auctions.server.auction.tree import NO_PARENT, ROOT, RadixTree, build_radix_tree
+from inference_auctions.server.auction.tree import (
+    RadixTree,
+    build_radix_tree,
+    node_paths,
+)
 
 __all__ = ["FixedPriceRepricer", "clear_fixed_price", "fixed_price_refund"]
 
@@ -87,15 +91,6 @@ class FixedPriceRepricer:
 
     def tree_paths(self) -> dict[str, list[int]]:
         """Each request's path of node ids from the root (the ledger stores them)."""
-        paths: dict[str, list[int]] = {rid: [] for rid in self._rids}
-        tree = self._tree
-        if tree is None:
-            return paths
-        for index, rid in enumerate(self._rids):
-            path = paths[rid]
-            node = tree.parent[tree.leaf_of[index]]
-            while node not in (ROOT, NO_PARENT):
-                path.append(node)
-                node = tree.parent[node]
-            path.reverse()
-        return paths
+        if self._tree is None:
+            return {rid: [] for rid in self._rids}
+        return dict(zip(self._rids, node_paths(self._tree, len(self._rids)), strict=True))

@@ -22,7 +22,7 @@ from inference_auctions.server.auction.mechanism import AuctionOutcome, run_auct
 from inference_auctions.server.auction.payments import PaymentContext
 from inference_auctions.server.auction.pricing import PAPER_RULE, PricingRule
 from inference_auctions.server.auction.request import AuctionRequest
-from inference_auctions.server.auction.tree import NO_PARENT, ROOT
+from inference_auctions.server.auction.tree import node_paths
 
 
 class Repricer:
@@ -91,18 +91,9 @@ class Repricer:
 
     def tree_paths(self) -> dict[str, list[int]]:
         """Each request's path of node ids from the root: prompts that rebuild the tree's shape."""
-        paths: dict[str, list[int]] = {rid: [] for rid in self._rids}
         if self._pricing is None:
-            return paths
-        tree = self._pricing.tree
-        for index, rid in enumerate(self._rids):
-            path = paths[rid]
-            node = tree.parent[tree.leaf_of[index]]
-            while node not in (ROOT, NO_PARENT):
-                path.append(node)
-                node = tree.parent[node]
-            path.reverse()
-        return paths
+            return {rid: [] for rid in self._rids}
+        return dict(zip(self._rids, node_paths(self._pricing.tree, len(self._rids)), strict=True))
 
     def _charges(self, user: str) -> ZeroedCharges:
         charges = self._users.get(user)

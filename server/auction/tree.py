@@ -58,6 +58,21 @@ class RadixTree:
     depth_tokens: list[int]
 
 
+def node_paths(tree: RadixTree, count: int) -> list[list[int]]:
+    """Each of the first `count` requests' node ids on the way from the root to its leaf: used
+    as prompts, they rebuild a tree of the same shape (what the ledger stores for refunds)."""
+    paths: list[list[int]] = []
+    for index in range(count):
+        path: list[int] = []
+        node = tree.parent[tree.leaf_of[index]]
+        while node not in (ROOT, NO_PARENT):
+            path.append(node)
+            node = tree.parent[node]
+        path.reverse()
+        paths.append(path)
+    return paths
+
+
 def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:
     """Build the request-augmented compacted trie of `prompts` (request i = prompts[i])."""
     n = len(prompts)
