@@ -26,7 +26,7 @@ from rich.table import Table
 
 from bench.auction_speed import standard_batch
 from inference_auctions.server.auction import run_auction
-from inference_auctions.server.deferral import BatchPrefixes, PrefixDeferral
+from inference_auctions.server.serving.deferral import BatchPrefixes, PrefixDeferral
 
 
 @dataclass(frozen=True, slots=True)

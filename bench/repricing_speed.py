@@ -1,7 +1,7 @@
 """How long clearing one batch takes with its per-request shares, re-solved against repriced.
 
-Clearing a batch (server/clearing.py) runs the auction and then splits every user's charge over
-the user's requests (SPEC section 1, "One request's share"), which needs the user's charge with
+Clearing a batch (server/serving/clearing.py) runs the auction and then splits every user's charge
+over the user's requests (SPEC section 1, "One request's share"), which needs the user's charge with
 each request's bid zeroed. For each batch size n the script takes the standard batch of
 bench/auction_speed.py with its requests spread over --users users (request i to user i mod
 --users) and times, in CPU time of this process, best of --repeat runs:

@@ -37,6 +37,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import uvicorn
+from rich.console import Console
+from rich.table import Table
+
+from inference_auctions.billing import Ledger, upgrade_schema
+from inference_auctions.server.api.http_protocol import uvicorn_config
+from inference_auctions.server.app import create_app
+from inference_auctions.server.settings import ServerSettings
+
 PROJECT = "inference_auctions."
 WARM_UP_REQUESTS = 5
 BID_MICROS = 10_000
@@ -104,7 +113,7 @@ class WalkTracer:
         sys.setprofile(self._hook)
 
     def uninstall(self) -> None:
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
         sys.setprofile(None)
 
     @contextmanager
@@ -201,13 +210,8 @@ def _emulator() -> Iterator[str]:
 
 
 @contextmanager
-def _server(settings: Any) -> Iterator[int]:
+def _server(settings: ServerSettings) -> Iterator[int]:
     """The auction server under uvicorn in a thread of this process, drained at the end."""
-    import uvicorn
-
-    from inference_auctions.server.app import create_app
-    from inference_auctions.server.http_protocol import uvicorn_config
-
     app = create_app(settings)
     config = uvicorn_config(
         app, settings, host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on"
@@ -241,9 +245,6 @@ def _generate(port: int, key: str, index: int) -> None:
 
 def trace_one_request(database_url: str | None = None) -> Walk:
     """Run the server, warm it up, and trace one `/generate` from send to answer read."""
-    from inference_auctions.billing import Ledger, upgrade_schema
-    from inference_auctions.server.settings import ServerSettings
-
     tracer = WalkTracer()
     with ExitStack() as stack:
         if database_url is None:
@@ -271,9 +272,6 @@ def trace_one_request(database_url: str | None = None) -> Walk:
 
 
 def _print(walk: Walk, *, show_steps: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     table = Table(title="One POST /generate through the server (engine in its own process)")
     for column in ("modules", "functions", "calls", "crossings", "returns", "threads"):

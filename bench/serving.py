@@ -78,7 +78,7 @@ from bench.serving_ledger import Audit, add_postgres_option, audit, create_users
 from bench.serving_processes import Service, free_port, settle, start_service
 from bench.serving_wrk import WrkResult, add_load_options, run_wrk
 from bench.sglang_cpu.launcher import SGLangServer, sglang_home
-from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME
+from inference_auctions.server.emulator.live import DEFAULT_MODEL_NAME
 from inference_auctions.server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ psycopg's, opened as `LedgerConnection` (`billing.postgres_connection`), which s
 transaction's `BEGIN` together with the statements after it.
 
 Both: the pool hands out the connection returned last (`pool_use_lifo`), not the one idle
-longest. The server writes from one thread (`server.ledger_writer`), so it then uses one
+longest. The server writes from one thread (`server.ledger_writer.writer`), so it then uses one
 connection again and again while the others stay idle. On SQLite that is what keeps the
 connection's page cache: a connection that finds the database changed by another connection
 since its last transaction starts with an empty cache, and with the pool's default order

@@ -47,7 +47,7 @@ class GroupOutcome:
     claimed: list[ClaimedBatch | Exception]  # each claim's batch, or the error that undid it
     # What each user of the group had available once it committed, for those whose next hold
     # depends on nothing else (enabled, no batch cap): a server's estimate of what it may
-    # dispatch before the next commit confirms it (`server.ledger_writer`).
+    # dispatch before the next commit confirms it (`server.ledger_writer.writer`).
     available: dict[str, int] = field(default_factory=dict)
 
 

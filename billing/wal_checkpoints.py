@@ -4,7 +4,7 @@ In WAL mode a commit appends the pages it changed to the WAL file, and a checkpo
 them back into the database file so that the WAL can start over. By default the connection
 whose commit takes the WAL past 1,000 pages runs that checkpoint itself, right after its
 commit, and syncs both files. In the server that connection is the ledger writer's
-(`server.ledger_writer`): every few dozen group commits, one of them took a checkpoint's time
+(`server.ledger_writer.writer`): every few dozen group commits, one of them took a checkpoint's time
 on top of its own, with requests waiting on it, and the serving path lost about a tenth of its
 throughput to it (docs/PERFORMANCE.md).
 

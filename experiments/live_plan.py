@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inference_auctions.server.engine.simulator import EngineSimulator, SimRequest
-from inference_auctions.server.tokenizer import encode
+from inference_auctions.server.emulator.simulator import EngineSimulator, SimRequest
+from inference_auctions.server.engine.builtin_tokenizer import encode
 
 __all__ = [
     "CLASSES",

@@ -8,8 +8,8 @@
 
 The queue is cut into consecutive batches of `n` in arrival order; each batch is ordered on
 its own and the batches are served one after another. The auction's orders also keep the
-radix paths of their batches (`server.deferral.BatchPrefixes`), which the runner hands to the
-server's in-step prefix deferral rule, as the server does with every batch it clears.
+radix paths of their batches (`server.serving.deferral.BatchPrefixes`), which the runner hands to
+the server's in-step prefix deferral rule, as the server does with every batch it clears.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from inference_auctions.experiments.workloads import Query
 from inference_auctions.server.auction import AuctionRequest, run_auction
-from inference_auctions.server.deferral import BatchPrefixes
+from inference_auctions.server.serving.deferral import BatchPrefixes
 
 __all__ = ["ORDERS", "ScheduledBatch", "batch_order", "queue_batches", "queue_order"]
 

@@ -7,7 +7,7 @@ priority = its place in the service order, which is how the server hands a clear
 SGLang, so the engine admits them in exactly that order and a later batch never overtakes an
 earlier one. The cache is never flushed between batches.
 
-The server's in-step prefix deferral rule (`server.deferral`, on unless `Engine.deferral` is
+The server's in-step prefix deferral rule (`server.serving.deferral`, on unless `Engine.deferral` is
 None) applies to the auction's orders exactly as the server applies it: a query it holds back
 reaches the engine, with its place as priority, when the query it waits for produces its first
 token or its hold runs out on the simulated clock. The engine itself models SGLang as it is.
@@ -29,14 +29,14 @@ from inference_auctions.experiments.orders import ScheduledBatch, queue_batches
 from inference_auctions.experiments.plan import Sweep, WorkloadSpec
 from inference_auctions.experiments.workloads import Query, Workload
 from inference_auctions.server.auction.tree import build_radix_tree
-from inference_auctions.server.deferral import DeferralSettings, PrefixDeferral
-from inference_auctions.server.engine.cost_model import CostModel
-from inference_auctions.server.engine.simulator import (
+from inference_auctions.server.emulator.cost_model import CostModel
+from inference_auctions.server.emulator.simulator import (
     DEFAULT_CACHE_TOKENS,
     DEFAULT_CHUNKED_PREFILL_SIZE,
     EngineSimulator,
     SimRequest,
 )
+from inference_auctions.server.serving.deferral import DeferralSettings, PrefixDeferral
 
 __all__ = ["Engine", "Measurement", "Served", "SweepResult", "measure", "run_sweep", "serve"]
 

@@ -15,7 +15,7 @@ from inference_auctions.experiments.plan import FULL, Scale, figure_sweeps
 from inference_auctions.experiments.report import Results, machine, write_report
 from inference_auctions.experiments.runner import Engine, run_sweep
 from inference_auctions.experiments.workloads import OUTPUT_TOKENS
-from inference_auctions.server.deferral import DeferralSettings
+from inference_auctions.server.serving.deferral import DeferralSettings
 
 __all__ = ["FIGURES", "Config", "Tracker", "run"]
 

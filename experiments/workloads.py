@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from inference_auctions.billing.money import MICROS_PER_CREDIT
-from inference_auctions.server.jsonlines import (
+from inference_auctions.server.cli.jsonlines import (
     RecordError,
     read_records,
     record_credits,

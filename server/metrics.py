@@ -118,7 +118,8 @@ class Metrics:
         self.requests = Counter(
             "inference_auction_requests", "Requests by outcome", ["status"], registry=r
         )
-        # Batches sent to the engine ahead of their settlement's commit (server.speculation).
+        # Batches sent to the engine ahead of their settlement's commit
+        # (server.serving.dispatch_ahead).
         self.batches_ahead = Counter(
             "inference_auction_batches_dispatched_ahead",
             "Batches sent to the engine while their settlement was still being committed",
@@ -130,7 +131,7 @@ class Metrics:
             "engine and cleared again",
             registry=r,
         )
-        # In-step prefix deferral (server.deferral).
+        # In-step prefix deferral (server.serving.deferral).
         self.deferral_held = Counter(
             "inference_auction_deferral_held",
             "Requests held back while an earlier one computed their shared prefix",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, field_validator, model_validator
 
 from inference_auctions.billing import LedgerSettings, mask_database_url
-from inference_auctions.server.tiers import TierMenu, parse_tiers
+from inference_auctions.server.serving.tiers import TierMenu, parse_tiers
 
 if TYPE_CHECKING:  # the auction core (numpy) loads only where batches are cleared
     from inference_auctions.server.auction.pricing import PricingRule
@@ -74,7 +74,7 @@ class ServerSettings(LedgerSettings):
     emulator_time_scale: float = Field(default=1.0, gt=0)
     """The emulator's wall-clock seconds per model second (0.01 runs 100x faster)."""
 
-    # In-step prefix deferral (server.deferral): hold back a request sharing at least
+    # In-step prefix deferral (server.serving.deferral): hold back a request sharing at least
     # `deferral_tokens` uncached prompt tokens with an earlier request of its batch that has no
     # first token yet, until it has one or `deferral_max_hold_ms` passed. Priority mode only.
     deferral: bool = True
@@ -85,10 +85,10 @@ class ServerSettings(LedgerSettings):
     deferral_max_hold_ms: float = Field(default=60_000.0, ge=0)
     """The longest a request is held back by the deferral."""
 
-    # Batching is work-conserving (server.batching): while the engine can take more, a batch
+    # Batching is work-conserving (server.serving.pool): while the engine can take more, a batch
     # closes at once with whatever waits, up to `batch_size`; while it is saturated, requests
     # wait here and the next batch auctions the whole backlog. Saturated
-    # (server.engine_capacity): the requests sent to the engine that have no first token yet
+    # (server.serving.engine_capacity): the requests sent to the engine that have no first token yet
     # (queued there, prefilling, or held back by the prefix deferral) are what the engine can
     # admit at its next step. By default that is learnt from the engine: its running-request
     # limit less this server's requests running there, and one prefill chunk of prompt tokens
@@ -116,12 +116,12 @@ class ServerSettings(LedgerSettings):
     """How often the engine's waiting queue (`/v1/loads`) is read while requests are there."""
     max_queue: int = Field(default=10_000, ge=1)
     """The most requests waiting for a batch; beyond it new ones are answered 503."""
-    # Memory for answers (server.answer_memory): each request in flight reserves what its
+    # Memory for answers (server.serving.answer_memory): each request in flight reserves what its
     # `max_new_tokens` can hold, finished answers kept for retries count at their size; a
     # request that cannot fit is refused with 503 and Retry-After (kept answers go first).
     answer_memory_mib: int = Field(default=2_048, ge=1)
     """Memory for answers in flight and kept for retries; a request that cannot fit is 503."""
-    # Shares of the engine (server.engine_shares): zero-bid requests together hold at most
+    # Shares of the engine (server.serving.engine_shares): zero-bid requests together hold at most
     # `zero_bid_share` of the `max_inflight` slots and of the engine's tokens; while others
     # wait, one user gets no more once it holds `user_share`. `engine_tokens`: the engine's KV
     # capacity in tokens (default: the embedded emulator's cache; unset for an engine URL, the
@@ -134,7 +134,7 @@ class ServerSettings(LedgerSettings):
     """The engine's KV capacity in tokens, for the shares (default: the emulator's cache; unset
     for an engine URL, where the shares count slots only)."""
 
-    # Dispatch ahead of the commit (server.speculation): a batch of at most
+    # Dispatch ahead of the commit (server.serving.dispatch_ahead): a batch of at most
     # `dispatch_ahead_max_batch` requests, all of whose users could afford their queued bids
     # when the ledger last committed, goes to the engine while its settlement commits; no byte
     # of an answer leaves before that commit, and a batch it cannot settle whole is cancelled
@@ -145,7 +145,7 @@ class ServerSettings(LedgerSettings):
     dispatch_ahead_max_batch: int = Field(default=64, ge=1)
     """The largest batch sent ahead of its commit."""
 
-    # The serving path's group commits run on threads of the server (server.ledger_lanes).
+    # The serving path's group commits run on threads of the server (server.ledger_writer.lanes).
     # `process` (a writer process of their own) was removed: it is refused by name.
     ledger_writer: Literal["thread"] = "thread"
     """Where the ledger's group commits run: `thread`, the only choice (`process` was removed)."""

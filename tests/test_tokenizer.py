@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inference_auctions.server.tokenizer import VOCABULARY_SIZE, encode, pieces
+from inference_auctions.server.engine.builtin_tokenizer import VOCABULARY_SIZE, encode, pieces
 
 
 @given(st.text())

@@ -20,10 +20,10 @@ from fastapi import APIRouter, Depends, Request, Response
 from inference_auctions.billing import AccountActivity, ClearingPoint, MarketActivity, UserInfo
 from inference_auctions.server.api.deps import AppState, CurrentUser, State, current_user
 from inference_auctions.server.api.ledger_routes import balance_json
-from inference_auctions.server.clearing import settled_repricer
 from inference_auctions.server.dashboard.health import ReconcileStatus
 from inference_auctions.server.dashboard.sessions import COOKIE_NAME
 from inference_auctions.server.errors import Forbidden, Unauthenticated
+from inference_auctions.server.serving.clearing import settled_repricer
 
 router = APIRouter(prefix="/v1/dashboard", tags=["dashboard"])
 

@@ -13,10 +13,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from inference_auctions.billing import Ledger, UserInfo
+from inference_auctions.server.api.market_prices import MarketPrices
 from inference_auctions.server.dashboard.snapshot import DashboardState
 from inference_auctions.server.errors import Forbidden, RateLimited, Unauthenticated
-from inference_auctions.server.market_prices import MarketPrices
-from inference_auctions.server.service import AuctionService
+from inference_auctions.server.serving.service import AuctionService
 from inference_auctions.server.settings import ServerSettings
 
 

@@ -19,7 +19,6 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from inference_auctions.billing import MICROS_PER_CREDIT, InvalidAmount, UserInfo, parse_credits
-from inference_auctions.server import departure
 from inference_auctions.server.api.deps import AppState
 from inference_auctions.server.api.json_response import sse_event
 from inference_auctions.server.engine.base import TokenArray
@@ -31,8 +30,9 @@ from inference_auctions.server.errors import (
     ServiceError,
     Unavailable,
 )
-from inference_auctions.server.service import AuctionService, payload_fingerprint
-from inference_auctions.server.tickets import Chunk, Clearance, Ticket
+from inference_auctions.server.serving import departure
+from inference_auctions.server.serving.service import AuctionService, payload_fingerprint
+from inference_auctions.server.serving.tickets import Chunk, Clearance, Ticket
 
 _DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

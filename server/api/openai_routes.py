@@ -35,7 +35,7 @@ from inference_auctions.server.api.logprobs import (
 from inference_auctions.server.api.pricing_fields import admission_amount
 from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody
 from inference_auctions.server.errors import InvalidRequest
-from inference_auctions.server.tickets import Chunk, Clearance
+from inference_auctions.server.serving.tickets import Chunk, Clearance
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

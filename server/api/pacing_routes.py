@@ -150,7 +150,7 @@ async def prices(
 ) -> dict[str, Any]:
     """Recent charge per unit of priority (the whole schedule is 1 per batch), from cleared
     batches of all users; no user is named, and no figure drawn from fewer than `MIN_USERS`
-    users is published; answered from an aggregate in memory (`server.market_prices`).
+    users is published; answered from an aggregate in memory (`server.api.market_prices`).
     `request_fee_micros`: the fee every request pays on top of these charges."""
     answer = await state.market_prices.answer(user.name, window_seconds, max_batches)
     return {**answer, "request_fee_micros": state.settings.request_fee_micros}

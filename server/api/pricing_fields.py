@@ -19,7 +19,7 @@ from typing import Any
 from inference_auctions.server.api.deps import AppState
 from inference_auctions.server.api.generation import parse_bid
 from inference_auctions.server.errors import InvalidRequest
-from inference_auctions.server.tiers import AUTO, TierMenu
+from inference_auctions.server.serving.tiers import AUTO, TierMenu
 
 __all__ = ["admission_amount"]
 

@@ -22,7 +22,7 @@ from inference_auctions.server.api.logprobs import native_options, refuse_unless
 from inference_auctions.server.api.pricing_fields import admission_amount
 from inference_auctions.server.api.schemas import GenerateBody
 from inference_auctions.server.errors import InvalidRequest
-from inference_auctions.server.tickets import Chunk, Clearance
+from inference_auctions.server.serving.tickets import Chunk, Clearance
 
 router = APIRouter(tags=["sglang"])
 

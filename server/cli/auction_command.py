@@ -18,7 +18,7 @@ from inference_auctions.server.auction import (
 )
 from inference_auctions.server.auction.pricing import PricingRule
 from inference_auctions.server.cli.console import table_console
-from inference_auctions.server.jsonlines import (
+from inference_auctions.server.cli.jsonlines import (
     RecordError,
     read_records,
     record_credits,
@@ -65,8 +65,8 @@ def auction(batch: TextIO, as_json: bool, slots: int, batch_size_slots: bool, fe
 
     `bid` is in credits (a JSON number or a decimal string, at most 6 decimals); money is
     printed in credits with 6 decimals and, with --json, as integer `*_micros` fields. Text
-    prompts go through the default tokenizer (see `server/tokenizer.py`; no download), so
-    prompts that share a text prefix share a token prefix.
+    prompts go through the default tokenizer (see `server/engine/builtin_tokenizer.py`; no
+    download), so prompts that share a text prefix share a token prefix.
     """
     try:
         fee_micros = parse_credits(fee, "fee")

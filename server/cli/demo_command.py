@@ -41,7 +41,7 @@ from inference_auctions.billing import (
 )
 from inference_auctions.server.auction import AuctionRequest, run_auction
 from inference_auctions.server.cli.demo_story import UserStory, explain
-from inference_auctions.server.tokenizer import encode
+from inference_auctions.server.engine.builtin_tokenizer import encode
 
 ARTICLE = (
     "Article: The Amazon rainforest covers much of the Amazon basin of South America, about "

@@ -10,9 +10,9 @@ import logging
 
 import click
 
-from inference_auctions.server.engine.cost_model import CostModel
-from inference_auctions.server.engine.live import DEFAULT_MODEL_NAME
-from inference_auctions.server.engine.simulator import (
+from inference_auctions.server.emulator.cost_model import CostModel
+from inference_auctions.server.emulator.live import DEFAULT_MODEL_NAME
+from inference_auctions.server.emulator.simulator import (
     DEFAULT_CACHE_TOKENS,
     DEFAULT_CHUNKED_PREFILL_SIZE,
 )
@@ -108,9 +108,9 @@ def emulate_sglang(
     # Imported late: --help should not load the web stack.
     import uvicorn  # noqa: PLC0415
 
-    from inference_auctions.server.engine.live import LiveSimulator  # noqa: PLC0415
-    from inference_auctions.server.engine.sglang_app import create_sglang_app  # noqa: PLC0415
-    from inference_auctions.server.engine.simulator import EngineSimulator  # noqa: PLC0415
+    from inference_auctions.server.emulator.live import LiveSimulator  # noqa: PLC0415
+    from inference_auctions.server.emulator.sglang_app import create_sglang_app  # noqa: PLC0415
+    from inference_auctions.server.emulator.simulator import EngineSimulator  # noqa: PLC0415
 
     try:
         cost = CostModel(

@@ -15,12 +15,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from inference_auctions.server.deferral import (
+from inference_auctions.server.emulator.simulator import DEFAULT_CACHE_TOKENS
+from inference_auctions.server.serving.deferral import (
     DEFAULT_MAX_HOLD_SECONDS,
     DEFAULT_THRESHOLD_TOKENS,
     DeferralSettings,
 )
-from inference_auctions.server.engine.simulator import DEFAULT_CACHE_TOKENS
 
 TARGETS = (
     "figure1",

@@ -672,7 +672,7 @@ def refund_unserved(older_than: float, database_url: str | None) -> None:
     servers run. Running it again refunds nothing more.
     """
     # Imported late: pricing a batch pulls in the auction core, which other commands never need.
-    from inference_auctions.server.clearing import refund_rule  # noqa: PLC0415
+    from inference_auctions.server.serving.clearing import refund_rule  # noqa: PLC0415
 
     with open_ledger(database_url) as book:
         refunded = book.refund_unserved(timedelta(seconds=older_than), rule=refund_rule)

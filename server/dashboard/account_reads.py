@@ -5,7 +5,7 @@ of its period: tens of milliseconds for a busy account, more for a very busy one
 flood of them (from one key or from many) does not become the other users' latency:
 - an answer (its rendered body) is kept `KEPT_SECONDS` for every caller of the same user (its
   pages, its tabs, its flood), and callers that arrive while it is being read wait for it;
-- a read that is not kept costs its user's own budget of server time (`server.cost_budget`):
+- a read that is not kept costs its user's own budget of server time (`server.api.cost_budget`):
   429 once it is spent;
 - at most `CONCURRENT_READS` of them run at once in the process, whoever asks.
 """
@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from inference_auctions.server.cost_budget import CostBudget
+from inference_auctions.server.api.cost_budget import CostBudget
 
 __all__ = ["AccountReads"]
 

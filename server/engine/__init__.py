@@ -1,15 +1,14 @@
-"""How a batch's requests reach an engine, and the emulated engine behind it.
+"""Talking to an engine: the protocol the server programs against, and the SGLang client.
 
-* The protocol the server programs against: `Engine`, `EngineRequest`, `Generation`,
-  `EngineChunk`, `EngineResult`, and the `EngineError` hierarchy (`server.engine.errors`).
-* Engines: `SGLangHTTPEngine` (a real SGLang server, `priority` or `ordered` mode) and
-  `EmbeddedEngine` (the emulator in process); `make_engine` picks one.
-* The emulator: the pure core, `RadixCache`, `CostModel` and the discrete-event
-  `EngineSimulator` (no I/O, no clock: the experiments drive it on a simulated clock);
-  `LiveSimulator` runs it in real time; `create_sglang_app` serves it with SGLang's HTTP API.
+* The protocol: `Engine`, `EngineRequest`, `Generation`, `EngineChunk`, `EngineResult`, and
+  the `EngineError` hierarchy (`server.engine.errors`).
+* `SGLangHTTPEngine`: an unmodified SGLang server reached over HTTP (`priority` or `ordered`
+  mode), with the tokenizers it may use in this process (`server.engine.local_tokenizer`).
 
-Names are imported on first use, so that the pure core (`server.engine.simulator` and what it
-needs) loads without the web stack.
+The SGLang emulator is a room of its own (`server.emulator`) that implements this protocol;
+nothing here imports it. `server.engine_choice.make_engine` picks one or the other.
+
+Names are imported on first use, so that importing one of them loads only its module.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
         EngineResult,
         Usage,
     )
-    from inference_auctions.server.engine.cost_model import CostModel
-    from inference_auctions.server.engine.embedded import EmbeddedEngine
     from inference_auctions.server.engine.errors import (
         EngineError,
         EngineProtocolError,
@@ -37,23 +34,11 @@ if TYPE_CHECKING:
         EngineUnavailable,
         TokenizerMismatch,
     )
-    from inference_auctions.server.engine.factory import make_engine
     from inference_auctions.server.engine.generation import Generation
-    from inference_auctions.server.engine.live import LiveRequest, LiveSimulator
-    from inference_auctions.server.engine.radix_cache import RadixCache
-    from inference_auctions.server.engine.sglang_app import create_sglang_app
     from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
-    from inference_auctions.server.engine.simulator import (
-        EngineSimulator,
-        RequestOutcome,
-        SimRequest,
-        Step,
-    )
 
 _MODULES = {
-    "CostModel": "inference_auctions.server.engine.cost_model",
     "DispatchMode": "inference_auctions.server.engine.base",
-    "EmbeddedEngine": "inference_auctions.server.engine.embedded",
     "Engine": "inference_auctions.server.engine.base",
     "EngineChunk": "inference_auctions.server.engine.base",
     "EngineError": "inference_auctions.server.engine.errors",
@@ -62,27 +47,16 @@ _MODULES = {
     "EngineRequest": "inference_auctions.server.engine.base",
     "EngineResult": "inference_auctions.server.engine.base",
     "EngineServerError": "inference_auctions.server.engine.errors",
-    "EngineSimulator": "inference_auctions.server.engine.simulator",
     "EngineTimeout": "inference_auctions.server.engine.errors",
     "EngineUnavailable": "inference_auctions.server.engine.errors",
     "Generation": "inference_auctions.server.engine.generation",
-    "LiveRequest": "inference_auctions.server.engine.live",
-    "LiveSimulator": "inference_auctions.server.engine.live",
-    "RadixCache": "inference_auctions.server.engine.radix_cache",
-    "RequestOutcome": "inference_auctions.server.engine.simulator",
     "SGLangHTTPEngine": "inference_auctions.server.engine.sglang_http",
-    "SimRequest": "inference_auctions.server.engine.simulator",
-    "Step": "inference_auctions.server.engine.simulator",
     "TokenizerMismatch": "inference_auctions.server.engine.errors",
     "Usage": "inference_auctions.server.engine.base",
-    "create_sglang_app": "inference_auctions.server.engine.sglang_app",
-    "make_engine": "inference_auctions.server.engine.factory",
 }
 
 __all__ = [
-    "CostModel",
     "DispatchMode",
-    "EmbeddedEngine",
     "Engine",
     "EngineChunk",
     "EngineError",
@@ -91,21 +65,12 @@ __all__ = [
     "EngineRequest",
     "EngineResult",
     "EngineServerError",
-    "EngineSimulator",
     "EngineTimeout",
     "EngineUnavailable",
     "Generation",
-    "LiveRequest",
-    "LiveSimulator",
-    "RadixCache",
-    "RequestOutcome",
     "SGLangHTTPEngine",
-    "SimRequest",
-    "Step",
     "TokenizerMismatch",
     "Usage",
-    "create_sglang_app",
-    "make_engine",
 ]
 
 
@@ -113,5 +78,5 @@ def __getattr__(name: str) -> Any:
     """Import an exported name from its module on first use."""
     module = _MODULES.get(name)
     if module is None:
-        raise AttributeError(f"module 'inference_auctions.server.engine' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

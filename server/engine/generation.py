@@ -24,7 +24,7 @@ from typing import Any
 
 from inference_auctions.server.engine.base import EngineChunk, EngineRequest, EngineResult
 from inference_auctions.server.engine.errors import EngineError, EngineUnavailable
-from inference_auctions.server.waiters import Waiters
+from inference_auctions.server.serving.waiters import Waiters
 
 __all__ = ["EngineBase", "Generation"]
 

@@ -5,8 +5,9 @@ it has not cached: one more HTTP round trip per request. The `tokenizer` setting
 with a tokenizer here:
 
 * `engine` (the default): no local tokenizer; the engine's `/tokenize` answers.
-* `builtin`: the project's offline tokenizer (`server.tokenizer`). It is the tokenizer of the
-  SGLang emulator (`emulate-sglang`), whose `/tokenize` adds no special tokens whatever
+* `builtin`: the project's offline tokenizer (`server.engine.builtin_tokenizer`). It is the
+  tokenizer of the SGLang emulator (`emulate-sglang`), whose `/tokenize` adds no special tokens
+  whatever
   `add_special_tokens` says; so is this one.
 * a path to a Hugging Face `tokenizer.json`, or to a model folder holding one: loaded with the
   `tokenizers` library (the `tokenizers` extra), encoding with the same `add_special_tokens`
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from inference_auctions.server import tokenizer as builtin_tokenizer
+from inference_auctions.server.engine import builtin_tokenizer
 from inference_auctions.server.engine.errors import TokenizerMismatch
 
 __all__ = [
@@ -90,11 +91,11 @@ class BuiltinTokenizer:
     description = "builtin"
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        """`server.tokenizer.encode`; it has no special tokens to add."""
+        """`server.engine.builtin_tokenizer.encode`; it has no special tokens to add."""
         return builtin_tokenizer.encode(text)
 
     def vocabulary_size(self) -> int:
-        """`server.tokenizer.VOCABULARY_SIZE`."""
+        """`server.engine.builtin_tokenizer.VOCABULARY_SIZE`."""
         return builtin_tokenizer.VOCABULARY_SIZE
 
 

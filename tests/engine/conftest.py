@@ -13,10 +13,10 @@ from typing import Any
 
 import uvicorn
 
-from inference_auctions.server.engine.live import LiveSimulator
-from inference_auctions.server.engine.sglang_app import create_sglang_app
+from inference_auctions.server.emulator.live import LiveSimulator
+from inference_auctions.server.emulator.sglang_app import create_sglang_app
+from inference_auctions.server.emulator.simulator import EngineSimulator
 from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
-from inference_auctions.server.engine.simulator import EngineSimulator
 from tests.processes import free_port
 
 

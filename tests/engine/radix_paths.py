@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference_auctions.server.engine.radix_cache import RadixCache, RadixNode
+from inference_auctions.server.emulator.radix_cache import RadixCache, RadixNode
 
 
 def cached_sequences(cache: RadixCache) -> list[tuple[int, ...]]:

@@ -9,16 +9,18 @@ from typing import Any
 
 import pytest
 
-from inference_auctions.server.engine import EmbeddedEngine, SGLangHTTPEngine, make_engine
+from inference_auctions.server.emulator import EmbeddedEngine
+from inference_auctions.server.emulator.live import LiveSimulator
+from inference_auctions.server.emulator.simulator import EngineSimulator, Step
+from inference_auctions.server.engine import SGLangHTTPEngine
 from inference_auctions.server.engine.base import EngineRequest, EngineResult
+from inference_auctions.server.engine.builtin_tokenizer import encode
 from inference_auctions.server.engine.errors import (
     EngineRejected,
     EngineServerError,
     EngineUnavailable,
 )
-from inference_auctions.server.engine.live import LiveSimulator
-from inference_auctions.server.engine.simulator import EngineSimulator, Step
-from inference_auctions.server.tokenizer import encode
+from inference_auctions.server.engine_choice import make_engine
 
 
 @asynccontextmanager

@@ -21,8 +21,11 @@ import pytest
 from fastapi import FastAPI, Request
 from tokenizers import Tokenizer
 
+from inference_auctions.server.emulator.live import LiveSimulator
+from inference_auctions.server.emulator.sglang_app import create_sglang_app
+from inference_auctions.server.emulator.simulator import EngineSimulator
+from inference_auctions.server.engine.builtin_tokenizer import encode
 from inference_auctions.server.engine.errors import EngineUnavailable, TokenizerMismatch
-from inference_auctions.server.engine.live import LiveSimulator
 from inference_auctions.server.engine.local_tokenizer import (
     INLINE_TOKENIZE_CHARS,
     PROBE_TEXTS,
@@ -31,10 +34,7 @@ from inference_auctions.server.engine.local_tokenizer import (
     TokenizerSetupError,
     load_tokenizer,
 )
-from inference_auctions.server.engine.sglang_app import create_sglang_app
 from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
-from inference_auctions.server.engine.simulator import EngineSimulator
-from inference_auctions.server.tokenizer import encode
 from tests.engine.conftest import (
     PathCounter,
     emulator,

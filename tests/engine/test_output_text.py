@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from inference_auctions.server.engine.output_text import completion
-from inference_auctions.server.tokenizer import encode
+from inference_auctions.server.emulator.output_text import completion
+from inference_auctions.server.engine.builtin_tokenizer import encode
 
 
 def test_the_same_prompt_gets_the_same_completion() -> None:

@@ -17,9 +17,9 @@ def test_every_exported_name_resolves() -> None:
 
 def test_the_pure_core_imports_no_web_or_network_library() -> None:
     probe = (
-        "import sys, inference_auctions.server.engine.simulator as s, "
-        "inference_auctions.server.engine.radix_cache as r, "
-        "inference_auctions.server.engine.cost_model as c;"
+        "import sys, inference_auctions.server.emulator.simulator as s, "
+        "inference_auctions.server.emulator.radix_cache as r, "
+        "inference_auctions.server.emulator.cost_model as c;"
         "print(sorted(m for m in ('fastapi', 'httpx', 'uvicorn', 'asyncio') if m in sys.modules))"
     )
     result = subprocess.run(

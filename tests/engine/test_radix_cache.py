@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference_auctions.server.engine.radix_cache import CacheFullError, RadixCache
+from inference_auctions.server.emulator.radix_cache import CacheFullError, RadixCache
 from tests.engine.radix_paths import cached_sequences
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_auctions.server.engine.radix_cache import CacheFullError, RadixCache, RadixNode
+from inference_auctions.server.emulator.radix_cache import CacheFullError, RadixCache, RadixNode
 from tests.engine.radix_paths import cached_sequences
 from tests.engine.reference_cache import ReferenceCache, ReferenceFull
 

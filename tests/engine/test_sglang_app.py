@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inference_auctions.server.tokenizer import encode
+from inference_auctions.server.engine.builtin_tokenizer import encode
 from tests.engine.conftest import emulator
 
 META_KEYS = [

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from inference_auctions.server.engine.base import EngineRequest, EngineResult
+from inference_auctions.server.engine.builtin_tokenizer import encode
 from inference_auctions.server.engine.errors import EngineRejected
 from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
-from inference_auctions.server.tokenizer import encode
 from tests.engine.conftest import emulator, started_engine
 
 

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from inference_auctions.server.engine.sglang_openai import render_chat, sendable, stop_cut
-from inference_auctions.server.tokenizer import encode
+from inference_auctions.server.emulator.sglang_openai import render_chat, sendable, stop_cut
+from inference_auctions.server.engine.builtin_tokenizer import encode
 from tests.engine.conftest import emulator
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Name three rivers"}]}

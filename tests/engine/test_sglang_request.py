@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from inference_auctions.server.engine.sglang_request import ContractError, parse_generate_body
+from inference_auctions.server.emulator.sglang_request import ContractError, parse_generate_body
 
 _SAMPLING_FIELDS = (
     "`max_new_tokens`, `stop`, `stop_token_ids`, `stop_regex`, `temperature`, `top_p`, `top_k`, "

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from inference_auctions.server.engine.cost_model import CostModel
-from inference_auctions.server.engine.simulator import EngineSimulator, RequestOutcome, SimRequest
+from inference_auctions.server.emulator.cost_model import CostModel
+from inference_auctions.server.emulator.simulator import EngineSimulator, RequestOutcome, SimRequest
 from tests.engine.radix_paths import cached_sequences
 
 COST = CostModel()

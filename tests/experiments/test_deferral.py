@@ -7,7 +7,7 @@ import numpy as np
 from inference_auctions.experiments.orders import ScheduledBatch, queue_batches
 from inference_auctions.experiments.runner import Engine, serve
 from inference_auctions.experiments.workloads import Query
-from inference_auctions.server.deferral import DeferralSettings
+from inference_auctions.server.serving.deferral import DeferralSettings
 
 PREFIX = list(range(1, 401))
 

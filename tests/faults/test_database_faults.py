@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 
 from inference_auctions.billing import Ledger
 from inference_auctions.billing import database as ledger_database
-from inference_auctions.server.clearing import refund_rule
+from inference_auctions.server.serving.clearing import refund_rule
 from inference_auctions.server.settings import ServerSettings
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, dml_role, migrated_database

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from inference_auctions.billing import Ledger
-from inference_auctions.server.admission import payload_fingerprint
-from inference_auctions.server.engine.factory import make_engine
-from inference_auctions.server.service import AuctionService
+from inference_auctions.server.engine_choice import make_engine
+from inference_auctions.server.serving.admission import payload_fingerprint
+from inference_auctions.server.serving.service import AuctionService
+from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.settings import ServerSettings
-from inference_auctions.server.tickets import Ticket
 from tests.db_fixtures import MigratedDatabase
 from tests.server.harness import TEST_SETTINGS
 

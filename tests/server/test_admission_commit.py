@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 
 from inference_auctions.billing import HoldRequest, HoldState
-from inference_auctions.server.admission import ledger_rid
 from inference_auctions.server.errors import Conflict, PaymentRequired, ServiceError
-from inference_auctions.server.service import AuctionService
-from inference_auctions.server.tickets import Ticket
+from inference_auctions.server.serving.admission import ledger_rid
+from inference_auctions.server.serving.service import AuctionService
+from inference_auctions.server.serving.tickets import Ticket
 from tests.db_fixtures import MigratedDatabase
 from tests.server.in_process import admit, running_service
 

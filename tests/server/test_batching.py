@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from inference_auctions.server.batching import BatchingPolicy, BatchPool, PoolClosed
+from inference_auctions.server.serving.pool import BatchingPolicy, BatchPool, PoolClosed
 from inference_auctions.server.settings import ServerSettings
 
 # Long enough that a batch the policy should hold back would have closed by then.

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from inference_auctions.server.auction import AuctionRequest, run_auction
-from inference_auctions.server.batch_dispatch import deferral_settings
-from inference_auctions.server.deferral import (
+from inference_auctions.server.serving.batch_dispatch import deferral_settings
+from inference_auctions.server.serving.deferral import (
     BatchPrefixes,
     DeferralSettings,
     PrefixDeferral,

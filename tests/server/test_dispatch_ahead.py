@@ -34,10 +34,10 @@ from inference_auctions.billing import (
     Ledger,
     ServedRecord,
 )
-from inference_auctions.server.admission import ledger_rid
 from inference_auctions.server.errors import Conflict, PaymentRequired, Unavailable
-from inference_auctions.server.service import AuctionService
-from inference_auctions.server.tickets import Chunk, Ticket
+from inference_auctions.server.serving.admission import ledger_rid
+from inference_auctions.server.serving.service import AuctionService
+from inference_auctions.server.serving.tickets import Chunk, Ticket
 from tests.db_fixtures import MigratedDatabase
 from tests.server.in_process import admit, running_service
 

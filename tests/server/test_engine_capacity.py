@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from inference_auctions.server.engine.embedded import EmbeddedEngine
+from inference_auctions.server.emulator.embedded import EmbeddedEngine
+from inference_auctions.server.emulator.live import LiveSimulator
+from inference_auctions.server.emulator.simulator import EngineSimulator
 from inference_auctions.server.engine.errors import EngineUnavailable
-from inference_auctions.server.engine.live import LiveSimulator
-from inference_auctions.server.engine.simulator import EngineSimulator
-from inference_auctions.server.engine_capacity import (
+from inference_auctions.server.serving.engine_capacity import (
     FALLBACK_PREFILL_TOKENS,
     FALLBACK_UNSTARTED_REQUESTS,
     EngineCapacity,

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from inference_auctions.server.app import create_app
-from inference_auctions.server.engine.embedded import EmbeddedEngine
+from inference_auctions.server.emulator.embedded import EmbeddedEngine
 from inference_auctions.server.gc_tuning import YOUNG_THRESHOLD
 from inference_auctions.server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase

@@ -2,7 +2,7 @@
 
 Real databases (an SQLite file and PostgreSQL): never below zero, nothing lost, nothing
 counted twice, and the writes really are grouped; with the commits on a thread of the test's
-process and in a writer process of their own (`server.ledger_lanes`).
+process and in a writer process of their own (`server.ledger_writer.lanes`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from inference_auctions.billing import (
     RequestStatus,
     ServedRecord,
 )
-from inference_auctions.server.clearing import BatchClearing
-from inference_auctions.server.ledger_writer import LedgerWriter
-from inference_auctions.server.tickets import Ticket
+from inference_auctions.server.ledger_writer.writer import LedgerWriter
+from inference_auctions.server.serving.clearing import BatchClearing
+from inference_auctions.server.serving.tickets import Ticket
 
 USERS = [f"writer{u}" for u in range(4)]
 BUDGET = 1_000_000

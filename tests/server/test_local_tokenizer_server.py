@@ -12,10 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from inference_auctions.server.engine.live import LiveSimulator
+from inference_auctions.server.emulator.live import LiveSimulator
+from inference_auctions.server.emulator.sglang_app import create_sglang_app
+from inference_auctions.server.emulator.simulator import EngineSimulator
 from inference_auctions.server.engine.local_tokenizer import PROBE_TEXTS
-from inference_auctions.server.engine.sglang_app import create_sglang_app
-from inference_auctions.server.engine.simulator import EngineSimulator
 from tests.db_fixtures import MigratedDatabase
 from tests.engine.conftest import PathCounter, serve, word_level_tokenizer
 from tests.processes import emulated_sglang, free_port

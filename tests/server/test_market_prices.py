@@ -11,7 +11,7 @@ import asyncio
 import httpx
 import pytest
 
-from inference_auctions.server import market_prices
+from inference_auctions.server.api import market_prices
 from tests.db_fixtures import MigratedDatabase
 from tests.server.harness import RunningServer, running_server
 from tests.server.money_audit import audit_money_against_answers

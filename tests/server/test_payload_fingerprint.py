@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from inference_auctions.server.admission import payload_fingerprint
+from inference_auctions.server.serving.admission import payload_fingerprint
 
 
 def test_fingerprints_stay_what_holds_already_store() -> None:

@@ -14,11 +14,11 @@ import pytest
 from pydantic import ValidationError
 
 from inference_auctions.billing import BatchRecord, Ledger, RequestRecord, RuleDisagreement
-from inference_auctions.server.clearing import refund_rule
 from inference_auctions.server.cluster.rule_agreement import RuleAgreement
-from inference_auctions.server.engine.embedded import EmbeddedEngine
+from inference_auctions.server.emulator.embedded import EmbeddedEngine
 from inference_auctions.server.engine.errors import EngineUnavailable
 from inference_auctions.server.engine.generation import Generation
+from inference_auctions.server.serving.clearing import refund_rule
 from inference_auctions.server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase
 from tests.processes import free_port

@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from inference_auctions.server.dispatch import Serving, _Stalled, _Streamed
 from inference_auctions.server.engine.base import EngineChunk
 from inference_auctions.server.metrics import Metrics
+from inference_auctions.server.serving.following import Serving, _Stalled, _Streamed
+from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.settings import ServerSettings
-from inference_auctions.server.tickets import Ticket
 
 
 class _Engine:

@@ -11,7 +11,7 @@ import pytest
 
 from inference_auctions.server.api.generation import complete
 from inference_auctions.server.errors import ServiceError, Unavailable
-from inference_auctions.server.tickets import Chunk, Clearance, Ticket
+from inference_auctions.server.serving.tickets import Chunk, Clearance, Ticket
 
 CLEARANCE = Clearance("b1", 0, 1, 1.0, 100, 10, 10, 0)
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inference_auctions.server.engine.live import LiveSimulator
+from inference_auctions.server.emulator.live import LiveSimulator
+from inference_auctions.server.emulator.sglang_app import create_sglang_app
+from inference_auctions.server.emulator.simulator import EngineSimulator
+from inference_auctions.server.engine.builtin_tokenizer import VOCABULARY_SIZE
 from inference_auctions.server.engine.local_tokenizer import BuiltinTokenizer, HuggingFaceTokenizer
-from inference_auctions.server.engine.sglang_app import create_sglang_app
-from inference_auctions.server.engine.simulator import EngineSimulator
 from inference_auctions.server.engine.vocabulary import learn_vocab_size
-from inference_auctions.server.tokenizer import VOCABULARY_SIZE
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase
 from tests.engine.conftest import PathCounter, serve, word_level_tokenizer

@@ -1,0 +1,1 @@
+"""The ledger writer: the serving path's group commits, and the threads they run on."""

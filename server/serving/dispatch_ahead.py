@@ -1,0 +1,68 @@
+"""A batch sent to the engine ahead of its settlement's commit.
+
+A lone request used to wait for two things in turn before the engine saw it: the commit that
+places its hold and settles its batch, then the engine. When every user of a closed batch could
+afford their queued bids as of the ledger's last commit (`LedgerWriter.covers`), the server
+clears the batch on the event loop and sends it to the engine at once, while the same commit
+runs; the engine's work and the commit overlap.
+
+What makes that safe for money is what waits for the commit (`settled`):
+
+* the readers: a client sees nothing of a request before its clearance, and the clearance is
+  given only once the commit settled the batch as it was sent;
+* the `served` record and the last chunk, and a failure's refund: each request's follower
+  waits for the commit before writing anything about it;
+* the claim settles the batch as it was cleared here or nothing of it
+  (`server.serving.clearing.SpeculationVoid`): what is charged is always what the engine was given.
+
+If the commit does not settle it, the batch is void: its generations are cancelled, what the
+prefix deferral still held back is dropped, and once every follower has let go of its request
+the requests are either cleared again, from the ledger, as if the batch had just closed (a
+hold refused after all, or settled by another replica), or, if the commit itself failed,
+failed as any batch that cannot be settled (503, nothing charged; `server.serving.batch_closing`). A
+server that crashes meanwhile has charged nothing and answered nothing; the holds expire as
+any do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from inference_auctions.server.engine.generation import Generation
+from inference_auctions.server.serving.deferred_dispatch import DeferredDispatch
+
+
+@dataclass(eq=False)
+class Speculation:
+    """The engine's side of one batch sent ahead: its generations, their followers, and the
+    commit's verdict (`settled`: True once settled as sent, False if void)."""
+
+    engine_rids: Sequence[str]
+    settled: asyncio.Future[bool] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    _generations: list[Generation] = field(default_factory=list, init=False)
+    _followers: list[asyncio.Task[None]] = field(default_factory=list, init=False)
+
+    def follow(self, generation: Generation, follower: asyncio.Task[None]) -> None:
+        """A request of the batch was sent: `follower` serves it once the commit says so."""
+        self._generations.append(generation)
+        self._followers.append(follower)
+
+    def confirm(self) -> None:
+        """The commit settled the batch as sent: its followers carry on."""
+        self.settled.set_result(True)
+
+    async def void(self, dispatcher: DeferredDispatch) -> list[str]:
+        """The commit did not settle the batch: stop it at the engine and wait until no
+        follower holds any of its requests. Returns the engine rids never sent (the prefix
+        deferral held them back), which no follower will report freed."""
+        self.settled.set_result(False)
+        dispatcher.withdraw(self.engine_rids)
+        for generation in self._generations:
+            generation.cancel("its batch is cleared again")
+        await asyncio.gather(*self._followers, return_exceptions=True)
+        sent = {generation.rid for generation in self._generations}
+        return [rid for rid in self.engine_rids if rid not in sent]

@@ -1,0 +1,360 @@
+"""The path of one request, as one walk: hold, wait in the pool, clear, settle, dispatch.
+
+    admit()   refuse what the engine would refuse (context length), queue the bid's hold for
+              the ledger writer, join the pool, answer 402 if the hold is refused
+              (`server.serving.admission`)
+    closing   a batch closed: claim its holds, run the auction and settle it in ONE ledger
+              transaction, the writer's next group commit, which places any of its holds
+              still queued first; when its users can afford their queued bids as of the last
+              commit, it is cleared at once and sent to the engine while that commit runs,
+              no answer leaving before the commit settles it (`server.serving.batch_closing`)
+    dispatch  hand the cleared batch to the engine in the auction's order, and count what is
+              outstanding there, which tells the pool when to close the next batch
+              (`server.serving.batch_dispatch`); stream each request into its ticket and record its
+              outcome before its last byte, refunding an engine failure (`server.serving.following`)
+
+A request id is the client's idempotency key: a retry with the same payload joins the same
+ticket (and is never charged twice); the same id with another payload is a 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+from inference_auctions.billing import Ledger
+from inference_auctions.server.engine.base import Engine, TokenArray, TokenIds
+from inference_auctions.server.engine.contract import ContextTooLong, check_context_length
+from inference_auctions.server.engine.errors import EngineError, EngineTimeout
+from inference_auctions.server.errors import (
+    EngineFailed,
+    EngineTimedOut,
+    InvalidRequest,
+    ServiceError,
+    Unavailable,
+)
+from inference_auctions.server.ledger_writer.writer import LedgerWriter
+from inference_auctions.server.metrics import Metrics
+from inference_auctions.server.serving.admission import (
+    conflict,
+    held,
+    hold_was_placed,
+    ledger_rid,
+    payload_fingerprint,
+    queue_hold,
+    release_hold,
+    unavailable,
+)
+from inference_auctions.server.serving.answer_memory import AnswerMemory
+from inference_auctions.server.serving.batch_closing import BatchClosing
+from inference_auctions.server.serving.batch_dispatch import BatchDispatch
+from inference_auctions.server.serving.distrust import Distrust
+from inference_auctions.server.serving.engine_shares import EngineShares
+from inference_auctions.server.serving.pool import BatchingPolicy, BatchPool, PoolClosed, QueueFull
+from inference_auctions.server.serving.tickets import Ticket
+from inference_auctions.server.serving.tier_figures import TierFigures
+from inference_auctions.server.settings import ServerSettings
+
+__all__ = ["AuctionService", "Load", "new_batch_id", "payload_fingerprint"]
+
+# Finished tickets kept for idempotent retries; older ones fall back to the ledger's record.
+_REMEMBERED_TICKETS = 10_000
+
+
+class Load(NamedTuple):
+    """How busy the server is: requests waiting in its pool, and outstanding at the engine."""
+
+    queue: int
+    inflight: int
+
+
+def new_batch_id() -> str:
+    """Sortable by time, unique across replicas."""
+    return f"b{time.time_ns():x}{secrets.token_hex(4)}"
+
+
+class AuctionService:
+    """Owns the tickets, the pool, the ledger writer and the engine of one server process;
+    admits requests itself and lends the rest of their walk to `BatchClosing` and
+    `BatchDispatch` (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        ledger: Ledger,
+        engine: Engine,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self._engine = engine
+        self.metrics = Metrics(
+            queue_length=lambda: len(self._pool), inflight=lambda: self._dispatch.inflight
+        )
+        # Every ledger write of the serving path, grouped into one lane (group commit).
+        self.writer = LedgerWriter(
+            ledger,
+            observe_group=self.metrics.ledger_group_writes.observe,
+        )
+        self._dispatch = BatchDispatch(
+            settings, engine, ledger, self.writer, self.metrics, wake=self._wake_pool
+        )
+        self._distrust = Distrust()
+        # The tiers sold under `pricing tiers`, and what each recently bought.
+        self.tier_menu = settings.tier_menu() if settings.pricing == "tiers" else None
+        self.tier_figures = TierFigures(self.tier_menu)
+        self.metrics.pricing_mode.labels(mode=settings.pricing).set(1)
+        closing = BatchClosing(
+            settings,
+            self.writer,
+            self.metrics,
+            self._dispatch,
+            self._distrust,
+            release=self._release_when_placed,
+            forget=lambda ticket: self._forget((ticket.user, ticket.rid)),
+            new_batch_id=new_batch_id,
+            clock=clock,
+            tier_figures=self.tier_figures,
+        )
+        policy = BatchingPolicy(
+            batch_size=settings.batch_size,
+            max_wait=settings.max_wait_ms / 1000,
+            max_inflight=settings.max_inflight,
+            max_queue=settings.max_queue,
+        )
+        self._shares = EngineShares(settings, wake=self._wake_pool)
+        self._pool: BatchPool[Ticket] = BatchPool(
+            policy,
+            closing,
+            lambda: self._dispatch.inflight,
+            saturated=self._dispatch.saturated,
+            select=self._select,
+        )
+        self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
+        self._answers = AnswerMemory(settings.answer_memory_mib * 2**20, self._forget_ticket)
+        self._tasks: set[asyncio.Task[None]] = set()  # releases of abandoned requests
+        self._runner: asyncio.Task[None] | None = None
+
+    # What the routes ask of the service
+
+    @property
+    def engine_name(self) -> str:
+        """The engine's name, as `/health` and `/server_info` report it."""
+        return self._engine.name
+
+    async def engine_healthy(self) -> bool:
+        """Whether the engine answers its health check."""
+        return await self._engine.health()
+
+    async def flush_engine_cache(self) -> bool:
+        """Ask the engine to empty its prefix cache; False while requests run or wait there."""
+        return await self._engine.flush_cache()
+
+    async def tokenize(self, text: str) -> TokenArray:
+        """The engine's token ids for a prompt (cached, read-only)."""
+        return await self._engine.tokenize_array(text)
+
+    async def vocab_size(self) -> int | None:
+        """How many token ids the engine's model has (None: nothing tells)."""
+        try:
+            return await self._engine.vocab_size()
+        except EngineTimeout as error:
+            raise EngineTimedOut(f"asking the engine for its vocabulary: {error}") from None
+        except EngineError as error:
+            raise EngineFailed(f"the engine did not tell its vocabulary: {error}") from None
+
+    async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
+        """A conversation's prompt ids, rendered with the engine's chat template."""
+        return await self._engine.tokenize_chat(messages)
+
+    def load(self) -> Load:
+        """Requests waiting in the pool, and outstanding at the engine, now."""
+        return Load(queue=len(self._pool), inflight=self._dispatch.inflight)
+
+    def engine_capacity(self) -> dict[str, Any]:
+        """The saturation limits in force and the engine facts they come from."""
+        return self._dispatch.capacity.describe()
+
+    def recent_timings(self) -> list[tuple[float, float]]:
+        """(overhead, batching wait) in seconds of the most recent requests, oldest first."""
+        return self._dispatch.recent_timings()
+
+    async def start(self) -> None:
+        """Start the ledger writer, learn the engine's limits, then close batches."""
+        await self.writer.start()
+        await self._dispatch.capacity.start()
+        self._runner = asyncio.create_task(self._pool.run(), name="batch-pool")
+
+    async def stop(self) -> None:
+        """Drain: clear every waiting request, let every dispatched one finish, then stop."""
+        await self._pool.drain()
+        await self._dispatch.drain()
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        self._dispatch.close()
+        await self._dispatch.capacity.close()
+        await self.writer.close()
+
+    # Admission
+
+    async def admit(
+        self,
+        *,
+        user: str,
+        rid: str,
+        tokens: TokenIds,
+        bid_micros: int,
+        sampling_params: dict[str, Any],
+        fingerprint: str,
+        streamed: bool = True,
+    ) -> Ticket:
+        """Hold the bid and queue the request; a retry of a known rid joins its ticket. A
+        refused request's prompt leaves the engine's caches (refused requests feed none)."""
+        try:
+            return await self._admit(
+                user, rid, tokens, bid_micros, sampling_params, fingerprint, streamed
+            )
+        except ServiceError:
+            self._engine.forget_prompt(tokens)
+            raise
+
+    async def _admit(
+        self,
+        user: str,
+        rid: str,
+        tokens: TokenIds,
+        bid_micros: int,
+        sampling_params: dict[str, Any],
+        fingerprint: str,
+        streamed: bool,
+    ) -> Ticket:
+        key = (user, rid)
+        known = self._tickets.get(key)
+        if known is not None:
+            if known.fingerprint != fingerprint:
+                raise conflict(rid)
+            return known
+        await self._check_context(tokens, sampling_params)
+        ticket = Ticket(
+            user=user,
+            rid=rid,
+            ledger_rid=ledger_rid(user, rid),
+            tokens=tokens,
+            bid_micros=bid_micros,
+            sampling_params=sampling_params,
+            fingerprint=fingerprint,
+            fee_micros=self.settings.request_fee_micros,
+            streamed=streamed,
+        )
+        self._shares.check(ticket)  # 400 for a free request bigger than free traffic's share
+        self._answers.reserve(ticket, self.settings.max_new_tokens_limit)  # 503 if over
+        # Claimed before the first await, so a concurrent retry joins instead of racing.
+        self._remember(key, ticket)
+        try:
+            # Queued before the ticket can join a batch, so the batch's claim finds the hold:
+            # in the same group commit when the batch closes at once (a lone request costs one
+            # ledger transaction before dispatch, not two).
+            ticket.hold = queue_hold(self.writer, ticket)
+            ticket.queued = time.monotonic()
+            try:
+                self._pool.submit(ticket)
+            except (QueueFull, PoolClosed) as error:
+                if await hold_was_placed(ticket):
+                    await self._release(ticket, "not queued: " + str(error))
+                raise unavailable(str(error)) from None
+            await held(ticket.hold, self.metrics, ticket)
+        except ServiceError as error:
+            # Refused: if its batch has not closed, it leaves the pool; a batch that took it
+            # meanwhile finds no hold to claim (or one of another payload) and leaves it out.
+            self._pool.withdraw(ticket)
+            if not isinstance(
+                error, Unavailable
+            ):  # its hold was refused: `server.serving.distrust`
+                self._distrust.add(user)
+            self._forget(key)
+            await ticket.finish(error)  # a concurrent retry that joined gets the same answer
+            raise
+        except asyncio.CancelledError:
+            # Never leave a ticket behind that nothing will finish: a retry would wait on it
+            # forever. One still in the pool leaves it, its hold released once placed; one
+            # whose batch closed is served and settled like a client that left after that.
+            if self._pool.withdraw(ticket):
+                self._forget(key)
+                self._spawn(self._release_when_placed(ticket, "cancelled before dispatch"))
+                await ticket.finish(unavailable("the request was cancelled before it was queued"))
+            raise
+        return ticket
+
+    async def _check_context(self, tokens: TokenIds, sampling_params: dict[str, Any]) -> None:
+        """Refuse, before any money moves, what the engine would refuse for its length."""
+        try:
+            context = await self._engine.context_length()
+        except EngineTimeout as error:
+            raise EngineTimedOut(f"asking the engine for its context length: {error}") from None
+        except EngineError as error:
+            raise EngineFailed(f"the engine did not tell its context length: {error}") from None
+        if context is None:
+            return
+        max_new_tokens = sampling_params.get("max_new_tokens")
+        try:
+            check_context_length(len(tokens), max_new_tokens, context)
+        except ContextTooLong as error:
+            raise InvalidRequest(str(error), param=error.field) from None
+
+    async def abandon(self, ticket: Ticket) -> None:
+        """The client went away: if its batch has not closed, take it back and free its hold."""
+        if self._pool.withdraw(ticket):
+            await self._release_when_placed(ticket, "client disconnected before dispatch")
+            await ticket.finish(unavailable("the client disconnected"))
+            self._forget((ticket.user, ticket.rid))
+
+    async def _release(self, ticket: Ticket, reason: str) -> None:
+        await release_hold(self.writer, self.ledger, self.metrics, ticket, reason)
+
+    async def _release_when_placed(self, ticket: Ticket, reason: str) -> None:
+        """Free the ticket's hold once its commit is known, if it was placed."""
+        if await hold_was_placed(ticket):
+            await self._release(ticket, reason)
+
+    def _remember(self, key: tuple[str, str], ticket: Ticket) -> None:
+        self._tickets[key] = ticket
+        while len(self._tickets) > _REMEMBERED_TICKETS:
+            oldest_key, oldest = next(iter(self._tickets.items()))
+            if not oldest.done:
+                break
+            del self._tickets[oldest_key]
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        self._tickets.pop(key, None)
+
+    def _forget_ticket(self, ticket: Ticket) -> None:
+        if self._tickets.get((ticket.user, ticket.rid)) is ticket:
+            del self._tickets[(ticket.user, ticket.rid)]
+
+    def _select(self, waiting: list[Ticket], room: int) -> list[int]:
+        """The places of the waiting requests the next batch takes: the oldest first, but
+        under `pricing tiers` a dearer tier's first (first come, first served within one)."""
+        if self.tier_menu is None:
+            return self._shares.select(waiting, room)
+        order = sorted(range(len(waiting)), key=lambda place: -waiting[place].bid_micros)
+        chosen = self._shares.select([waiting[place] for place in order], room)
+        return [order[index] for index in chosen]
+
+    def _wake_pool(self) -> None:
+        # A method, not `self._pool.wake`: dispatch is made before the pool it wakes.
+        self._pool.wake()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
