@@ -88,7 +88,7 @@ class ServerSettings(LedgerSettings):
     # Batching is work-conserving (server.serving.pool): while the engine can take more, a batch
     # closes at once with whatever waits, up to `batch_size`; while it is saturated, requests
     # wait here and the next batch auctions the whole backlog. Saturated
-    # (server.serving.engine_capacity): the requests sent to the engine that have no first token yet
+    # (server.serving.engine_load): the requests sent to the engine that have no first token yet
     # (queued there, prefilling, or held back by the prefix deferral) are what the engine can
     # admit at its next step. By default that is learnt from the engine: its running-request
     # limit less this server's requests running there, and one prefill chunk of prompt tokens
@@ -116,12 +116,12 @@ class ServerSettings(LedgerSettings):
     """How often the engine's waiting queue (`/v1/loads`) is read while requests are there."""
     max_queue: int = Field(default=10_000, ge=1)
     """The most requests waiting for a batch; beyond it new ones are answered 503."""
-    # Memory for answers (server.serving.answer_memory): each request in flight reserves what its
+    # Memory for answers (server.serving.admission): each request in flight reserves what its
     # `max_new_tokens` can hold, finished answers kept for retries count at their size; a
     # request that cannot fit is refused with 503 and Retry-After (kept answers go first).
     answer_memory_mib: int = Field(default=2_048, ge=1)
     """Memory for answers in flight and kept for retries; a request that cannot fit is 503."""
-    # Shares of the engine (server.serving.engine_shares): zero-bid requests together hold at most
+    # Shares of the engine (server.serving.engine_load): zero-bid requests together hold at most
     # `zero_bid_share` of the `max_inflight` slots and of the engine's tokens; while others
     # wait, one user gets no more once it holds `user_share`. `engine_tokens`: the engine's KV
     # capacity in tokens (default: the embedded emulator's cache; unset for an engine URL, the

@@ -30,7 +30,7 @@ from inference_auctions.server.errors import (
     ServiceError,
     Unavailable,
 )
-from inference_auctions.server.serving import departure
+from inference_auctions.server.serving.dispatch import client_left
 from inference_auctions.server.serving.service import AuctionService, payload_fingerprint
 from inference_auctions.server.serving.tickets import Chunk, Clearance, Ticket
 
@@ -194,7 +194,7 @@ async def complete(
         return clearance, await ticket.result()
     finally:
         ticket.waiters -= 1
-        departure.client_left(ticket)  # a no-op unless it left before the end
+        client_left(ticket)  # a no-op unless it left before the end
 
 
 async def _done_unless_gone(request: Request, ticket: Ticket) -> None:
@@ -279,4 +279,4 @@ async def _events(service: AuctionService, ticket: Ticket, render: Render) -> As
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(service.abandon(ticket))
         else:
-            departure.client_left(ticket)  # a no-op unless it left before the end
+            client_left(ticket)  # a no-op unless it left before the end

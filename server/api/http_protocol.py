@@ -23,7 +23,7 @@ client holds only its share, and one key spread over many addresses cannot hold 
 A write deadline covers the answer: a connection whose client has not taken any of what is
 waiting to be sent (the transport's buffer stays full) for `write_timeout` seconds is
 dropped, so a stream nobody reads cannot hold its connection (and its request at the engine)
-for good; its request then counts as left by its client (`server.serving.departure`).
+for good; its request then counts as left by its client (`server.serving.dispatch`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A request in flight at an engine, and the bookkeeping every engine shares.
+"""A request in flight at an engine, the bookkeeping every engine shares, and waiting on it.
 
 A `Generation` is produced by an engine's background task and consumed by the server: the
 producer reports admission, chunks, and the end (a result or an `EngineError`); the consumer
@@ -11,6 +11,13 @@ consumer that only wants the result can ignore them.
 Every request in flight has one, so its signals are plain futures made on demand rather than
 an `asyncio.Queue` and two `asyncio.Event`s per request: a chunk wakes the one consumer
 waiting for it, and nothing is allocated for a signal nobody awaits.
+
+`Waiters`: readers waiting for one kind of change of an object, each on a future of its own.
+
+Every request creates objects that others wait on (its ticket, its engine generation), so
+their signals must be cheap: no lock as in an `asyncio.Condition`, and nothing allocated until
+somebody actually waits. A change resolves every future waiting at that moment, once; a
+reader that is cancelled cancels only its own future.
 """
 
 from __future__ import annotations
@@ -24,9 +31,8 @@ from typing import Any
 
 from inference_auctions.server.engine.base import EngineChunk, EngineRequest, EngineResult
 from inference_auctions.server.engine.errors import EngineError, EngineUnavailable
-from inference_auctions.server.serving.waiters import Waiters
 
-__all__ = ["EngineBase", "Generation"]
+__all__ = ["EngineBase", "Generation", "Waiters"]
 
 _UNREAD_CHUNKS = 16  # unread chunks kept apart; more are merged into the latest
 
@@ -254,3 +260,25 @@ class EngineBase(ABC):
         for generation in running:
             await generation.wait_task()
         self._generations.clear()
+
+
+class Waiters:
+    """The futures of the readers waiting for the next change (see the module docstring)."""
+
+    __slots__ = ("_futures",)
+
+    def __init__(self) -> None:
+        self._futures: list[asyncio.Future[None]] = []
+
+    def wait(self) -> asyncio.Future[None]:
+        """A new future, resolved at the next `wake`."""
+        future = asyncio.get_running_loop().create_future()
+        self._futures.append(future)
+        return future
+
+    def wake(self) -> None:
+        """Resolve every future waiting now (a cancelled one is skipped)."""
+        futures, self._futures = self._futures, []
+        for future in futures:
+            if not future.done():
+                future.set_result(None)

@@ -284,7 +284,7 @@ class SGLangHTTPEngine(EngineBase):
 
         Not SGLang's `/health`: that one queues a one-token generation at the lowest priority,
         which under load waits behind every auctioned request and shows in the waiting queue
-        the saturation rule reads (`server.serving.engine_capacity`). `/v1/loads` is answered by the
+        the saturation rule reads (`server.serving.engine_load`). `/v1/loads` is answered by the
         scheduler itself, so it proves the same liveness without generating. An SGLang without
         it is asked `/health`."""
         if self._client is None:

@@ -18,7 +18,7 @@ prompt is compared again. The rule changes only when a request is handed to the 
 the order or the payments.
 
 `PrefixDeferral` is pure (time is an argument, nothing is awaited): the server's dispatcher
-(`server.serving.deferred_dispatch`) and the experiment runner
+(`server.serving.dispatch`) and the experiment runner
 (`inference_auctions.experiments.runner`) drive the same object, so experiments and server cannot
 drift apart.
 """
@@ -34,7 +34,14 @@ from typing import Generic, TypeVar
 from inference_auctions.server.auction import AuctionOutcome
 from inference_auctions.server.auction.tree import NOT_A_REQUEST, RadixTree
 
-__all__ = ["BatchPrefixes", "DeferralSettings", "PrefixDeferral", "Release"]
+__all__ = [
+    "DEFAULT_MAX_HOLD_SECONDS",
+    "DEFAULT_THRESHOLD_TOKENS",
+    "BatchPrefixes",
+    "DeferralSettings",
+    "PrefixDeferral",
+    "Release",
+]
 
 Key = TypeVar("Key", bound=Hashable)
 

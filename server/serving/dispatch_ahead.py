@@ -1,4 +1,4 @@
-"""A batch sent to the engine ahead of its settlement's commit.
+"""Dispatch ahead of the commit: a batch sent to the engine while its settlement commits.
 
 A lone request used to wait for two things in turn before the engine saw it: the commit that
 places its hold and settles its batch, then the engine. When every user of a closed batch could
@@ -19,19 +19,35 @@ If the commit does not settle it, the batch is void: its generations are cancell
 prefix deferral still held back is dropped, and once every follower has let go of its request
 the requests are either cleared again, from the ledger, as if the batch had just closed (a
 hold refused after all, or settled by another replica), or, if the commit itself failed,
-failed as any batch that cannot be settled (503, nothing charged; `server.serving.batch_closing`). A
+failed as any batch that cannot be settled (503, nothing charged; `server.serving.clearing`). A
 server that crashes meanwhile has charged nothing and answered nothing; the holds expire as
 any do.
+
+`Distrust`: users whose batches wait for their commits before the engine sees them, for a
+while.
+
+A batch is sent to the engine ahead of its settlement's commit only when the ledger writer's
+estimate says its users can afford their queued bids (above). That
+estimate cannot see another replica's spending, and a request sent ahead that the commit then
+refuses voids its whole batch, other users' requests included. So a user one of whose holds was
+refused (the budget spent meanwhile on another replica, a rid settled or held elsewhere) or
+could not be claimed is distrusted for `seconds`: their batches wait for their commits.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inference_auctions.server.engine.generation import Generation
-from inference_auctions.server.serving.deferred_dispatch import DeferredDispatch
+
+__all__ = ["Distrust", "Speculation"]
+
+if TYPE_CHECKING:
+    from inference_auctions.server.serving.dispatch import DeferredDispatch
 
 
 @dataclass(eq=False)
@@ -66,3 +82,48 @@ class Speculation:
         await asyncio.gather(*self._followers, return_exceptions=True)
         sent = {generation.rid for generation in self._generations}
         return [rid for rid in self.engine_rids if rid not in sent]
+
+
+_DISTRUST_SECONDS = 60.0
+# Distrusted users remembered before the expired ones are swept out. The next sweep waits
+# for twice as many as the last one kept, so a flood of refusals naming many users costs
+# amortized constant time per refusal.
+_SWEEP = 10_000
+
+
+class Distrust:
+    """Who is distrusted until when (see the module docstring)."""
+
+    def __init__(
+        self,
+        seconds: float = _DISTRUST_SECONDS,
+        sweep: int = _SWEEP,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._seconds = seconds
+        self._sweep = sweep
+        self._clock = clock
+        self._sweep_at = sweep
+        self._until: dict[str, float] = {}  # user -> when (`clock`) their distrust ends
+
+    @property
+    def sweep_at(self) -> int:
+        """How many users remembered make the next `add` sweep the expired ones out."""
+        return self._sweep_at
+
+    def add(self, user: str) -> None:
+        """The user's next batches wait for their commits, for the next `seconds`."""
+        now = self._clock()
+        if len(self._until) >= self._sweep_at:
+            self._until = {u: t for u, t in self._until.items() if t > now}
+            self._sweep_at = max(self._sweep, 2 * len(self._until))
+        self._until[user] = now + self._seconds
+
+    def trusted(self, user: str, now: float) -> bool:
+        """Whether the user's batch may go to the engine ahead of its commit at `now` (a
+        reading of the same clock)."""
+        return self._until.get(user, 0.0) <= now
+
+    def __len__(self) -> int:
+        """Users remembered, expired or not (until the next sweep)."""
+        return len(self._until)

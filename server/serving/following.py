@@ -1,4 +1,4 @@
-"""Serving one dispatched request: its deadlines, its durable outcome, its refund.
+"""Following a dispatched request to its outcome: its stream, its deadlines, its durable record.
 
 The engine's chunks go to the ticket as they come, except the last: that one is withheld until
 the request's outcome is committed to the ledger (`served`, moving it out of `scheduled` only
@@ -9,11 +9,24 @@ engine is recorded `failed` together with its refund, in one transaction.
 A request sent to the engine ahead of its batch's commit (`server.serving.dispatch_ahead`) is
 streamed the same way, but its follower writes nothing about it (`served`, a refund, its end) before
 that commit settled the batch; if it did not, the follower lets the request go untouched, and
-it is cleared again (`server.serving.batch_closing`).
+it is cleared again (`server.serving.clearing`).
 
 Two deadlines: the stall deadline (no token for `engine_stall_timeout_seconds`) fails the
 request, refunded; the operator's total cap (`engine_max_seconds`) ends it *served*, with the
 output so far and `finish_reason` `abort`, as SGLang reports an aborted request.
+
+`StreamDeadlines`: the stall and total deadlines of every stream a server follows, on one
+timer.
+
+Every stream has the same stall period and the same total cap (the server's settings), so the
+streams ordered by when they last waited for a chunk are also ordered by their stall
+deadlines, and the streams ordered by when they started are ordered by their total deadlines.
+Two insertion-ordered dicts keep those two orders at O(1) per chunk (a stream that waits
+again moves to the end), and one timer, armed for the earliest deadline of all, expires what
+is due when it fires and re-arms for the next. A stream expires through its own timeout scope,
+rescheduled to now, so the `anext` it awaits raises `TimeoutError` exactly as a timeout of its
+own would: the deadlines are those of a fresh `asyncio.timeout(min(stall, cap left))` per
+chunk, without a timer per stream or per chunk.
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inference_auctions.billing import Ledger, RequestNotScheduled, ServedRecord
 from inference_auctions.server.engine.base import EngineChunk
@@ -32,10 +46,13 @@ from inference_auctions.server.errors import EngineFailed, EngineTimedOut, Servi
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.serving.admission import unavailable
-from inference_auctions.server.serving.clearing import ClearedBatch
-from inference_auctions.server.serving.stream_deadlines import StreamDeadlines
 from inference_auctions.server.serving.tickets import Chunk, Ticket
 from inference_auctions.server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from inference_auctions.server.serving.clearing import ClearedBatch
+
+__all__ = ["Serving", "StreamDeadlines", "Watch"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +80,7 @@ class Serving:
     metrics: Metrics
     freed: Callable[[str], None]  # called with its engine rid once a request leaves the engine
     started: Callable[[str], None] = lambda _: None  # called at its first token (deferral)
-    # Every stream's stall and total deadlines, on one timer (`server.serving.stream_deadlines`).
+    # Every stream's stall and total deadlines, on one timer (`server.serving.following`).
     _deadlines: StreamDeadlines = field(init=False)
 
     def __post_init__(self) -> None:
@@ -103,7 +120,7 @@ class Serving:
         finally:
             self.freed(ticket.engine_rid)
         if settled is not None and not await settled:
-            return  # the batch is void: it is cleared again (`server.serving.batch_closing`)
+            return  # the batch is void: it is cleared again (`server.serving.clearing`)
         if ticket.left:
             await ticket.finish(await self._departed(ticket, batch))
             return
@@ -195,7 +212,7 @@ class Serving:
         return None
 
     async def _departed(self, ticket: Ticket, batch: ClearedBatch) -> ServiceError:
-        """Record a request whose client left (`server.serving.departure`) by the rule of
+        """Record a request whose client left (`server.serving.dispatch`) by the rule of
         docs/SPEC.md, "A client that leaves"; the error its ticket ends with."""
         if ticket.first_token is None:
             error = unavailable(
@@ -256,3 +273,111 @@ def _capped(last: Chunk, cap: float | None) -> Chunk:
     """The last chunk, finished as SGLang finishes an aborted request."""
     reason = {"type": "abort", "message": f"the server's total-time cap of {cap:g} s passed"}
     return Chunk(last.text, last.output_ids, {**last.meta_info, "finish_reason": reason})
+
+
+class Watch:
+    """One stream's place in `StreamDeadlines`."""
+
+    __slots__ = ("_owner", "cap_at", "capped", "scope", "since")
+
+    def __init__(
+        self, owner: StreamDeadlines, scope: asyncio.Timeout, now: float, cap_at: float | None
+    ) -> None:
+        self._owner = owner
+        self.scope = scope
+        self.since = now  # when it last started waiting for a chunk
+        self.cap_at = cap_at
+        self.capped = False  # expired by the total cap (else, if expired, by the stall)
+
+    def waiting(self) -> None:
+        """The next chunk is awaited from now: its stall deadline starts now."""
+        self._owner._waiting(self)
+
+    def cancel(self) -> None:
+        """The stream ended (or timed out): no deadline applies to it any more."""
+        self._owner._forget(self)
+
+
+class StreamDeadlines:
+    """The deadlines of every stream of a server (see the module docstring)."""
+
+    def __init__(self, stall: float, cap: float | None) -> None:
+        self._stall = stall
+        self._cap = cap
+        self._by_wait: dict[Watch, None] = {}  # in the order they last started waiting
+        self._by_start: dict[Watch, None] = {}  # in the order they started (with a cap only)
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_at = 0.0
+
+    def __len__(self) -> int:
+        return len(self._by_wait)
+
+    def watch(self, scope: asyncio.Timeout) -> Watch:
+        """Follow a stream that starts now and waits for its first chunk; `scope` is the
+        timeout scope around it, expired when a deadline passes."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        watch = Watch(self, scope, now, None if self._cap is None else now + self._cap)
+        self._by_wait[watch] = None
+        if watch.cap_at is not None:
+            self._by_start[watch] = None
+        self._arm(loop)
+        return watch
+
+    def _waiting(self, watch: Watch) -> None:
+        if self._by_wait.pop(watch, False) is not False:  # still followed: to the end
+            watch.since = asyncio.get_running_loop().time()
+            self._by_wait[watch] = None
+
+    def _forget(self, watch: Watch) -> None:
+        self._by_wait.pop(watch, None)
+        self._by_start.pop(watch, None)
+        # The timer stays armed: it finds nothing due, and re-arms or stops.
+
+    def _due(self) -> float | None:
+        """The earliest deadline of every stream followed, or None when there is none."""
+        due = None
+        if self._by_wait:
+            due = next(iter(self._by_wait)).since + self._stall
+        if self._by_start:
+            cap_at = next(iter(self._by_start)).cap_at
+            assert cap_at is not None
+            due = cap_at if due is None else min(due, cap_at)
+        return due
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        due = self._due()
+        if due is None:
+            return
+        if self._timer is not None:
+            if self._armed_at <= due:
+                return  # it fires first anyway, and re-arms then
+            self._timer.cancel()
+        self._armed_at = due
+        self._timer = loop.call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        # Due: whatever was due when the timer was armed for this moment, even if the clock
+        # reads a hair before it.
+        limit = max(now, self._armed_at)
+        self._timer = None
+        # The cap first: a stream past both deadlines counts as capped.
+        while self._by_start:
+            first = next(iter(self._by_start))
+            assert first.cap_at is not None
+            if first.cap_at > limit:
+                break
+            first.capped = True
+            self._expire(first, now)
+        while self._by_wait:
+            first = next(iter(self._by_wait))
+            if first.since + self._stall > limit:
+                break
+            self._expire(first, now)
+        self._arm(loop)
+
+    def _expire(self, watch: Watch, now: float) -> None:
+        self._forget(watch)
+        watch.scope.reschedule(now)

@@ -72,7 +72,7 @@ class BatchPool(Generic[Item]):
         select: Callable[[list[Item], int], list[int]] | None = None,
     ) -> None:
         """`select(waiting, room)`: the places of the waiting requests a batch takes now, at
-        most `room` (`server.serving.engine_shares`); by default the oldest."""
+        most `room` (`server.serving.engine_load`); by default the oldest."""
         self._policy = policy
         self._select = select
         # Set when the waiting requests may not go now (`select` took none): the pool waits

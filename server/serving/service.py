@@ -7,10 +7,10 @@
               transaction, the writer's next group commit, which places any of its holds
               still queued first; when its users can afford their queued bids as of the last
               commit, it is cleared at once and sent to the engine while that commit runs,
-              no answer leaving before the commit settles it (`server.serving.batch_closing`)
+              no answer leaving before the commit settles it (`server.serving.clearing`)
     dispatch  hand the cleared batch to the engine in the auction's order, and count what is
               outstanding there, which tells the pool when to close the next batch
-              (`server.serving.batch_dispatch`); stream each request into its ticket and record its
+              (`server.serving.dispatch`); stream each request into its ticket and record its
               outcome before its last byte, refunding an engine failure (`server.serving.following`)
 
 A request id is the client's idempotency key: a retry with the same payload joins the same
@@ -42,6 +42,7 @@ from inference_auctions.server.errors import (
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.serving.admission import (
+    AnswerMemory,
     conflict,
     held,
     hold_was_placed,
@@ -51,11 +52,10 @@ from inference_auctions.server.serving.admission import (
     release_hold,
     unavailable,
 )
-from inference_auctions.server.serving.answer_memory import AnswerMemory
-from inference_auctions.server.serving.batch_closing import BatchClosing
-from inference_auctions.server.serving.batch_dispatch import BatchDispatch
-from inference_auctions.server.serving.distrust import Distrust
-from inference_auctions.server.serving.engine_shares import EngineShares
+from inference_auctions.server.serving.clearing import BatchClosing
+from inference_auctions.server.serving.dispatch import BatchDispatch
+from inference_auctions.server.serving.dispatch_ahead import Distrust
+from inference_auctions.server.serving.engine_load import EngineShares
 from inference_auctions.server.serving.pool import BatchingPolicy, BatchPool, PoolClosed, QueueFull
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.serving.tier_figures import TierFigures
@@ -279,7 +279,7 @@ class AuctionService:
             self._pool.withdraw(ticket)
             if not isinstance(
                 error, Unavailable
-            ):  # its hold was refused: `server.serving.distrust`
+            ):  # its hold was refused: `server.serving.dispatch_ahead`
                 self._distrust.add(user)
             self._forget(key)
             await ticket.finish(error)  # a concurrent retry that joined gets the same answer

@@ -16,8 +16,8 @@ from typing import Any
 
 from inference_auctions.billing import HoldView
 from inference_auctions.server.engine.base import TokenIds
+from inference_auctions.server.engine.generation import Waiters
 from inference_auctions.server.errors import ServiceError
-from inference_auctions.server.serving.waiters import Waiters
 
 _RECENT_CHUNKS = 4  # chunks a slow reader can still read one by one; past them it skips
 
@@ -124,15 +124,15 @@ class Ticket:
     error: ServiceError | None = None
     done: bool = False
     waiters: int = 0  # HTTP handlers following it (a retry adds one)
-    # Set once every client following it left after its batch closed (`server.serving.departure`);
+    # Set once every client following it left after its batch closed (`server.serving.dispatch`);
     # `stop` ends its generation at the engine once it was sent.
     left: bool = False
     stop: Callable[[str], None] | None = None
     first_token: float | None = None  # seconds from dispatch to its first token, once produced
-    # Called once each, when it ends: what it held is released (`server.serving.answer_memory`,
-    # `server.serving.engine_shares`).
+    # Called once each, when it ends: what it held is released (`server.serving.admission`,
+    # `server.serving.engine_load`).
     on_finish: list[Callable[[], None]] = field(default_factory=list)
-    # The readers waiting for each kind of change (`server.serving.waiters`): each wakes once per
+    # The readers waiting for each kind of change (`server.engine.generation`): each wakes once per
     # change, and one that is cancelled cancels only its own wait.
     _on_cleared: Waiters = field(default_factory=Waiters)
     _on_chunk: Waiters = field(default_factory=Waiters)

@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from inference_auctions.server.auction import AuctionRequest, run_auction
-from inference_auctions.server.serving.batch_dispatch import deferral_settings
 from inference_auctions.server.serving.deferral import (
     BatchPrefixes,
     DeferralSettings,
     PrefixDeferral,
     Release,
 )
+from inference_auctions.server.serving.dispatch import deferral_settings
 from inference_auctions.server.settings import ServerSettings
 
 PREFIX = list(range(1000, 1100))  # 100 tokens

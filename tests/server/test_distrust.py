@@ -3,7 +3,7 @@ amortized constant time."""
 
 from __future__ import annotations
 
-from inference_auctions.server.serving.distrust import Distrust
+from inference_auctions.server.serving.dispatch_ahead import Distrust
 
 
 class _Clock:

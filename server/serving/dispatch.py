@@ -1,13 +1,35 @@
-"""Handing cleared batches to the engine, and knowing how busy the engine is.
+"""Handing cleared batches to the engine: in order, prefix-deferred, stopped when clients leave.
 
 `BatchDispatch.dispatch` turns a cleared batch's tickets into engine requests in the
 auction's order (each with its clearance's sequence as its priority), hands them to the prefix
-deferral (`server.serving.deferred_dispatch`), and starts one follower per request once it is sent
+deferral (`DeferredDispatch`), and starts one follower per request once it is sent
 (`server.serving.following.Serving`: its stream, its outcome, its refund).
 
 It also counts what the pool needs to decide when to close a batch (`server.serving.pool`): the
 requests outstanding at the engine, and those sent but not started (no first token yet), whose
 total is how saturated the engine is. Every change of either wakes the pool.
+
+`DeferredDispatch`: the hand-off to the engine, with in-step prefix deferral
+(`server.serving.deferral`).
+
+`DeferredDispatch.dispatch` takes a cleared batch's engine requests in the auction's order,
+sends at once those the rule lets go, and keeps the others until `first_token` or `ended` of
+the request they wait for (the service calls both from its per-request stream), or until
+their hold runs out on a timer. A released request keeps the priority the auction gave it, so
+the engine still admits it before every request of a later place. With the rule off, or an
+engine in `ordered` mode (which never admits two of a batch into one step), every request is
+sent at once, exactly as before.
+
+`client_left`: a client that leaves after its batch closed has its generation stopped at once.
+
+Every HTTP handler following a ticket calls `client_left` when its client goes; once none is
+left, the ticket is marked and its generation cancelled, which aborts it at the engine (the
+emulator aborts a request whose stream is dropped, the SGLang backend also posts
+`/abort_request`), freeing its slot. A ticket not sent yet is stopped as soon as it is
+(`sent`). What the departed request costs is decided when its follower sees it end
+(`server.serving.following`), by the rule of docs/SPEC.md, "A client that leaves": after its first
+token it keeps its charge and is recorded `abandoned`; before it, it is `failed` and refunded
+by the per-request rule.
 """
 
 from __future__ import annotations
@@ -15,25 +37,38 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 from inference_auctions.billing import Ledger
+from inference_auctions.server.auction import AuctionOutcome
 from inference_auctions.server.engine.base import Engine, EngineRequest
 from inference_auctions.server.engine.generation import Generation
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
-from inference_auctions.server.serving import departure
-from inference_auctions.server.serving.clearing import ClearedBatch
-from inference_auctions.server.serving.deferral import DeferralSettings
-from inference_auctions.server.serving.deferred_dispatch import DeferredDispatch
+from inference_auctions.server.serving.deferral import (
+    BatchPrefixes,
+    DeferralSettings,
+    PrefixDeferral,
+    Release,
+)
 from inference_auctions.server.serving.dispatch_ahead import Speculation
-from inference_auctions.server.serving.engine_capacity import EngineCapacity
+from inference_auctions.server.serving.engine_load import EngineCapacity
 from inference_auctions.server.serving.following import Serving
 from inference_auctions.server.serving.tickets import Clearance, Ticket
 from inference_auctions.server.settings import ServerSettings
 
-__all__ = ["BatchDispatch", "deferral_settings"]
+if TYPE_CHECKING:
+    from inference_auctions.server.serving.clearing import ClearedBatch
+
+__all__ = [
+    "BatchDispatch",
+    "DeferredDispatch",
+    "Follow",
+    "client_left",
+    "deferral_settings",
+    "sent",
+]
 
 
 class BatchDispatch:
@@ -65,7 +100,7 @@ class BatchDispatch:
         # Recent (overhead, batching wait) of each request, for benchmarks and operators.
         self._timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._followers: set[asyncio.Task[None]] = set()
-        # What the engine can admit next, learnt from it (`server.serving.engine_capacity`).
+        # What the engine can admit next, learnt from it (`server.serving.engine_load`).
         self.capacity = EngineCapacity(
             engine,
             tokens_override=settings.saturation_tokens,
@@ -108,7 +143,7 @@ class BatchDispatch:
 
         def follow(place: int, generation: Generation) -> None:
             task = self._follow(self._serving.serve(ordered[place], generation, batch, settled))
-            departure.sent(ordered[place], generation.cancel)
+            sent(ordered[place], generation.cancel)
             if speculation is not None:
                 speculation.follow(generation, task)
 
@@ -170,3 +205,123 @@ def deferral_settings(settings: ServerSettings) -> DeferralSettings | None:
     if not settings.deferral or settings.engine_mode != "priority":
         return None
     return DeferralSettings(settings.deferral_tokens, settings.deferral_max_hold_ms / 1000)
+
+
+# Called with each request's place in its batch and its generation once it is sent.
+Follow = Callable[[int, Generation], None]
+
+
+class DeferredDispatch:
+    """Sends cleared batches to the engine, holding back what the rule says (see the docstring)."""
+
+    def __init__(self, engine: Engine, settings: DeferralSettings | None, metrics: Metrics) -> None:
+        self.engine = engine
+        self.rule: PrefixDeferral[str] | None = (
+            PrefixDeferral(settings) if settings is not None else None
+        )
+        self._metrics = metrics
+        self._held: dict[str, tuple[EngineRequest, int, Follow]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+
+    def dispatch(
+        self, outcome: AuctionOutcome, requests: Sequence[EngineRequest], follow: Follow
+    ) -> None:
+        """Send a cleared batch (`requests` in `outcome.order`); `follow` each once it is sent."""
+        if self.rule is None or len(requests) < 2:
+            self._send([(request, place, follow) for place, request in enumerate(requests)])
+            return
+        now = asyncio.get_running_loop().time()
+        # Keyed by the engine's rids (a request sent again has a rid of its own there).
+        keys = [request.rid for request in requests]
+        send = set(self.rule.add_batch(BatchPrefixes.from_outcome(outcome), keys, now))
+        ready = []
+        for place, request in enumerate(requests):
+            if request.rid in send:
+                ready.append((request, place, follow))
+            else:
+                self._held[request.rid] = (request, place, follow)
+        self._metrics.deferral_held.inc(len(requests) - len(ready))
+        self._send(ready)
+        self._arm_timer()
+
+    def first_token(self, rid: str) -> None:
+        """`rid` produced its first token: release what waited for its prefix."""
+        if self.rule is not None:
+            self._release(self.rule.first_token(rid, asyncio.get_running_loop().time()))
+
+    def ended(self, rid: str) -> None:
+        """`rid` ended (a no-op after its first token): stop waiting for it."""
+        if self.rule is not None:
+            self._release(self.rule.ended(rid, asyncio.get_running_loop().time()))
+
+    def withdraw(self, rids: Sequence[str]) -> None:
+        """Forget `rids`: those still held back are never sent (their batch was cancelled)."""
+        if self.rule is None:
+            return
+        now = asyncio.get_running_loop().time()
+        for rid in rids:
+            self._held.pop(rid, None)
+        for rid in rids:
+            # Anything this releases waited in the same batch, which is withdrawn whole.
+            self.rule.ended(rid, now)
+
+    def close(self) -> None:
+        """Stop the hold timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._timer_at = None
+
+    def _release(self, releases: list[Release[str]]) -> None:
+        if not releases:
+            return
+        ready = []
+        for release in releases:
+            ready.append(self._held.pop(release.key))
+            self._metrics.deferral_hold_seconds.observe(release.held_seconds)
+            self._metrics.deferral_saved_tokens.inc(release.saved_tokens)
+            if release.expired:
+                self._metrics.deferral_expired.inc()
+        self._send(ready)
+
+    def _send(self, ready: list[tuple[EngineRequest, int, Follow]]) -> None:
+        if not ready:
+            return
+        generations = self.engine.dispatch([request for request, _, _ in ready])
+        for (_, place, follow), generation in zip(ready, generations, strict=True):
+            follow(place, generation)
+
+    def _arm_timer(self) -> None:
+        assert self.rule is not None
+        deadline = self.rule.next_deadline()
+        if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = asyncio.get_running_loop().call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        assert self.rule is not None
+        self._timer = self._timer_at = None
+        self._release(self.rule.expire(asyncio.get_running_loop().time()))
+        self._arm_timer()
+
+
+_REASON = "the client disconnected"
+
+
+def client_left(ticket: Ticket) -> None:
+    """A client following `ticket` left; stop its work if no other one follows it."""
+    if ticket.done or ticket.left or ticket.waiters > 0:
+        return
+    ticket.left = True
+    if ticket.stop is not None:
+        ticket.stop(_REASON)
+
+
+def sent(ticket: Ticket, stop: Callable[[str], None]) -> None:
+    """The ticket's generation was sent; `stop` ends it (at once if its client already left)."""
+    ticket.stop = stop
+    if ticket.left:
+        stop(_REASON)
