@@ -31,7 +31,7 @@ from rich.table import Table
 from starlette.types import Message
 
 from inference_auctions.billing import Ledger
-from inference_auctions.server.api.direct_routes import DirectRoutes
+from inference_auctions.server.api.middleware import DirectRoutes
 from inference_auctions.server.app import create_app
 from inference_auctions.server.settings import ServerSettings
 

@@ -38,8 +38,8 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
-from inference_auctions.server.engine.base import EngineRequest
 from inference_auctions.server.engine.http_client import HTTPClient
+from inference_auctions.server.engine.protocol import EngineRequest
 from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
 
 PROMPT = list(range(1000, 1032))

@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from inference_auctions.billing import Ledger, upgrade_schema
-from inference_auctions.server.api.http_protocol import uvicorn_config
+from inference_auctions.server.api.connections import uvicorn_config
 from inference_auctions.server.app import create_app
 from inference_auctions.server.settings import ServerSettings
 

@@ -22,17 +22,16 @@ from inference_auctions.server.api import (
     pacing_routes,
     sglang_routes,
 )
-from inference_auctions.server.api.body_decoder import BodyDecoder
+from inference_auctions.server.api.bodies import BodyDecoder
 from inference_auctions.server.api.deps import AppState, AuthenticationCache, RateLimiter
-from inference_auctions.server.api.direct_routes import DirectRoutes, find_routes
 from inference_auctions.server.api.error_handlers import install_error_handlers
 from inference_auctions.server.api.market_prices import MarketPrices
+from inference_auctions.server.api.middleware import DirectRoutes, RequestIdMiddleware, find_routes
 from inference_auctions.server.api.pacing_routes import prices_json
-from inference_auctions.server.api.request_id import RequestIdMiddleware
 from inference_auctions.server.cluster.replica import rate_limit_share, replica_header
 from inference_auctions.server.cluster.rule_agreement import RuleAgreement
-from inference_auctions.server.engine.base import Engine
 from inference_auctions.server.engine.local_tokenizer import ENGINE, load_tokenizer
+from inference_auctions.server.engine.protocol import Engine
 from inference_auctions.server.engine_choice import make_engine
 from inference_auctions.server.gc_tuning import tune_collector
 from inference_auctions.server.serving.service import AuctionService

@@ -8,8 +8,8 @@ from inference_auctions.server.emulator.cost_model import CostModel
 from inference_auctions.server.emulator.embedded import EmbeddedEngine
 from inference_auctions.server.emulator.live import DEFAULT_MODEL_NAME
 from inference_auctions.server.emulator.simulator import DEFAULT_CACHE_TOKENS
-from inference_auctions.server.engine.base import DispatchMode, Engine
 from inference_auctions.server.engine.local_tokenizer import LocalTokenizer
+from inference_auctions.server.engine.protocol import DispatchMode, Engine
 from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
 
 __all__ = ["make_engine"]

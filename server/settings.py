@@ -145,7 +145,7 @@ class ServerSettings(LedgerSettings):
     dispatch_ahead_max_batch: int = Field(default=64, ge=1)
     """The largest batch sent ahead of its commit."""
 
-    # The serving path's group commits run on threads of the server (server.ledger_writer.lanes).
+    # The serving path's group commits run on threads of the server (server.ledger_writer.writer).
     # `process` (a writer process of their own) was removed: it is refused by name.
     ledger_writer: Literal["thread"] = "thread"
     """Where the ledger's group commits run: `thread`, the only choice (`process` was removed)."""

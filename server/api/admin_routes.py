@@ -10,7 +10,7 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from inference_auctions.billing import ReconcileRecord, UserInfo, parse_credits
-from inference_auctions.server.api.body import parse_body
+from inference_auctions.server.api.bodies import parse_body
 from inference_auctions.server.api.deps import AdminUser, State
 from inference_auctions.server.api.ledger_routes import balance_json
 from inference_auctions.server.cluster.replica import replica_name

@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference_auctions import billing
 from inference_auctions.server.api.json_response import JSONBytes
-from inference_auctions.server.api.validation_messages import describe_validation_error
+from inference_auctions.server.api.schemas import describe_validation_error
 from inference_auctions.server.errors import (
     Forbidden,
     InvalidRequest,

@@ -1,7 +1,20 @@
-"""What every generation endpoint shares: limits, the bid, admission and waiting.
+"""What every generation endpoint shares: limits, the pricing fields, admission and waiting.
 
 The endpoints differ only in how they read a body and how they render the engine's chunks
 (SGLang-native or OpenAI-shaped); both go through `admit`, then `complete` or `stream`.
+
+What a request's pricing fields say under the server's pricing mode: its bid, or its tier.
+
+Every mode reads both `bid` and `service_tier` (OpenAI's field) and returns the amount the
+request is admitted at, which its hold covers and the ledger records as its `bid_micros`:
+
+* `auction`: the bid. A `service_tier` other than `auto` is refused by name: priority here is
+  bought with a bid.
+* `tiers`: the price of the tier named (none, or `auto`: the default tier). An unknown tier is
+  refused by name, listing the tiers; so is a bid above 0, since a tier's price is fixed and a
+  bid would buy nothing.
+* `fcfs`: 0. A bid is ignored (the response's `auction.pricing` says `fcfs` and its
+  `bid_micros` is 0); a `service_tier` other than `auto` is refused by name.
 """
 
 from __future__ import annotations
@@ -21,8 +34,8 @@ from fastapi.responses import StreamingResponse
 from inference_auctions.billing import MICROS_PER_CREDIT, InvalidAmount, UserInfo, parse_credits
 from inference_auctions.server.api.deps import AppState
 from inference_auctions.server.api.json_response import sse_event
-from inference_auctions.server.engine.base import TokenArray
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
+from inference_auctions.server.engine.protocol import TokenArray
 from inference_auctions.server.errors import (
     EngineFailed,
     EngineTimedOut,
@@ -33,6 +46,18 @@ from inference_auctions.server.errors import (
 from inference_auctions.server.serving.dispatch import client_left
 from inference_auctions.server.serving.service import AuctionService, payload_fingerprint
 from inference_auctions.server.serving.tickets import Chunk, Clearance, Ticket
+from inference_auctions.server.serving.tiers import AUTO, TierMenu
+
+__all__ = [
+    "admission_amount",
+    "admit",
+    "check_max_new_tokens",
+    "complete",
+    "make_job",
+    "new_rid",
+    "prompt_tokens",
+    "stream",
+]
 
 _DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -280,3 +305,50 @@ async def _events(service: AuctionService, ticket: Ticket, render: Render) -> As
                 await asyncio.shield(service.abandon(ticket))
         else:
             client_left(ticket)  # a no-op unless it left before the end
+
+
+def admission_amount(state: AppState, bid_value: Any, tier_value: Any) -> int:
+    """The micro-credits the request is admitted at (see the module docstring)."""
+    settings = state.settings
+    bid = parse_bid(bid_value, state)  # checked in every mode: a malformed bid is an error
+    if settings.pricing == "tiers":
+        menu = state.service.tier_menu
+        assert menu is not None  # the service builds it in this mode
+        if bid:
+            raise InvalidRequest(
+                "bid: this server sells fixed-price tiers, not bids; choose one with "
+                f"service_tier ({_choices(menu)}) and leave bid out (or 0)",
+                param="bid",
+            )
+        return _tier_price(menu, tier_value)
+    if tier_value is not None and tier_value != AUTO:
+        what = (
+            "an auction: priority is bought with a bid"
+            if settings.pricing == "auction"
+            else ("first come, first served: every request has the same priority")
+        )
+        raise InvalidRequest(
+            f"service_tier: this server runs {what}; leave service_tier out (or 'auto')",
+            param="service_tier",
+        )
+    return 0 if settings.pricing == "fcfs" else bid
+
+
+def _tier_price(menu: TierMenu, value: Any) -> int:
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest(
+            f"service_tier: expected a tier's name, got {type(value).__name__}",
+            param="service_tier",
+        )
+    tier = menu.named(value)
+    if tier is None:
+        raise InvalidRequest(
+            f"service_tier: {value!r} is not a tier of this server; choose one of "
+            f"{_choices(menu)}, or 'auto' for the default ({menu.default.name})",
+            param="service_tier",
+        )
+    return tier.price_micros
+
+
+def _choices(menu: TierMenu) -> str:
+    return ", ".join(f"{tier.name!r}" for tier in menu.tiers)

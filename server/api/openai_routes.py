@@ -14,9 +14,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from inference_auctions.billing import UserInfo
-from inference_auctions.server.api.body import json_body_schema, parse_body
+from inference_auctions.server.api.bodies import json_body_schema, parse_body
 from inference_auctions.server.api.deps import AppState, State, authenticated
 from inference_auctions.server.api.generation import (
+    admission_amount,
     admit,
     check_max_new_tokens,
     complete,
@@ -32,7 +33,6 @@ from inference_auctions.server.api.logprobs import (
     openai_options,
     refuse_unless_served,
 )
-from inference_auctions.server.api.pricing_fields import admission_amount
 from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.serving.tickets import Chunk, Clearance

@@ -1,8 +1,37 @@
-"""Request bodies of the generation endpoints, as SGLang and OpenAI clients send them.
+"""Request bodies of the generation endpoints: their schemas, exact JSON, and clear refusals.
 
 Each body is checked in two steps: `check_raw` on the decoded JSON (cheap, bounded checks that
 must come before pydantic walks it: typos of top-level keys, per-field size limits), then the
 pydantic model.
+
+Catch typos in top-level body keys without refusing the keys SGLang's clients add.
+
+SGLang ignores unknown top-level keys, and routers rely on it (they add `model`,
+`log_metrics`, `no_logs`...), so an unknown key stays accepted. But a key one slip away from a
+field of ours (`bdi`, `Bid`, `sampling_param`) was almost surely meant as that field, and
+ignoring it would serve the request differently from what was asked (at bid 0, say): that is
+a 400 that names the key and the field.
+
+Pydantic's validation errors as one sentence a person can act on.
+
+Pydantic names union members in its locations (`text.str`, `stop.list[str]`) and prefixes
+its own wording ("Value error, ..."): neither means anything to a client, so the first error
+becomes "<field>: <problem>" with the field as the client wrote it.
+
+Decode a JSON body exactly and safely: no float, no deep nesting, no invalid Unicode.
+
+Numbers with a fraction become `Decimal`, never float: a bid of 0.1 credits must be 100,000
+micro-credits, not the nearest binary float; NaN and Infinity (which Python's json accepts)
+come through as non-finite Decimals for the money parser to refuse by name.
+
+Refused before they cost anything: nesting deeper than the limit (measured on the raw bytes,
+before any recursive walk: a body nested 500 deep would otherwise overflow the first Python
+function that walks it), a number too long or too far out of range to mean anything here
+(exact parsing of `1e999999999` would expand a billion digits), and a string holding an
+unpaired UTF-16 surrogate (`"\ud800"`: valid JSON, but not Unicode, so no tokenizer or engine
+can encode it).
+
+Nothing here imports the web stack: large bodies are decoded in worker processes.
 """
 
 from __future__ import annotations
@@ -10,11 +39,14 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from itertools import accumulate
 from typing import Annotated, Any, Literal, Protocol
 
+import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -25,8 +57,24 @@ from pydantic import (
     model_validator,
 )
 
-from inference_auctions.server.api.field_names import UnknownField, check_top_level_keys, near_miss
-from inference_auctions.server.api.json_reader import BodyRefused
+__all__ = [
+    "RID_MAX_LENGTH",
+    "SGLANG_TOP_LEVEL_KEYS",
+    "BodyLimits",
+    "BodyRefused",
+    "ChatBody",
+    "ChatMessage",
+    "CompletionBody",
+    "GenerateBody",
+    "RequestBody",
+    "SamplingParams",
+    "UnknownField",
+    "check_top_level_keys",
+    "decode_json",
+    "describe_validation_error",
+    "json_depth",
+    "near_miss",
+]
 
 # A rid is the client's idempotency key; it also reaches the ledger and the engine. The ledger
 # keys a request as "<user>/<rid>" in 128 characters and a user name takes up to 64, so 63
@@ -334,3 +382,200 @@ class ChatBody(RequestBody):
         default=None,
         description="Under `--pricing tiers`: the tier's name (none or `auto`: the default tier)",
     )
+
+
+# Top-level keys of SGLang's `GenerateReqInput` and of its OpenAI-compatible requests, plus
+# those routers add: known to mean something else, so never taken for a typo of ours.
+SGLANG_TOP_LEVEL_KEYS = frozenset(
+    {
+        "audio", "audio_data", "background", "best_of", "bootstrap_host", "bootstrap_pair_key",
+        "bootstrap_port", "bootstrap_room", "cache_salt", "chat_template_kwargs",
+        "continue_final_message", "conversation_id", "custom_labels", "custom_logit_processor",
+        "data_parallel_rank", "ebnf", "echo", "extra_body", "extra_key", "frequency_penalty",
+        "function_call", "functions", "ignore_eos", "image_data", "input_embeds", "json_schema",
+        "log_metrics", "logit_bias", "logprob_start_len", "logprobs", "lora_id", "lora_path",
+        "metadata", "min_p", "min_tokens", "modalities", "model", "no_logs", "no_stop_trim",
+        "parallel_tool_calls", "prediction", "presence_penalty", "priority", "reasoning_effort",
+        "regex", "repetition_penalty", "response_format", "return_bytes", "return_entropy",
+        "return_hidden_states", "return_logprob", "return_routed_experts",
+        "return_text_in_logprobs", "routed_dp_rank", "routing_key", "separate_reasoning",
+        "service_tier", "session_params", "skip_special_tokens", "spaces_between_special_tokens",
+        "stop_token_ids", "store", "stream_options", "suffix", "tool_choice", "tools",
+        "top_k", "top_logprobs", "top_logprobs_num", "token_ids_logprob", "user", "video_data",
+    }
+)  # fmt: skip
+
+
+def _distance(a: str, b: str) -> int:
+    """Edit distance with adjacent transpositions (optimal string alignment): `bdi` is 1."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, char_a in enumerate(a, 1):
+        current = [i]
+        for j, char_b in enumerate(b, 1):
+            cost = 0 if char_a == char_b else 1
+            best = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and char_a == b[j - 2] and a[i - 2] == char_b:
+                best = min(best, previous2[j - 2] + 1)
+            current.append(best)
+        previous2, previous = previous, current
+    return previous[-1]
+
+
+def near_miss(key: str, fields: Iterable[str]) -> str | None:
+    """The field `key` was probably meant as: the same but for case, or within 2 edits.
+
+    Short names allow fewer edits (half their length), or every two-letter key would be a
+    typo of `bid` or `rid`."""
+    best: tuple[int, str] | None = None
+    for field in fields:
+        if key.casefold() == field.casefold():
+            return field
+        allowed = min(2, len(field) // 2)
+        if abs(len(key) - len(field)) > allowed:
+            continue
+        distance = _distance(key.casefold(), field)
+        if distance <= allowed and (best is None or distance < best[0]):
+            best = (distance, field)
+    return None if best is None else best[1]
+
+
+class UnknownField(ValueError):
+    """A key that is not a field of the body but almost surely meant one; `key` is the key as
+    sent (the error's `param`), `meant` the field."""
+
+    def __init__(self, key: str, meant: str) -> None:
+        super().__init__(f"unknown field {key!r}; did you mean {meant!r}?")
+        self.key = key
+        self.meant = meant
+
+
+def check_top_level_keys(data: Mapping[str, Any], fields: Iterable[str]) -> None:
+    """Raise `UnknownField` for the first unknown key that is a near-miss of a field."""
+    ordered = list(fields)  # ties go to the first field, the same every time
+    known = set(ordered)
+    if known.issuperset(data):  # the usual body, only fields of ours: nothing to compare
+        return
+    unknown = (key for key in data if key not in known and key not in SGLANG_TOP_LEVEL_KEYS)
+    for _, key in zip(range(_KEYS_EXAMINED), unknown, strict=False):
+        meant = near_miss(key, ordered)
+        if meant is not None:
+            raise UnknownField(key, meant)
+
+
+# Location parts pydantic adds for union members and wrapped validators, not body keys.
+_TYPE_TAG = re.compile(
+    r"^(str|int|float|bool|bytes|list|dict|tuple|set|none|decimal|url|json|literal\[.*\]|"
+    r"[a-z-]+\[.*\]|constrained-[a-z]+|lax-[a-z]+|strict-[a-z]+)$"
+)
+_MISSING_TYPES = {"missing", "missing_argument"}
+
+
+def describe_validation_error(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
+    """The message and the field (dotted path) of the first error."""
+    first: Mapping[str, Any] = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    parts = [str(part) for part in first.get("loc", ()) if part not in ("body", "query")]
+    path = [part for index, part in enumerate(parts) if index == 0 or not _TYPE_TAG.match(part)]
+    param = ".".join(path) or None
+    kind = first.get("type", "")
+    context: Mapping[str, Any] = first.get("ctx") or {}
+    if kind == "value_error" and "error" in context:
+        problem = str(context["error"])
+    elif kind in _MISSING_TYPES:
+        problem = "this field is required"
+    else:
+        problem = str(first.get("msg", "invalid value"))
+    if param is None:
+        return problem, None
+    if problem.startswith(param + " "):  # already a sentence about the field
+        return problem, param
+    return f"{param}: {problem}", param
+
+
+# No field takes a number longer than this or beyond this decimal exponent (floats end near
+# 1e308, money at 1e9 credits).
+MAX_NUMBER_CHARS = 100
+MAX_NUMBER_EXPONENT = 400
+# The JSON escape of a surrogate, \uD800 to \uDFFF: paired (an emoji) or not. Only a body
+# with one, or with non-ASCII bytes (Python's JSON decoder lets encoded surrogates through),
+# needs the slower check for unpaired ones.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# A JSON string, escapes included; written as an unrolled loop so that long strings are
+# matched at C speed without backtracking.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+_BRACKET_STEP = np.zeros(256, dtype=np.int8)
+_BRACKET_STEP[list(b"[{")] = 1
+_BRACKET_STEP[list(b"]}")] = -1
+_BRACKET_STEPS: list[int] = _BRACKET_STEP.tolist()
+# Up to this many brackets, a Python loop is faster than numpy's vectorised walk.
+_FEW_BRACKETS = 64
+
+
+class BodyRefused(ValueError):
+    """The body cannot be accepted: `message` says why, `param` names the field if any."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param)  # both in args, so the error survives pickling
+        self.message = message
+        self.param = param
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply the arrays and objects of `body` nest (brackets inside strings ignored)."""
+    brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    if len(brackets) <= _FEW_BRACKETS:  # a usual body: numpy's fixed cost would dominate
+        return max(accumulate(_BRACKET_STEPS[bracket] for bracket in brackets))
+    steps = _BRACKET_STEP[np.frombuffer(brackets, dtype=np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int64).max())
+
+
+def _out_of_range(text: str) -> BodyRefused:
+    shown = text if len(text) <= 24 else text[:24] + "..."
+    return BodyRefused(f"the body has a number out of range: {shown}")
+
+
+def _integer(text: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _out_of_range(text)
+    return int(text)
+
+
+def _decimal(text: str) -> Decimal:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _out_of_range(text)
+    value = Decimal(text)
+    if abs(value.adjusted()) > MAX_NUMBER_EXPONENT:
+        raise _out_of_range(text)
+    return value
+
+
+# `json.loads` with these hooks would build a decoder (and its scanner) on every call.
+_DECODER = json.JSONDecoder(parse_float=_decimal, parse_int=_integer, parse_constant=Decimal)
+
+
+def decode_json(body: bytes, max_depth: int) -> Any:
+    """Parse `body` with exact decimals; `BodyRefused` with the reason when it cannot be."""
+    if json_depth(body) > max_depth:
+        raise BodyRefused(f"the body is nested too deeply: the limit is {max_depth} levels")
+    try:
+        # As `json.loads(body, ...)` does with bytes, but with one decoder for every body.
+        data = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BodyRefused(f"the body is not valid JSON: {error}") from None
+    except RecursionError:  # only if the limit is set above what the decoder can nest
+        raise BodyRefused("the body is nested too deeply") from None
+    if not body.isascii() or _SURROGATE_ESCAPE.search(body):
+        try:
+            json.dumps(data, ensure_ascii=False, default=str).encode()
+        except UnicodeEncodeError:
+            raise BodyRefused(
+                "the body has a string with an unpaired surrogate (\\ud800-\\udfff): "
+                "not valid Unicode"
+            ) from None
+    return data

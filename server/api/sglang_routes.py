@@ -7,9 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from inference_auctions.server.api.body import json_body_schema, parse_body
+from inference_auctions.server.api.bodies import json_body_schema, parse_body
 from inference_auctions.server.api.deps import authenticated
 from inference_auctions.server.api.generation import (
+    admission_amount,
     admit,
     check_max_new_tokens,
     complete,
@@ -19,7 +20,6 @@ from inference_auctions.server.api.generation import (
 )
 from inference_auctions.server.api.json_response import JSONBytes
 from inference_auctions.server.api.logprobs import native_options, refuse_unless_served
-from inference_auctions.server.api.pricing_fields import admission_amount
 from inference_auctions.server.api.schemas import GenerateBody
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.serving.tickets import Chunk, Clearance

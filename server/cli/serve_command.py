@@ -174,7 +174,7 @@ def serve(log_level: str, **options: Any) -> None:
     )
     listener = _listen(settings.host, settings.port)  # a busy port fails before the banner
     # Imported late: the app pulls in the engine and the web stack, which --help never needs.
-    from inference_auctions.server.api.http_protocol import uvicorn_config  # noqa: PLC0415
+    from inference_auctions.server.api.connections import uvicorn_config  # noqa: PLC0415
     from inference_auctions.server.app import create_app  # noqa: PLC0415
 
     click.echo(_first_steps(settings))

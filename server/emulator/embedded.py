@@ -21,7 +21,6 @@ from inference_auctions.server.emulator.sglang_request import (
     parse_sampling_params,
 )
 from inference_auctions.server.emulator.simulator import DEFAULT_CACHE_TOKENS, EngineSimulator
-from inference_auctions.server.engine.base import EngineChunk, EngineResult, TokenArray, TokenIds
 from inference_auctions.server.engine.builtin_tokenizer import VOCABULARY_SIZE, encode
 from inference_auctions.server.engine.contract import check_context_length, render_chat
 from inference_auctions.server.engine.errors import (
@@ -30,7 +29,14 @@ from inference_auctions.server.engine.errors import (
     EngineServerError,
     EngineUnavailable,
 )
-from inference_auctions.server.engine.generation import EngineBase, Generation
+from inference_auctions.server.engine.protocol import (
+    EngineBase,
+    EngineChunk,
+    EngineResult,
+    Generation,
+    TokenArray,
+    TokenIds,
+)
 
 __all__ = ["EmbeddedEngine"]
 

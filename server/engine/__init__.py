@@ -17,14 +17,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from inference_auctions.server.engine.base import (
-        DispatchMode,
-        Engine,
-        EngineChunk,
-        EngineRequest,
-        EngineResult,
-        Usage,
-    )
     from inference_auctions.server.engine.errors import (
         EngineError,
         EngineProtocolError,
@@ -34,25 +26,33 @@ if TYPE_CHECKING:
         EngineUnavailable,
         TokenizerMismatch,
     )
-    from inference_auctions.server.engine.generation import Generation
+    from inference_auctions.server.engine.protocol import (
+        DispatchMode,
+        Engine,
+        EngineChunk,
+        EngineRequest,
+        EngineResult,
+        Generation,
+        Usage,
+    )
     from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
 
 _MODULES = {
-    "DispatchMode": "inference_auctions.server.engine.base",
-    "Engine": "inference_auctions.server.engine.base",
-    "EngineChunk": "inference_auctions.server.engine.base",
+    "DispatchMode": "inference_auctions.server.engine.protocol",
+    "Engine": "inference_auctions.server.engine.protocol",
+    "EngineChunk": "inference_auctions.server.engine.protocol",
     "EngineError": "inference_auctions.server.engine.errors",
     "EngineProtocolError": "inference_auctions.server.engine.errors",
     "EngineRejected": "inference_auctions.server.engine.errors",
-    "EngineRequest": "inference_auctions.server.engine.base",
-    "EngineResult": "inference_auctions.server.engine.base",
+    "EngineRequest": "inference_auctions.server.engine.protocol",
+    "EngineResult": "inference_auctions.server.engine.protocol",
     "EngineServerError": "inference_auctions.server.engine.errors",
     "EngineTimeout": "inference_auctions.server.engine.errors",
     "EngineUnavailable": "inference_auctions.server.engine.errors",
-    "Generation": "inference_auctions.server.engine.generation",
+    "Generation": "inference_auctions.server.engine.protocol",
     "SGLangHTTPEngine": "inference_auctions.server.engine.sglang_http",
     "TokenizerMismatch": "inference_auctions.server.engine.errors",
-    "Usage": "inference_auctions.server.engine.base",
+    "Usage": "inference_auctions.server.engine.protocol",
 }
 
 __all__ = [

@@ -49,13 +49,6 @@ from typing import Any
 import numpy as np
 import orjson
 
-from inference_auctions.server.engine.base import (
-    DispatchMode,
-    EngineChunk,
-    EngineRequest,
-    EngineResult,
-    TokenArray,
-)
 from inference_auctions.server.engine.contract import REQUEST_LEVEL_KEYS, render_chat
 from inference_auctions.server.engine.errors import (
     EngineError,
@@ -65,7 +58,6 @@ from inference_auctions.server.engine.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
-from inference_auctions.server.engine.generation import EngineBase, Generation
 from inference_auctions.server.engine.http_client import (
     DeadlineExceeded,
     HTTPClient,
@@ -79,6 +71,15 @@ from inference_auctions.server.engine.local_tokenizer import (
     LocalTokenizer,
     TokenizerMismatch,
     tokenizer_disagreement,
+)
+from inference_auctions.server.engine.protocol import (
+    DispatchMode,
+    EngineBase,
+    EngineChunk,
+    EngineRequest,
+    EngineResult,
+    Generation,
+    TokenArray,
 )
 from inference_auctions.server.engine.vocabulary import learn_vocab_size
 

@@ -18,7 +18,7 @@ as after any settlement, with what arrived meanwhile.
 
 `BatchClearing`: claim a closed batch's holds, run the auction, settle, price each request.
 
-All of it runs in the ledger writer (on its thread: `server.ledger_writer.lanes`), and the claim,
+All of it runs in the ledger writer (on its thread: `server.ledger_writer.writer`), and the claim,
 the auction and the settlement happen in one ledger transaction (the writer's group commit,
 `BatchClearing.claim`): a request whose hold cannot be claimed (settled by another replica under
 the same rid, released meanwhile, placed for another payload, or refused in the same commit)
@@ -66,7 +66,7 @@ from inference_auctions.server.serving.admission import conflict, hold_was_place
 from inference_auctions.server.serving.dispatch import BatchDispatch
 from inference_auctions.server.serving.dispatch_ahead import Distrust, Speculation
 from inference_auctions.server.serving.tickets import Clearance, Ticket
-from inference_auctions.server.serving.tier_figures import TierFigures
+from inference_auctions.server.serving.tiers import TierFigures
 from inference_auctions.server.settings import ServerSettings
 
 __all__ = ["BatchClearing", "BatchClosing", "ClearedBatch", "refund_rule", "settled_repricer"]

@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from inference_auctions.billing import Ledger
 from inference_auctions.server.auction import AuctionOutcome
-from inference_auctions.server.engine.base import Engine, EngineRequest
-from inference_auctions.server.engine.generation import Generation
+from inference_auctions.server.engine.protocol import Engine, EngineRequest, Generation
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.serving.deferral import (

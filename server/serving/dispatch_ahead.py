@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from inference_auctions.server.engine.generation import Generation
+from inference_auctions.server.engine.protocol import Generation
 
 __all__ = ["Distrust", "Speculation"]
 

@@ -57,9 +57,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inference_auctions.server.engine.base import Engine
 from inference_auctions.server.engine.contract import DEFAULT_MAX_NEW_TOKENS
 from inference_auctions.server.engine.errors import EngineError
+from inference_auctions.server.engine.protocol import Engine
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.settings import ServerSettings

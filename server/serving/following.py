@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from inference_auctions.billing import Ledger, RequestNotScheduled, ServedRecord
-from inference_auctions.server.engine.base import EngineChunk
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
-from inference_auctions.server.engine.generation import Generation
+from inference_auctions.server.engine.protocol import EngineChunk, Generation
 from inference_auctions.server.errors import EngineFailed, EngineTimedOut, ServiceError
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics

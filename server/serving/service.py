@@ -29,9 +29,9 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from inference_auctions.billing import Ledger
-from inference_auctions.server.engine.base import Engine, TokenArray, TokenIds
 from inference_auctions.server.engine.contract import ContextTooLong, check_context_length
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
+from inference_auctions.server.engine.protocol import Engine, TokenArray, TokenIds
 from inference_auctions.server.errors import (
     EngineFailed,
     EngineTimedOut,
@@ -58,7 +58,7 @@ from inference_auctions.server.serving.dispatch_ahead import Distrust
 from inference_auctions.server.serving.engine_load import EngineShares
 from inference_auctions.server.serving.pool import BatchingPolicy, BatchPool, PoolClosed, QueueFull
 from inference_auctions.server.serving.tickets import Ticket
-from inference_auctions.server.serving.tier_figures import TierFigures
+from inference_auctions.server.serving.tiers import TierFigures
 from inference_auctions.server.settings import ServerSettings
 
 __all__ = ["AuctionService", "Load", "new_batch_id", "payload_fingerprint"]

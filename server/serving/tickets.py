@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference_auctions.billing import HoldView
-from inference_auctions.server.engine.base import TokenIds
-from inference_auctions.server.engine.generation import Waiters
+from inference_auctions.server.engine.protocol import TokenIds, Waiters
 from inference_auctions.server.errors import ServiceError
 
 _RECENT_CHUNKS = 4  # chunks a slow reader can still read one by one; past them it skips
@@ -132,7 +131,7 @@ class Ticket:
     # Called once each, when it ends: what it held is released (`server.serving.admission`,
     # `server.serving.engine_load`).
     on_finish: list[Callable[[], None]] = field(default_factory=list)
-    # The readers waiting for each kind of change (`server.engine.generation`): each wakes once per
+    # The readers waiting for each kind of change (`server.engine.protocol`): each wakes once per
     # change, and one that is cancelled cancels only its own wait.
     _on_cleared: Waiters = field(default_factory=Waiters)
     _on_chunk: Waiters = field(default_factory=Waiters)

@@ -13,13 +13,13 @@ from inference_auctions.server.emulator import EmbeddedEngine
 from inference_auctions.server.emulator.live import LiveSimulator
 from inference_auctions.server.emulator.simulator import EngineSimulator, Step
 from inference_auctions.server.engine import SGLangHTTPEngine
-from inference_auctions.server.engine.base import EngineRequest, EngineResult
 from inference_auctions.server.engine.builtin_tokenizer import encode
 from inference_auctions.server.engine.errors import (
     EngineRejected,
     EngineServerError,
     EngineUnavailable,
 )
+from inference_auctions.server.engine.protocol import EngineRequest, EngineResult
 from inference_auctions.server.engine_choice import make_engine
 
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from inference_auctions.server.engine.base import DispatchMode, EngineRequest
 from inference_auctions.server.engine.errors import (
     EngineError,
     EngineProtocolError,
@@ -22,6 +21,7 @@ from inference_auctions.server.engine.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
+from inference_auctions.server.engine.protocol import DispatchMode, EngineRequest
 from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
 from tests.engine.raw_server import (
     Handler,

@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-from inference_auctions.server.engine.base import EngineRequest, EngineResult
 from inference_auctions.server.engine.builtin_tokenizer import encode
 from inference_auctions.server.engine.errors import EngineRejected
+from inference_auctions.server.engine.protocol import EngineRequest, EngineResult
 from inference_auctions.server.engine.sglang_http import SGLangHTTPEngine
 from tests.engine.conftest import emulator, started_engine
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from inference_auctions.billing.models import ID_LENGTH, NAME_LENGTH
-from inference_auctions.server.api.body_decoder import INLINE_BODY_BYTES
+from inference_auctions.server.api.bodies import INLINE_BODY_BYTES
 from inference_auctions.server.api.schemas import RID_MAX_LENGTH
 from inference_auctions.server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase, migrated_database
@@ -311,7 +311,7 @@ def test_a_client_gone_mid_body_is_one_info_line(
         uvicorn_errors.removeHandler(caplog.handler)
     about_it = [r for r in records if r.name.startswith(("inference_auctions.server", "uvicorn"))]
     assert [(r.levelname, r.name) for r in about_it] == [
-        ("INFO", "inference_auctions.server.api.body")
+        ("INFO", "inference_auctions.server.api.bodies")
     ], [r.getMessage() for r in about_it]
     assert about_it[0].exc_info is None
     assert "5,010 of its 100000 body bytes" in about_it[0].getMessage()

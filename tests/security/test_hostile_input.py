@@ -30,7 +30,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_auctions.server.api.body import MAX_BODY_BYTES
+from inference_auctions.server.api.bodies import MAX_BODY_BYTES
 from inference_auctions.server.api.schemas import SamplingParams
 from inference_auctions.server.auction import (
     AuctionInputError,

@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inference_auctions.server.api.json_reader import json_depth
+from inference_auctions.server.api.schemas import json_depth
 
 
 def _reference(body: bytes) -> int:

@@ -14,7 +14,7 @@ import httpx
 import uvicorn
 
 from inference_auctions.billing import Ledger
-from inference_auctions.server.api.http_protocol import uvicorn_config
+from inference_auctions.server.api.connections import uvicorn_config
 from inference_auctions.server.app import create_app
 from inference_auctions.server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference_auctions.server.api.client_identity import TrustedProxies, key_digest
+from inference_auctions.server.api.connections import TrustedProxies, key_digest
 
 PROXIES = TrustedProxies(["10.0.0.5", "10.1.0.0/16", "fd00::/8"])
 

@@ -19,11 +19,11 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inference_auctions.billing import Ledger
-from inference_auctions.server.api.direct_routes import DirectRoutes, find_routes
+from inference_auctions.server.api.middleware import DirectRoutes, find_routes
 from inference_auctions.server.app import GENERATION_ENDPOINTS, create_app
 from inference_auctions.server.emulator.embedded import EmbeddedEngine
-from inference_auctions.server.engine.base import TokenArray
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
+from inference_auctions.server.engine.protocol import TokenArray
 from inference_auctions.server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase
 from tests.server.harness import TEST_SETTINGS

@@ -2,7 +2,7 @@
 
 Real databases (an SQLite file and PostgreSQL): never below zero, nothing lost, nothing
 counted twice, and the writes really are grouped; with the commits on a thread of the test's
-process and in a writer process of their own (`server.ledger_writer.lanes`).
+process and in a writer process of their own (`server.ledger_writer.writer`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from inference_auctions.billing import BatchRecord, Ledger, RequestRecord, RuleD
 from inference_auctions.server.cluster.rule_agreement import RuleAgreement
 from inference_auctions.server.emulator.embedded import EmbeddedEngine
 from inference_auctions.server.engine.errors import EngineUnavailable
-from inference_auctions.server.engine.generation import Generation
+from inference_auctions.server.engine.protocol import Generation
 from inference_auctions.server.serving.clearing import refund_rule
 from inference_auctions.server.settings import ServerSettings
 from tests.db_fixtures import MigratedDatabase

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from inference_auctions.server.api.error_handlers import install_error_handlers
-from inference_auctions.server.api.request_id import RequestIdMiddleware
+from inference_auctions.server.api.middleware import RequestIdMiddleware
 
 
 def _app(extra_headers: list[tuple[bytes, bytes]] | None = None) -> FastAPI:

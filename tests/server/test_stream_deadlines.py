@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from inference_auctions.server.engine.base import EngineChunk
+from inference_auctions.server.engine.protocol import EngineChunk
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.serving.following import Serving, _Stalled, _Streamed
 from inference_auctions.server.serving.tickets import Ticket

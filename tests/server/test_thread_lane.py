@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from inference_auctions.billing import HoldRequest, Ledger
-from inference_auctions.server.ledger_writer.lanes import ThreadLane
+from inference_auctions.server.ledger_writer.writer import ThreadLane
 from tests.db_fixtures import migrated_database
 
 

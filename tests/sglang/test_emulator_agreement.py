@@ -23,7 +23,7 @@ from tests.processes import free_port, wait_until_healthy
 from tests.sglang.conftest import MAX_RUNNING_REQUESTS, MAX_TOTAL_TOKENS
 
 PREFIX = 150  # tokens a group's prompts share; pairs of groups share the first half
-# What the server reads from `meta_info` (server.engine.base, server.serving.following).
+# What the server reads from `meta_info` (server.engine.protocol, server.serving.following).
 READ_BY_THE_SERVER = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"}
 
 
