@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inference_auctions.server.emulator.radix_cache import CacheFullError, RadixCache, RadixNode
-from tests.engine.radix_paths import cached_sequences
-from tests.engine.reference_cache import ReferenceCache, ReferenceFull
+from tests.emulator.radix_paths import cached_sequences
+from tests.emulator.reference_cache import ReferenceCache, ReferenceFull
 
 _sequences = st.lists(st.integers(0, 2), min_size=1, max_size=8)
 _operations = st.lists(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inference_auctions.server.emulator.radix_cache import CacheFullError, RadixCache
-from tests.engine.radix_paths import cached_sequences
+from tests.emulator.radix_paths import cached_sequences
 
 
 def test_match_on_an_empty_cache_finds_nothing() -> None:

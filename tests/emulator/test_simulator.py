@@ -9,7 +9,7 @@ import pytest
 
 from inference_auctions.server.emulator.cost_model import CostModel
 from inference_auctions.server.emulator.simulator import EngineSimulator, RequestOutcome, SimRequest
-from tests.engine.radix_paths import cached_sequences
+from tests.emulator.radix_paths import cached_sequences
 
 COST = CostModel()
 

@@ -1,0 +1,50 @@
+"""The walk of one request (`bench.request_walk`): the tracer counts what it says, and the
+server's walk stays within the limits docs/dev/architecture.md states."""
+
+from __future__ import annotations
+
+import threading
+
+from bench.request_walk import ThreadWalk, WalkTracer, trace_one_request
+from inference_auctions.billing import format_micros, parse_credits
+
+# docs/dev/architecture.md, "One request's walk": the ceilings this test keeps.
+MAX_MODULES = 50
+MAX_RETURNS = 320
+
+
+def test_a_thread_counts_crossings_and_returns_into_modules_it_visited() -> None:
+    walk = ThreadWalk()
+    for module in ["api", "api", "serving", "engine", "serving", "api", "ledger"]:
+        walk.enter(module)
+    assert walk.crossings == 5  # api>serving>engine>serving>api>ledger
+    assert walk.returns == 2  # back into serving, back into api
+    assert walk.steps[2] == ("engine", "serving")
+
+
+def test_the_tracer_sees_calls_into_the_project_on_every_thread_only_while_recording() -> None:
+    tracer = WalkTracer()
+    tracer.install()
+    try:
+        parse_credits("1", "bid")  # before recording: not counted
+        with tracer.recording():
+            format_micros(parse_credits("0.5", "bid"))
+            worker = threading.Thread(target=parse_credits, args=("2", "bid"))
+            worker.start()
+            worker.join()
+    finally:
+        tracer.uninstall()
+    walk = tracer.walk()
+    assert walk.threads == 2
+    assert set(walk.modules) == {"billing.money"}
+    assert walk.calls >= 3
+    assert walk.crossings == 0  # one module: nothing to cross
+
+
+def test_one_generate_through_the_server_stays_within_the_architectures_limits() -> None:
+    walk = trace_one_request()
+    assert "server.serving.service" in walk.modules, walk.modules
+    assert "server.engine.sglang_http" in walk.modules  # the engine ran in its own process
+    assert not any(module.startswith("server.emulator") for module in walk.modules)
+    assert len(walk.modules) <= MAX_MODULES, walk.modules
+    assert walk.returns <= MAX_RETURNS, walk.figures()
