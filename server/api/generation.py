@@ -1,7 +1,8 @@
 """What every generation endpoint shares: limits, the pricing fields, admission and waiting.
 
 The endpoints differ only in how they read a body and how they render the engine's chunks
-(SGLang-native or OpenAI-shaped); both go through `admit`, then `complete` or `stream`.
+(SGLang-native or OpenAI-shaped); both hand the service one `Admission` (`admission_of`), then
+`complete` or `stream`.
 
 What a request's pricing fields say under the server's pricing mode: its bid, or its tier.
 
@@ -24,7 +25,6 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,17 +43,17 @@ from inference_auctions.server.errors import (
     ServiceError,
     Unavailable,
 )
+from inference_auctions.server.serving.admission import Admission, payload_fingerprint
 from inference_auctions.server.serving.dispatch import client_left
-from inference_auctions.server.serving.service import AuctionService, payload_fingerprint
+from inference_auctions.server.serving.service import AuctionService
 from inference_auctions.server.serving.tickets import Chunk, Clearance, Ticket
 from inference_auctions.server.serving.tiers import AUTO, TierMenu
 
 __all__ = [
     "admission_amount",
-    "admit",
+    "admission_of",
     "check_max_new_tokens",
     "complete",
-    "make_job",
     "new_rid",
     "prompt_tokens",
     "stream",
@@ -61,18 +61,6 @@ __all__ = [
 
 _DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-@dataclass(frozen=True)
-class Job:
-    """A validated generation request, ready to be admitted."""
-
-    rid: str
-    tokens: TokenArray
-    bid_micros: int
-    sampling_params: dict[str, Any]
-    fingerprint: str
-    streamed: bool  # whether the client reads the answer as a stream
 
 
 def parse_bid(value: Any, state: AppState) -> int:
@@ -175,7 +163,8 @@ def new_rid() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
-def make_job(
+def admission_of(
+    user: UserInfo,
     rid: str | None,
     tokens: TokenArray,
     bid_micros: int,
@@ -183,28 +172,16 @@ def make_job(
     payload: dict[str, Any],
     *,
     streamed: bool,
-) -> Job:
-    """A job with the client's rid, or a fresh one when the client sent none."""
-    return Job(
+) -> Admission:
+    """What the route hands the service: the client's rid, or a fresh one when it sent none."""
+    return Admission(
+        user=user.name,
         rid=rid or new_rid(),
         tokens=tokens,
         bid_micros=bid_micros,
         sampling_params=sampling_params,
         fingerprint=payload_fingerprint(payload),
         streamed=streamed,
-    )
-
-
-async def admit(state: AppState, user: UserInfo, job: Job) -> Ticket:
-    """Hold the bid and queue the request (402 when the budget cannot cover it)."""
-    return await state.service.admit(
-        user=user.name,
-        rid=job.rid,
-        tokens=job.tokens,
-        bid_micros=job.bid_micros,
-        sampling_params=job.sampling_params,
-        fingerprint=job.fingerprint,
-        streamed=job.streamed,
     )
 
 

@@ -18,10 +18,9 @@ from inference_auctions.server.api.bodies import json_body_schema, parse_body
 from inference_auctions.server.api.deps import AppState, State, authenticated
 from inference_auctions.server.api.generation import (
     admission_amount,
-    admit,
+    admission_of,
     check_max_new_tokens,
     complete,
-    make_job,
     prompt_tokens,
     stream,
 )
@@ -167,10 +166,10 @@ async def _run(
     payload = {"kind": kind, "text": text, "input_ids": input_ids, "sampling": sampling, "bid": bid}
     if tier_value is not None:  # a tier named is part of what a retry must repeat
         payload["service_tier"] = tier_value
-    job = make_job(rid, tokens, bid, sampling, payload, streamed=streamed)
-    ticket = await admit(state, user, job)
+    admission = admission_of(user, rid, tokens, bid, sampling, payload, streamed=streamed)
+    ticket = await state.service.admit(admission)
     model = state.settings.model_name
-    renderer = _Renderer(job.rid, model, kind, logprobs="return_logprob" in sampling)
+    renderer = _Renderer(admission.rid, model, kind, logprobs="return_logprob" in sampling)
     if streamed:
         return stream(state.service, ticket, renderer.chunk)
     clearance, final = await complete(request, state.service, ticket)

@@ -11,10 +11,9 @@ from inference_auctions.server.api.bodies import json_body_schema, parse_body
 from inference_auctions.server.api.deps import authenticated
 from inference_auctions.server.api.generation import (
     admission_amount,
-    admit,
+    admission_of,
     check_max_new_tokens,
     complete,
-    make_job,
     prompt_tokens,
     stream,
 )
@@ -50,12 +49,12 @@ async def generate(request: Request) -> Response:
     payload = {"text": body.text, "input_ids": body.input_ids, "sampling": sampling, "bid": bid}
     if body.service_tier is not None:  # a tier named is part of what a retry must repeat
         payload["service_tier"] = body.service_tier
-    job = make_job(body.rid, tokens, bid, sampling, payload, streamed=body.stream)
-    ticket = await admit(state, user, job)
+    admission = admission_of(user, body.rid, tokens, bid, sampling, payload, streamed=body.stream)
+    ticket = await state.service.admit(admission)
     if body.stream:
-        return stream(state.service, ticket, lambda c, k: render(job.rid, len(tokens), c, k))
+        return stream(state.service, ticket, lambda c, k: render(admission.rid, len(tokens), c, k))
     clearance, final = await complete(request, state.service, ticket)
-    return JSONBytes(render(job.rid, len(tokens), clearance, final))
+    return JSONBytes(render(admission.rid, len(tokens), clearance, final))
 
 
 def render(

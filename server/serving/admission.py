@@ -25,6 +25,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from inference_auctions.billing import (
@@ -38,6 +39,7 @@ from inference_auctions.billing import (
 )
 from inference_auctions.billing import IdempotencyConflict as LedgerConflict
 from inference_auctions.server.engine.contract import DEFAULT_MAX_NEW_TOKENS
+from inference_auctions.server.engine.protocol import TokenIds
 from inference_auctions.server.errors import Conflict, ServiceError, Unavailable, from_ledger_error
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
@@ -46,6 +48,7 @@ from inference_auctions.server.serving.tickets import Ticket
 __all__ = [
     "KEPT_BYTES_PER_TOKEN",
     "RESERVED_BYTES_PER_TOKEN",
+    "Admission",
     "AnswerMemory",
     "conflict",
     "held",
@@ -69,6 +72,21 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str
 def payload_fingerprint(payload: dict[str, Any]) -> str:
     """A stable digest of a request's payload (what a retry must repeat exactly)."""
     return hashlib.sha256(_CANONICAL.encode(payload).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A validated generation request, as a route hands it to the service: whose, its rid
+    (the client's idempotency key), its prompt, its bid once parsed, what the engine is asked
+    for, the fingerprint a retry must repeat, and whether its client reads it as a stream."""
+
+    user: str
+    rid: str
+    tokens: TokenIds
+    bid_micros: int
+    sampling_params: dict[str, Any]
+    fingerprint: str
+    streamed: bool = True
 
 
 def ledger_rid(user: str, rid: str) -> str:

@@ -42,6 +42,7 @@ from inference_auctions.server.errors import (
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.serving.admission import (
+    Admission,
     AnswerMemory,
     conflict,
     held,
@@ -207,37 +208,19 @@ class AuctionService:
 
     # Admission
 
-    async def admit(
-        self,
-        *,
-        user: str,
-        rid: str,
-        tokens: TokenIds,
-        bid_micros: int,
-        sampling_params: dict[str, Any],
-        fingerprint: str,
-        streamed: bool = True,
-    ) -> Ticket:
+    async def admit(self, request: Admission) -> Ticket:
         """Hold the bid and queue the request; a retry of a known rid joins its ticket. A
         refused request's prompt leaves the engine's caches (refused requests feed none)."""
         try:
-            return await self._admit(
-                user, rid, tokens, bid_micros, sampling_params, fingerprint, streamed
-            )
+            return await self._admit(request)
         except ServiceError:
-            self._engine.forget_prompt(tokens)
+            self._engine.forget_prompt(request.tokens)
             raise
 
-    async def _admit(
-        self,
-        user: str,
-        rid: str,
-        tokens: TokenIds,
-        bid_micros: int,
-        sampling_params: dict[str, Any],
-        fingerprint: str,
-        streamed: bool,
-    ) -> Ticket:
+    async def _admit(self, request: Admission) -> Ticket:
+        user, rid, tokens = request.user, request.rid, request.tokens
+        bid_micros, sampling_params = request.bid_micros, request.sampling_params
+        fingerprint, streamed = request.fingerprint, request.streamed
         key = (user, rid)
         known = self._tickets.get(key)
         if known is not None:

@@ -11,7 +11,7 @@ import numpy as np
 
 from inference_auctions.billing import Ledger
 from inference_auctions.server.engine_choice import make_engine
-from inference_auctions.server.serving.admission import payload_fingerprint
+from inference_auctions.server.serving.admission import Admission, payload_fingerprint
 from inference_auctions.server.serving.service import AuctionService
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.settings import ServerSettings
@@ -50,10 +50,12 @@ async def admit(
     if prompt is not None:
         payload["prompt"] = list(prompt)
     return await service.admit(
-        user=user,
-        rid=rid,
-        tokens=tokens,
-        bid_micros=bid,
-        sampling_params={"max_new_tokens": max_new_tokens},
-        fingerprint=payload_fingerprint(payload),
+        Admission(
+            user=user,
+            rid=rid,
+            tokens=tokens,
+            bid_micros=bid,
+            sampling_params={"max_new_tokens": max_new_tokens},
+            fingerprint=payload_fingerprint(payload),
+        )
     )
