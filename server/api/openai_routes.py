@@ -160,13 +160,19 @@ async def _run(
     kind: str,
     messages: list[tuple[str, str]] | None = None,
 ) -> Response:
-    bid = admission_amount(state, bid_value, tier_value)
+    bid_micros = admission_amount(state, bid_value, tier_value)
     field = "prompt" if messages is None else "messages"
     tokens = await prompt_tokens(state, text, input_ids, field, messages)
-    payload = {"kind": kind, "text": text, "input_ids": input_ids, "sampling": sampling, "bid": bid}
+    payload = {
+        "kind": kind,
+        "text": text,
+        "input_ids": input_ids,
+        "sampling": sampling,
+        "bid": bid_micros,
+    }
     if tier_value is not None:  # a tier named is part of what a retry must repeat
         payload["service_tier"] = tier_value
-    admission = admission_of(user, rid, tokens, bid, sampling, payload, streamed=streamed)
+    admission = admission_of(user, rid, tokens, bid_micros, sampling, payload, streamed=streamed)
     ticket = await state.service.admit(admission)
     model = state.settings.model_name
     renderer = _Renderer(admission.rid, model, kind, logprobs="return_logprob" in sampling)

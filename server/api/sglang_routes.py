@@ -40,16 +40,23 @@ async def generate(request: Request) -> Response:
     check_max_new_tokens(
         body.sampling_params.max_new_tokens, state, "sampling_params.max_new_tokens"
     )
-    bid = admission_amount(state, body.bid, body.service_tier)
+    bid_micros = admission_amount(state, body.bid, body.service_tier)
     text = body.text if isinstance(body.text, str) else None
     tokens = await prompt_tokens(state, text, body.input_ids, "text")
     sampling = body.sampling_params.for_engine()
     if body.return_logprob:
         sampling.update(native_options(body))
-    payload = {"text": body.text, "input_ids": body.input_ids, "sampling": sampling, "bid": bid}
+    payload = {
+        "text": body.text,
+        "input_ids": body.input_ids,
+        "sampling": sampling,
+        "bid": bid_micros,
+    }
     if body.service_tier is not None:  # a tier named is part of what a retry must repeat
         payload["service_tier"] = body.service_tier
-    admission = admission_of(user, body.rid, tokens, bid, sampling, payload, streamed=body.stream)
+    admission = admission_of(
+        user, body.rid, tokens, bid_micros, sampling, payload, streamed=body.stream
+    )
     ticket = await state.service.admit(admission)
     if body.stream:
         return stream(state.service, ticket, lambda c, k: render(admission.rid, len(tokens), c, k))
