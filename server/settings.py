@@ -88,7 +88,7 @@ class ServerSettings(LedgerSettings):
     # Batching is work-conserving (server.serving.pool): while the engine can take more, a batch
     # closes at once with whatever waits, up to `batch_size`; while it is saturated, requests
     # wait here and the next batch auctions the whole backlog. Saturated
-    # (server.serving.engine_load): the requests sent to the engine that have no first token yet
+    # (server.serving.pool): the requests sent to the engine that have no first token yet
     # (queued there, prefilling, or held back by the prefix deferral) are what the engine can
     # admit at its next step. By default that is learnt from the engine: its running-request
     # limit less this server's requests running there, and one prefill chunk of prompt tokens
@@ -121,7 +121,7 @@ class ServerSettings(LedgerSettings):
     # request that cannot fit is refused with 503 and Retry-After (kept answers go first).
     answer_memory_mib: int = Field(default=2_048, ge=1)
     """Memory for answers in flight and kept for retries; a request that cannot fit is 503."""
-    # Shares of the engine (server.serving.engine_load): zero-bid requests together hold at most
+    # Shares of the engine (server.serving.pool): zero-bid requests together hold at most
     # `zero_bid_share` of the `max_inflight` slots and of the engine's tokens; while others
     # wait, one user gets no more once it holds `user_share`. `engine_tokens`: the engine's KV
     # capacity in tokens (default: the embedded emulator's cache; unset for an engine URL, the

@@ -9,7 +9,7 @@ that asks for them is a 400 naming the field, before any money moves.
 
 The options travel with the request's sampling parameters (they are part of its payload's
 fingerprint) and the SGLang backend lifts them to the top level of its `/generate` body
-(`server.engine.contract.REQUEST_LEVEL_KEYS`).
+(`server.engine.protocol.REQUEST_LEVEL_KEYS`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from inference_auctions.server.emulator.sglang_request import (
 )
 from inference_auctions.server.emulator.simulator import DEFAULT_CACHE_TOKENS, EngineSimulator
 from inference_auctions.server.engine.builtin_tokenizer import VOCABULARY_SIZE, encode
-from inference_auctions.server.engine.contract import check_context_length, render_chat
 from inference_auctions.server.engine.errors import (
     EngineError,
     EngineRejected,
@@ -36,6 +35,8 @@ from inference_auctions.server.engine.protocol import (
     Generation,
     TokenArray,
     TokenIds,
+    check_context_length,
+    render_chat,
 )
 
 __all__ = ["EmbeddedEngine"]
@@ -104,7 +105,7 @@ class EmbeddedEngine(EngineBase):
         return encode(text)
 
     async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
-        """The emulator's fixed chat template (`server.engine.contract.render_chat`)."""
+        """The emulator's fixed chat template (`server.engine.protocol.render_chat`)."""
         return await self.tokenize_array(render_chat(messages))
 
     async def context_length(self) -> int:

@@ -54,7 +54,7 @@ from inference_auctions.server.emulator.sglang_request import (
     parse_generate_body,
 )
 from inference_auctions.server.engine.builtin_tokenizer import VOCABULARY_SIZE, piece_id, pieces
-from inference_auctions.server.engine.contract import check_context_length
+from inference_auctions.server.engine.protocol import check_context_length
 
 __all__ = ["create_sglang_app"]
 

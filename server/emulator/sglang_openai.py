@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Literal
 
-from inference_auctions.server.engine.contract import DEFAULT_MAX_NEW_TOKENS, render_chat
+from inference_auctions.server.engine.protocol import DEFAULT_MAX_NEW_TOKENS, render_chat
 
 __all__ = [
     "OpenAIError",

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inference_auctions.server.engine.contract import (
+from inference_auctions.server.engine.protocol import (
     DEFAULT_MAX_NEW_TOKENS,
     REQUEST_LEVEL_KEYS,
 )

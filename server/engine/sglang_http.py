@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 import orjson
 
-from inference_auctions.server.engine.contract import REQUEST_LEVEL_KEYS, render_chat
 from inference_auctions.server.engine.errors import (
     EngineError,
     EngineProtocolError,
@@ -73,6 +72,7 @@ from inference_auctions.server.engine.local_tokenizer import (
     tokenizer_disagreement,
 )
 from inference_auctions.server.engine.protocol import (
+    REQUEST_LEVEL_KEYS,
     DispatchMode,
     EngineBase,
     EngineChunk,
@@ -80,6 +80,7 @@ from inference_auctions.server.engine.protocol import (
     EngineResult,
     Generation,
     TokenArray,
+    render_chat,
 )
 from inference_auctions.server.engine.vocabulary import learn_vocab_size
 
@@ -285,7 +286,7 @@ class SGLangHTTPEngine(EngineBase):
 
         Not SGLang's `/health`: that one queues a one-token generation at the lowest priority,
         which under load waits behind every auctioned request and shows in the waiting queue
-        the saturation rule reads (`server.serving.engine_load`). `/v1/loads` is answered by the
+        the saturation rule reads (`server.serving.pool`). `/v1/loads` is answered by the
         scheduler itself, so it proves the same liveness without generating. An SGLang without
         it is asked `/health`."""
         if self._client is None:
@@ -360,7 +361,7 @@ class SGLangHTTPEngine(EngineBase):
         the assistant turn's opening). One round trip per conversation, not cached: every
         turn of a chat is a new prompt. An engine whose `/tokenize` refuses `messages` (one
         older than SGLang 0.5.23, or without a chat template) is sent the plain transcript
-        (`server.engine.contract.render_chat`) from then on."""
+        (`server.engine.protocol.render_chat`) from then on."""
         if self._client is None:
             raise EngineUnavailable("the SGLang engine is not started")
         if not self._renders_chats:

@@ -38,8 +38,7 @@ from inference_auctions.billing import (
     hold_micros,
 )
 from inference_auctions.billing import IdempotencyConflict as LedgerConflict
-from inference_auctions.server.engine.contract import DEFAULT_MAX_NEW_TOKENS
-from inference_auctions.server.engine.protocol import TokenIds
+from inference_auctions.server.engine.protocol import DEFAULT_MAX_NEW_TOKENS, TokenIds
 from inference_auctions.server.errors import Conflict, ServiceError, Unavailable, from_ledger_error
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics

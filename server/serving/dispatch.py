@@ -52,8 +52,8 @@ from inference_auctions.server.serving.deferral import (
     Release,
 )
 from inference_auctions.server.serving.dispatch_ahead import Speculation
-from inference_auctions.server.serving.engine_load import EngineCapacity
 from inference_auctions.server.serving.following import Serving
+from inference_auctions.server.serving.pool import EngineCapacity
 from inference_auctions.server.serving.tickets import Clearance, Ticket
 from inference_auctions.server.settings import ServerSettings
 
@@ -99,7 +99,7 @@ class BatchDispatch:
         # Recent (overhead, batching wait) of each request, for benchmarks and operators.
         self._timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._followers: set[asyncio.Task[None]] = set()
-        # What the engine can admit next, learnt from it (`server.serving.engine_load`).
+        # What the engine can admit next, learnt from it (`server.serving.pool`).
         self.capacity = EngineCapacity(
             engine,
             tokens_override=settings.saturation_tokens,

@@ -1,4 +1,4 @@
-"""The waiting pool: when a batch closes, and backpressure from the engine.
+"""The waiting pool: when a batch closes, what the engine can take, and who may take it.
 
 Batching is work-conserving: waiting only pays when it lets the auction order requests that
 compete for the engine, so the pool never holds a request back from an engine that could
@@ -18,16 +18,86 @@ bidders that still wait here, which it never could once they queue inside the en
 The pool knows nothing about auctions or engines: it hands each closed batch, in arrival order,
 to a `clear` callback, and asks callbacks how busy the engine is. Whoever changes the answer of
 those callbacks (a request starts or leaves the engine) calls `wake`.
+
+What the engine can take now, and what one user or free traffic may hold of it.
+
+SGLang admits waiting requests at each scheduling step, in priority order, up to its
+running-request limit and one prefill chunk of tokens (and only what its KV memory holds);
+what it cannot admit waits in its own queue, where no later auction can reorder it. So the
+server sends the engine no more than it can admit at its next step, and keeps everything else
+in its pool, where the next batch auctions all of it (`server.serving.pool`). The engine counts as
+saturated when, of the requests sent to it that have no first token yet,
+
+* their prompt tokens reach one prefill step: `saturation_tokens` when set, else the engine's
+  `chunked_prefill_size` (bounded by its `max_total_num_tokens`), else 8,192; or
+* their number reaches what the engine can start: `saturation_requests` when set, else its
+  running-request limit less the requests of this server running there (so a one-request
+  engine takes one at a time), else 32 when the engine states no limit; or
+* the engine reports more requests waiting (`/v1/loads`, `num_waiting_reqs`) than this server
+  has sent it unstarted: other clients' requests, or requests it retracted for want of memory,
+  stand before anything sent now.
+
+A lone request on an idle engine always goes straight through.
+
+The limits come from the engine's `/server_info`: `internal_states[*]` hold the effective values
+(`effective_max_running_requests_per_dp`; `max_running_requests` at the top level is only the
+flag), read at start and again whenever the engine answers after failing to (it may have
+restarted with other flags), and every `_LIMITS_REFRESH_SECONDS`. The waiting queue is polled
+every `engine_poll_ms` while requests are outstanding (and at a slow pace otherwise), on one
+background task. The emulator states the same facts in the same shapes.
+
+`EngineShares`: what one user, and free traffic as a whole, may hold of the engine at once.
+
+A request holds one of the engine's `max_inflight` slots and its tokens (prompt plus
+`max_new_tokens`, what the engine reserves for it) from the batch that takes it until it ends.
+When a batch closes, `select` takes the waiting requests in arrival order, skipping those over
+a share; they stay in the pool for a later auction rather than fail:
+
+* zero-bid requests together never hold more than `zero_bid_share` of the slots and of the
+  engine's tokens, so free traffic cannot fill the engine ahead of bidders who come later (a
+  zero-bid request bigger than that token share alone is refused at admission, by name);
+  under `pricing fcfs`, where nobody bids, no request counts as free traffic, and under
+  `pricing tiers` a free tier's requests do;
+* while another user's request waits, a user holding `user_share` of the slots or tokens or
+  more gets no more (a user with nothing at the engine may always start one). Alone, a user
+  may take everything: a single tenant is never held back.
+
+The engine's tokens are `engine_tokens` (the embedded emulator's cache when not set); without
+either, the shares count slots only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from inference_auctions.server.engine.errors import EngineError
+from inference_auctions.server.engine.protocol import DEFAULT_MAX_NEW_TOKENS, Engine
+from inference_auctions.server.errors import InvalidRequest
+from inference_auctions.server.serving.tickets import Ticket
+from inference_auctions.server.settings import ServerSettings
+
+__all__ = [
+    "FALLBACK_PREFILL_TOKENS",
+    "FALLBACK_UNSTARTED_REQUESTS",
+    "BatchPool",
+    "BatchingPolicy",
+    "EngineCapacity",
+    "EngineLimits",
+    "EngineShares",
+    "PoolClosed",
+    "QueueFull",
+    "request_tokens",
+]
+
+log = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
 
@@ -72,7 +142,7 @@ class BatchPool(Generic[Item]):
         select: Callable[[list[Item], int], list[int]] | None = None,
     ) -> None:
         """`select(waiting, room)`: the places of the waiting requests a batch takes now, at
-        most `room` (`server.serving.engine_load`); by default the oldest."""
+        most `room` (`server.serving.pool`); by default the oldest."""
         self._policy = policy
         self._select = select
         # Set when the waiting requests may not go now (`select` took none): the pool waits
@@ -175,3 +245,298 @@ class BatchPool(Generic[Item]):
     def _mark_idle(self) -> None:
         if not self._waiting:
             self._idle.set()
+
+
+# Used only when neither a setting nor the engine says: an H100's prefill step.
+FALLBACK_PREFILL_TOKENS = 8_192
+FALLBACK_UNSTARTED_REQUESTS = 32
+_LIMITS_REFRESH_SECONDS = 30.0
+_IDLE_POLL_SECONDS = 1.0
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def _first(sources: list[Mapping[str, Any]], *keys: str) -> int | None:
+    """The first positive integer under any of `keys`, looking in each source in turn."""
+    for source in sources:
+        for key in keys:
+            value = _positive_int(source.get(key))
+            if value is not None:
+                return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What the engine admits per step, as its `/server_info` states it (None: not stated)."""
+
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    max_total_num_tokens: int | None = None
+
+    @classmethod
+    def from_server_info(cls, info: Mapping[str, Any]) -> EngineLimits:
+        """Read SGLang's `/server_info`: the effective values in `internal_states` first."""
+        states = info.get("internal_states")
+        internal = [s for s in states if isinstance(s, Mapping)] if isinstance(states, list) else []
+        running = _first(internal, "effective_max_running_requests_per_dp", "max_running_requests")
+        if running is not None and len(internal) > 1:
+            # One limit per data-parallel rank: the engine runs that many on each.
+            running *= len(internal)
+        return cls(
+            max_running_requests=running or _first([info], "max_running_requests"),
+            chunked_prefill_size=_first([*internal, info], "chunked_prefill_size"),
+            max_total_num_tokens=_first([info, *internal], "max_total_num_tokens"),
+        )
+
+    def prefill_tokens(self) -> int | None:
+        """About one prefill step's worth of prompt tokens (None: not stated)."""
+        stated = [v for v in (self.chunked_prefill_size, self.max_total_num_tokens) if v]
+        return min(stated) if stated else None
+
+
+def _waiting(loads: Mapping[str, Any]) -> int | None:
+    """The requests waiting at the engine, summed over its ranks, from `/v1/loads`."""
+    ranks = loads.get("loads")
+    entries = ranks if isinstance(ranks, list) else [loads]
+    total = 0
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            return None
+        value = entry.get("num_waiting_reqs")
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        total += value
+    return total
+
+
+class EngineCapacity:
+    """Whether the engine can take more now (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        tokens_override: int | None,
+        requests_override: int | None,
+        poll_seconds: float,
+        unstarted: Callable[[], int],
+        wake: Callable[[], None],
+    ) -> None:
+        self._engine = engine
+        self._tokens_override = tokens_override
+        self._requests_override = requests_override
+        self._poll_seconds = poll_seconds
+        self._unstarted = unstarted  # this server's requests at the engine without a first token
+        self._wake = wake
+        self.limits = EngineLimits()
+        # Requests waiting at the engine beyond this server's unstarted ones, at the last poll.
+        self.excess_waiting = 0
+        self._limits_read_at: float | None = None
+        self._busy = False  # requests were outstanding since the last poll
+        self._task: asyncio.Task[None] | None = None
+
+    # The rule
+
+    def token_budget(self) -> int:
+        """Prompt tokens without a first token that saturate the engine."""
+        if self._tokens_override is not None:
+            return self._tokens_override
+        return self.limits.prefill_tokens() or FALLBACK_PREFILL_TOKENS
+
+    def request_budget(self, started: int) -> int:
+        """Requests without a first token that saturate the engine, with `started` of this
+        server's requests running there."""
+        if self._requests_override is not None:
+            return self._requests_override
+        running_limit = self.limits.max_running_requests
+        if running_limit is None:
+            return FALLBACK_UNSTARTED_REQUESTS
+        return running_limit - started
+
+    def saturated(self, unstarted_tokens: int, unstarted_requests: int, inflight: int) -> bool:
+        """Whether what was sent and not started is what the engine can admit next."""
+        if inflight > 0:
+            self._busy = True
+        if self.excess_waiting > 0:
+            return True
+        if unstarted_tokens >= self.token_budget():
+            return True
+        return unstarted_requests >= self.request_budget(inflight - unstarted_requests)
+
+    def describe(self) -> dict[str, Any]:
+        """The limits in force and where they come from, for `/server_info`."""
+        return {
+            "saturation_tokens": self.token_budget(),
+            "saturation_requests": self.request_budget(0),
+            "engine_max_running_requests": self.limits.max_running_requests,
+            "engine_chunked_prefill_size": self.limits.chunked_prefill_size,
+            "engine_max_total_num_tokens": self.limits.max_total_num_tokens,
+            "engine_excess_waiting": self.excess_waiting,
+        }
+
+    # Learning the facts
+
+    async def start(self) -> None:
+        """Read the engine's limits if it answers now; then keep them and its queue current."""
+        await self._read_limits()
+        self._task = asyncio.create_task(self._follow(), name="engine-capacity")
+
+    async def close(self) -> None:
+        """Stop following the engine."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _read_limits(self) -> bool:
+        try:
+            info = await self._engine.server_info()
+        except EngineError as error:
+            log.info("the engine did not state its limits (%s); reading them later", error)
+            return False
+        if info is None:
+            return True  # an engine that states nothing: the settings and fallbacks apply
+        limits = EngineLimits.from_server_info(info)
+        if limits != self.limits:
+            log.info("the engine's limits: %s", limits)
+            self.limits = limits
+            self._wake()
+        self._limits_read_at = time.monotonic()
+        return True
+
+    async def _follow(self) -> None:
+        reachable = True
+        while True:
+            busy = self._busy or self.excess_waiting > 0
+            self._busy = False
+            await asyncio.sleep(self._poll_seconds if busy else _IDLE_POLL_SECONDS)
+            stale = (
+                self._limits_read_at is None
+                or time.monotonic() - self._limits_read_at > _LIMITS_REFRESH_SECONDS
+            )
+            if not reachable or stale:
+                reachable = await self._read_limits()
+                if not reachable:
+                    continue
+            reachable = await self._read_waiting()
+
+    async def _read_waiting(self) -> bool:
+        before = self._unstarted()
+        try:
+            loads = await self._engine.loads()
+        except EngineError:
+            if self.excess_waiting:
+                self.excess_waiting = 0
+                self._wake()
+            return False
+        if loads is None:
+            return True
+        waiting = _waiting(loads)
+        if waiting is None:
+            return True
+        # Ours: the most of this server's unstarted requests while the answer was on its way,
+        # so that a request it sent meanwhile is never taken for someone else's.
+        excess = max(0, waiting - max(before, self._unstarted()))
+        if excess != self.excess_waiting:
+            self.excess_waiting = excess
+            self._wake()
+        return True
+
+
+def request_tokens(ticket: Ticket) -> int:
+    """What the request holds of the engine's tokens: its prompt and its `max_new_tokens`."""
+    asked: Any = ticket.sampling_params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    new = asked if isinstance(asked, int) and asked >= 0 else 0
+    return len(ticket.tokens) + new
+
+
+@dataclass
+class _Held:
+    slots: int = 0
+    tokens: int = 0
+
+
+class EngineShares:
+    """The shares of the module docstring, counted from selection to each request's end."""
+
+    def __init__(self, settings: ServerSettings, wake: Callable[[], None]) -> None:
+        """`wake`: called when a request's share is released (the pool may take more)."""
+        self._wake = wake
+        capacity = settings.engine_tokens
+        if capacity is None and settings.engine_url is None:
+            capacity = settings.emulator_cache_tokens
+        slots = settings.max_inflight
+        self._user_slots = max(1, math.floor(slots * settings.user_share))
+        self._free_slots = max(1, math.floor(slots * settings.zero_bid_share))
+        self._user_tokens = None if capacity is None else capacity * settings.user_share
+        self._free_tokens = None if capacity is None else capacity * settings.zero_bid_share
+        self._users: defaultdict[str, _Held] = defaultdict(_Held)
+        self._free = _Held()
+        # Under `pricing fcfs` nobody bids: no request is free traffic held to a share.
+        self._free_counted = settings.pricing != "fcfs"
+
+    def check(self, ticket: Ticket) -> None:
+        """Refuse at admission a zero-bid request that could never fit its share."""
+        if ticket.bid_micros or self._free_tokens is None or not self._free_counted:
+            return
+        tokens = request_tokens(ticket)
+        if tokens > self._free_tokens:
+            raise InvalidRequest(
+                f"a zero-bid request may hold at most {int(self._free_tokens):,} tokens of the "
+                f"engine (prompt + max_new_tokens; zero_bid_share); this one asks {tokens:,}: "
+                "bid for it, or ask for fewer max_new_tokens",
+                param="max_new_tokens",
+            )
+
+    def select(self, waiting: Sequence[Ticket], room: int) -> list[int]:
+        """The places in `waiting` of the requests a batch of at most `room` takes now."""
+        users = {ticket.user for ticket in waiting}
+        taken: list[int] = []
+        for place, ticket in enumerate(waiting):
+            if len(taken) == room:
+                break
+            tokens = request_tokens(ticket)
+            free = self._free_counted and not ticket.bid_micros
+            if free and not self._fits(self._free, tokens, free=True):
+                continue
+            held = self._users[ticket.user]
+            contested = len(users) > 1
+            if contested and held.slots and not self._fits(held, tokens, free=False):
+                continue
+            self._take(ticket, tokens)
+            taken.append(place)
+        return taken
+
+    def _fits(self, held: _Held, tokens: int, *, free: bool) -> bool:
+        slots = self._free_slots if free else self._user_slots
+        capacity = self._free_tokens if free else self._user_tokens
+        if held.slots + 1 > slots:
+            return False
+        return capacity is None or held.tokens + tokens <= capacity
+
+    def _take(self, ticket: Ticket, tokens: int) -> None:
+        held = self._users[ticket.user]
+        held.slots += 1
+        held.tokens += tokens
+        free = self._free_counted and not ticket.bid_micros
+        if free:
+            self._free.slots += 1
+            self._free.tokens += tokens
+
+        def release() -> None:
+            held.slots -= 1
+            held.tokens -= tokens
+            if not held.slots and self._users.get(ticket.user) is held:
+                del self._users[ticket.user]
+            if free:
+                self._free.slots -= 1
+                self._free.tokens -= tokens
+            self._wake()
+
+        ticket.on_finish.append(release)

@@ -29,9 +29,14 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from inference_auctions.billing import Ledger
-from inference_auctions.server.engine.contract import ContextTooLong, check_context_length
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
-from inference_auctions.server.engine.protocol import Engine, TokenArray, TokenIds
+from inference_auctions.server.engine.protocol import (
+    ContextTooLong,
+    Engine,
+    TokenArray,
+    TokenIds,
+    check_context_length,
+)
 from inference_auctions.server.errors import (
     EngineFailed,
     EngineTimedOut,
@@ -56,8 +61,13 @@ from inference_auctions.server.serving.admission import (
 from inference_auctions.server.serving.clearing import BatchClosing
 from inference_auctions.server.serving.dispatch import BatchDispatch
 from inference_auctions.server.serving.dispatch_ahead import Distrust
-from inference_auctions.server.serving.engine_load import EngineShares
-from inference_auctions.server.serving.pool import BatchingPolicy, BatchPool, PoolClosed, QueueFull
+from inference_auctions.server.serving.pool import (
+    BatchingPolicy,
+    BatchPool,
+    EngineShares,
+    PoolClosed,
+    QueueFull,
+)
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.serving.tiers import TierFigures
 from inference_auctions.server.settings import ServerSettings

@@ -129,7 +129,7 @@ class Ticket:
     stop: Callable[[str], None] | None = None
     first_token: float | None = None  # seconds from dispatch to its first token, once produced
     # Called once each, when it ends: what it held is released (`server.serving.admission`,
-    # `server.serving.engine_load`).
+    # `server.serving.pool`).
     on_finish: list[Callable[[], None]] = field(default_factory=list)
     # The readers waiting for each kind of change (`server.engine.protocol`): each wakes once per
     # change, and one that is cancelled cancels only its own wait.

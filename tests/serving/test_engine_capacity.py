@@ -11,7 +11,7 @@ from inference_auctions.server.emulator.embedded import EmbeddedEngine
 from inference_auctions.server.emulator.live import LiveSimulator
 from inference_auctions.server.emulator.simulator import EngineSimulator
 from inference_auctions.server.engine.errors import EngineUnavailable
-from inference_auctions.server.serving.engine_load import (
+from inference_auctions.server.serving.pool import (
     FALLBACK_PREFILL_TOKENS,
     FALLBACK_UNSTARTED_REQUESTS,
     EngineCapacity,
