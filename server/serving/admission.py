@@ -23,7 +23,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +161,62 @@ async def release_hold(
     except Exception as error:
         metrics.ledger_errors.labels(operation="release").inc()
         log.warning("releasing the hold of %r failed: %s", ticket.rid, error)
+
+
+# Finished tickets kept for idempotent retries; older ones fall back to the ledger's record.
+REMEMBERED_TICKETS = 10_000
+
+
+class Admissions:
+    """The admitted requests known by their rid, and their holds: what the service, a batch's
+    closing and the answer-memory budget share about them.
+
+    A retry of a remembered rid joins its ticket; a forgotten one is admitted afresh (its hold
+    re-opened by the ledger). The most recent `remembered` finished tickets are kept."""
+
+    def __init__(
+        self,
+        writer: LedgerWriter,
+        ledger: Ledger,
+        metrics: Metrics,
+        remembered: int = REMEMBERED_TICKETS,
+    ) -> None:
+        self._writer = writer
+        self._ledger = ledger
+        self._metrics = metrics
+        self._remembered = remembered
+        self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
+
+    def known(self, user: str, rid: str) -> Ticket | None:
+        """The ticket of a rid admitted before and not forgotten."""
+        return self._tickets.get((user, rid))
+
+    def remember(self, ticket: Ticket) -> None:
+        """Known from now on: a retry of its rid joins it."""
+        self._tickets[(ticket.user, ticket.rid)] = ticket
+        while len(self._tickets) > self._remembered:
+            oldest_key, oldest = next(iter(self._tickets.items()))
+            if not oldest.done:
+                break
+            del self._tickets[oldest_key]
+
+    def forget(self, ticket: Ticket) -> None:
+        """A retry of the ticket's rid is admitted afresh."""
+        self._tickets.pop((ticket.user, ticket.rid), None)
+
+    def forget_if_current(self, ticket: Ticket) -> None:
+        """Forget the ticket unless a newer one of its rid took its place."""
+        if self._tickets.get((ticket.user, ticket.rid)) is ticket:
+            del self._tickets[(ticket.user, ticket.rid)]
+
+    async def release(self, ticket: Ticket, reason: str) -> None:
+        """Free the ticket's hold (placed)."""
+        await release_hold(self._writer, self._ledger, self._metrics, ticket, reason)
+
+    async def release_when_placed(self, ticket: Ticket, reason: str) -> None:
+        """Free the ticket's hold once its commit is known, if it was placed."""
+        if await hold_was_placed(ticket):
+            await self.release(ticket, reason)
 
 
 # Measured in tests/security/test_answer_memory.py: an answer of n tokens held by the server

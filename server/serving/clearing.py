@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
@@ -62,7 +62,12 @@ from inference_auctions.server.auction.repricing import Repricer
 from inference_auctions.server.errors import Conflict, ServiceError
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
-from inference_auctions.server.serving.admission import conflict, hold_was_placed, unavailable
+from inference_auctions.server.serving.admission import (
+    Admissions,
+    conflict,
+    hold_was_placed,
+    unavailable,
+)
 from inference_auctions.server.serving.dispatch import BatchDispatch
 from inference_auctions.server.serving.dispatch_ahead import Distrust, Speculation
 from inference_auctions.server.serving.tickets import Clearance, Ticket
@@ -75,9 +80,8 @@ log = logging.getLogger(__name__)
 
 
 class BatchClosing:
-    """The pool's callback for a closed batch (see the module docstring). Admission lends it
-    two things: `release`, which frees a ticket's hold once its commit is known, and `forget`,
-    which lets a retry of the ticket's rid be admitted afresh."""
+    """The pool's callback for a closed batch (see the module docstring). It frees the holds
+    of requests it fails, and lets a retry of their rids be admitted afresh (`admissions`)."""
 
     def __init__(
         self,
@@ -87,8 +91,7 @@ class BatchClosing:
         dispatch: BatchDispatch,
         distrust: Distrust,
         *,
-        release: Callable[[Ticket, str], Awaitable[None]],
-        forget: Callable[[Ticket], None],
+        admissions: Admissions,
         new_batch_id: Callable[[], str],
         clock: Callable[[], datetime],
         tier_figures: TierFigures,
@@ -98,8 +101,7 @@ class BatchClosing:
         self._metrics = metrics
         self._dispatch = dispatch
         self._distrust = distrust
-        self._release = release
-        self._forget = forget
+        self._admissions = admissions
         self._new_batch_id = new_batch_id
         self._clock = clock
         self._sequence = 0  # the engine priority of the next request cleared
@@ -222,11 +224,11 @@ class BatchClosing:
         for ticket in tickets:
             if ticket.done:  # its own hold was refused: admission answered it
                 continue
-            await self._release(ticket, "batch could not be settled")
+            await self._admissions.release_when_placed(ticket, "batch could not be settled")
             await ticket.finish(failure)
             # A retry of the rid is admitted afresh (its hold re-opened) instead of
             # replaying this failure.
-            self._forget(ticket)
+            self._admissions.forget(ticket)
 
     async def _refuse(self, ticket: Ticket, state: str) -> None:
         """A request whose hold could not be claimed leaves its batch with its own error."""
@@ -246,7 +248,7 @@ class BatchClosing:
                 f"the hold of request {ticket.rid!r} was {state} before its batch closed; "
                 "nothing was charged, retry"
             )
-            self._forget(ticket)
+            self._admissions.forget(ticket)
         log.info("request %r left its batch: hold %s", ticket.rid, state)
         self._distrust.add(ticket.user)
         await ticket.finish(error)

@@ -88,9 +88,7 @@ class BatchDispatch:
         self._wake = wake
         # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
         self._deferral = DeferredDispatch(engine, deferral_settings(settings), metrics)
-        self._serving = Serving(
-            settings, ledger, writer, metrics, self.freed, started=self._started
-        )
+        self._serving = Serving(settings, ledger, writer, metrics, load=self)
         self.inflight = 0
         # Sent to the engine (or held back by deferral) without a first token yet: engine rid
         # -> prompt tokens. Their total is how saturated the engine is (`saturated`).
@@ -177,7 +175,8 @@ class BatchDispatch:
         """Stop the deferral's timer; nothing is dispatched afterwards."""
         self._deferral.close()
 
-    def _started(self, engine_rid: str) -> None:
+    def started(self, engine_rid: str) -> None:
+        """A request produced its first token."""
         self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)
         self._deferral.first_token(engine_rid)  # a request held back for its prefix may go
         self._wake()

@@ -34,9 +34,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from inference_auctions.billing import Ledger, RequestNotScheduled, ServedRecord
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
@@ -51,11 +51,21 @@ from inference_auctions.server.settings import ServerSettings
 if TYPE_CHECKING:
     from inference_auctions.server.serving.clearing import ClearedBatch
 
-__all__ = ["Serving", "StreamDeadlines", "Watch"]
+__all__ = ["EngineLoad", "Serving", "StreamDeadlines", "Watch"]
 
 log = logging.getLogger(__name__)
 
 _REASON_CHARS = 400  # the ledger keeps reasons of up to 500 characters
+
+
+class EngineLoad(Protocol):
+    """What counts this server's requests at the engine (`server.serving.dispatch`)."""
+
+    def started(self, engine_rid: str) -> None:
+        """The request produced its first token."""
+
+    def freed(self, engine_rid: str) -> None:
+        """The request left the engine (or failed before it started)."""
 
 
 class _Stalled(Exception):
@@ -77,8 +87,7 @@ class Serving:
     ledger: Ledger
     writer: LedgerWriter
     metrics: Metrics
-    freed: Callable[[str], None]  # called with its engine rid once a request leaves the engine
-    started: Callable[[str], None] = lambda _: None  # called at its first token (deferral)
+    load: EngineLoad  # told when a request starts at the engine, and when it leaves it
     # Every stream's stall and total deadlines, on one timer (`server.serving.following`).
     _deadlines: StreamDeadlines = field(init=False)
 
@@ -117,7 +126,7 @@ class Serving:
             detail = _client_words(failure, ticket)
             error = EngineFailed(f"the engine failed request {ticket.rid!r}: {detail}")
         finally:
-            self.freed(ticket.engine_rid)
+            self.load.freed(ticket.engine_rid)
         if settled is not None and not await settled:
             return  # the batch is void: it is cleared again (`server.serving.clearing`)
         if ticket.left:
@@ -154,7 +163,7 @@ class Serving:
                         if ttft is None:
                             ttft = ticket.first_token = time.monotonic() - ticket.dispatched
                             self.metrics.engine_ttft.observe(ttft)
-                            self.started(ticket.engine_rid)
+                            self.load.started(ticket.engine_rid)
                         # The engine's own objects, not copies: each chunk is made afresh,
                         # and copying its cumulative ids would cost time quadratic in them.
                         chunk = Chunk(

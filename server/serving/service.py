@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -48,6 +47,7 @@ from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.serving.admission import (
     Admission,
+    Admissions,
     AnswerMemory,
     conflict,
     held,
@@ -55,7 +55,6 @@ from inference_auctions.server.serving.admission import (
     ledger_rid,
     payload_fingerprint,
     queue_hold,
-    release_hold,
     unavailable,
 )
 from inference_auctions.server.serving.clearing import BatchClosing
@@ -73,9 +72,6 @@ from inference_auctions.server.serving.tiers import TierFigures
 from inference_auctions.server.settings import ServerSettings
 
 __all__ = ["AuctionService", "Load", "new_batch_id", "payload_fingerprint"]
-
-# Finished tickets kept for idempotent retries; older ones fall back to the ledger's record.
-_REMEMBERED_TICKETS = 10_000
 
 
 class Load(NamedTuple):
@@ -113,6 +109,7 @@ class AuctionService:
             ledger,
             observe_group=self.metrics.ledger_group_writes.observe,
         )
+        self._admissions = Admissions(self.writer, ledger, self.metrics)
         self._dispatch = BatchDispatch(
             settings, engine, ledger, self.writer, self.metrics, wake=self._wake_pool
         )
@@ -127,8 +124,7 @@ class AuctionService:
             self.metrics,
             self._dispatch,
             self._distrust,
-            release=self._release_when_placed,
-            forget=lambda ticket: self._forget((ticket.user, ticket.rid)),
+            admissions=self._admissions,
             new_batch_id=new_batch_id,
             clock=clock,
             tier_figures=self.tier_figures,
@@ -147,8 +143,9 @@ class AuctionService:
             saturated=self._dispatch.saturated,
             select=self._select,
         )
-        self._tickets: OrderedDict[tuple[str, str], Ticket] = OrderedDict()
-        self._answers = AnswerMemory(settings.answer_memory_mib * 2**20, self._forget_ticket)
+        self._answers = AnswerMemory(
+            settings.answer_memory_mib * 2**20, self._admissions.forget_if_current
+        )
         self._tasks: set[asyncio.Task[None]] = set()  # releases of abandoned requests
         self._runner: asyncio.Task[None] | None = None
 
@@ -231,8 +228,7 @@ class AuctionService:
         user, rid, tokens = request.user, request.rid, request.tokens
         bid_micros, sampling_params = request.bid_micros, request.sampling_params
         fingerprint, streamed = request.fingerprint, request.streamed
-        key = (user, rid)
-        known = self._tickets.get(key)
+        known = self._admissions.known(user, rid)
         if known is not None:
             if known.fingerprint != fingerprint:
                 raise conflict(rid)
@@ -252,7 +248,7 @@ class AuctionService:
         self._shares.check(ticket)  # 400 for a free request bigger than free traffic's share
         self._answers.reserve(ticket, self.settings.max_new_tokens_limit)  # 503 if over
         # Claimed before the first await, so a concurrent retry joins instead of racing.
-        self._remember(key, ticket)
+        self._admissions.remember(ticket)
         try:
             # Queued before the ticket can join a batch, so the batch's claim finds the hold:
             # in the same group commit when the batch closes at once (a lone request costs one
@@ -263,7 +259,7 @@ class AuctionService:
                 self._pool.submit(ticket)
             except (QueueFull, PoolClosed) as error:
                 if await hold_was_placed(ticket):
-                    await self._release(ticket, "not queued: " + str(error))
+                    await self._admissions.release(ticket, "not queued: " + str(error))
                 raise unavailable(str(error)) from None
             await held(ticket.hold, self.metrics, ticket)
         except ServiceError as error:
@@ -274,7 +270,7 @@ class AuctionService:
                 error, Unavailable
             ):  # its hold was refused: `server.serving.dispatch_ahead`
                 self._distrust.add(user)
-            self._forget(key)
+            self._admissions.forget(ticket)
             await ticket.finish(error)  # a concurrent retry that joined gets the same answer
             raise
         except asyncio.CancelledError:
@@ -282,8 +278,10 @@ class AuctionService:
             # forever. One still in the pool leaves it, its hold released once placed; one
             # whose batch closed is served and settled like a client that left after that.
             if self._pool.withdraw(ticket):
-                self._forget(key)
-                self._spawn(self._release_when_placed(ticket, "cancelled before dispatch"))
+                self._admissions.forget(ticket)
+                self._spawn(
+                    self._admissions.release_when_placed(ticket, "cancelled before dispatch")
+                )
                 await ticket.finish(unavailable("the request was cancelled before it was queued"))
             raise
         return ticket
@@ -307,32 +305,11 @@ class AuctionService:
     async def abandon(self, ticket: Ticket) -> None:
         """The client went away: if its batch has not closed, take it back and free its hold."""
         if self._pool.withdraw(ticket):
-            await self._release_when_placed(ticket, "client disconnected before dispatch")
+            await self._admissions.release_when_placed(
+                ticket, "client disconnected before dispatch"
+            )
             await ticket.finish(unavailable("the client disconnected"))
-            self._forget((ticket.user, ticket.rid))
-
-    async def _release(self, ticket: Ticket, reason: str) -> None:
-        await release_hold(self.writer, self.ledger, self.metrics, ticket, reason)
-
-    async def _release_when_placed(self, ticket: Ticket, reason: str) -> None:
-        """Free the ticket's hold once its commit is known, if it was placed."""
-        if await hold_was_placed(ticket):
-            await self._release(ticket, reason)
-
-    def _remember(self, key: tuple[str, str], ticket: Ticket) -> None:
-        self._tickets[key] = ticket
-        while len(self._tickets) > _REMEMBERED_TICKETS:
-            oldest_key, oldest = next(iter(self._tickets.items()))
-            if not oldest.done:
-                break
-            del self._tickets[oldest_key]
-
-    def _forget(self, key: tuple[str, str]) -> None:
-        self._tickets.pop(key, None)
-
-    def _forget_ticket(self, ticket: Ticket) -> None:
-        if self._tickets.get((ticket.user, ticket.rid)) is ticket:
-            del self._tickets[(ticket.user, ticket.rid)]
+            self._admissions.forget(ticket)
 
     def _select(self, waiting: list[Ticket], room: int) -> list[int]:
         """The places of the waiting requests the next batch takes: the oldest first, but

@@ -41,10 +41,20 @@ class _Engine:
         self.cancelled.append(reason)
 
 
+class _Unwatched:
+    """Counts nothing: these tests watch the deadlines, not the engine's load."""
+
+    def started(self, engine_rid: str) -> None:
+        pass
+
+    def freed(self, engine_rid: str) -> None:
+        pass
+
+
 def _serving(stall: float, cap: float | None = None) -> Serving:
     settings = ServerSettings(engine_stall_timeout_seconds=stall, engine_max_seconds=cap)
     metrics = Metrics(queue_length=lambda: 0, inflight=lambda: 0)
-    return Serving(settings, None, None, metrics, lambda _: None)  # type: ignore[arg-type]
+    return Serving(settings, None, None, metrics, load=_Unwatched())  # type: ignore[arg-type]
 
 
 async def _follow(serving: Serving, engine: _Engine, rid: str = "r") -> _Streamed:
