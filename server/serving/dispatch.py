@@ -3,7 +3,7 @@
 `BatchDispatch.dispatch` turns a cleared batch's tickets into engine requests in the
 auction's order (each with its clearance's sequence as its priority), hands them to the prefix
 deferral (`DeferredDispatch`), and starts one follower per request once it is sent
-(`server.serving.following.Serving`: its stream, its outcome, its refund).
+(`server.serving.following.Follower`: its stream, its outcome, its refund).
 
 It also counts what the pool needs to decide when to close a batch (`server.serving.pool`): the
 requests outstanding at the engine, and those sent but not started (no first token yet), whose
@@ -52,7 +52,7 @@ from inference_auctions.server.serving.deferral import (
     Release,
 )
 from inference_auctions.server.serving.dispatch_ahead import Speculation
-from inference_auctions.server.serving.following import Serving
+from inference_auctions.server.serving.following import Follower
 from inference_auctions.server.serving.pool import EngineCapacity
 from inference_auctions.server.serving.tickets import Clearance, Ticket
 from inference_auctions.server.settings import ServerSettings
@@ -88,7 +88,7 @@ class BatchDispatch:
         self._wake = wake
         # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
         self._deferral = DeferredDispatch(engine, deferral_settings(settings), metrics)
-        self._serving = Serving(settings, ledger, writer, metrics, load=self)
+        self._follower = Follower(settings, ledger, writer, metrics, load=self)
         self.inflight = 0
         # Sent to the engine (or held back by deferral) without a first token yet: engine rid
         # -> prompt tokens. Their total is how saturated the engine is (`saturated`).
@@ -139,7 +139,7 @@ class BatchDispatch:
         settled = None if speculation is None else speculation.settled
 
         def follow(place: int, generation: Generation) -> None:
-            task = self._follow(self._serving.serve(ordered[place], generation, batch, settled))
+            task = self._follow(self._follower.serve(ordered[place], generation, batch, settled))
             sent(ordered[place], generation.cancel)
             if speculation is not None:
                 speculation.follow(generation, task)

@@ -51,7 +51,7 @@ from inference_auctions.server.settings import ServerSettings
 if TYPE_CHECKING:
     from inference_auctions.server.serving.clearing import ClearedBatch
 
-__all__ = ["EngineLoad", "Serving", "StreamDeadlines", "Watch"]
+__all__ = ["EngineLoad", "Follower", "StreamDeadlines", "Watch"]
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class _Streamed:
 
 
 @dataclass
-class Serving:
+class Follower:
     """Follows dispatched requests to their end (one `serve` task per request)."""
 
     settings: ServerSettings

@@ -13,7 +13,7 @@ import pytest
 
 from inference_auctions.server.engine.protocol import EngineChunk
 from inference_auctions.server.metrics import Metrics
-from inference_auctions.server.serving.following import Serving, _Stalled, _Streamed
+from inference_auctions.server.serving.following import Follower, _Stalled, _Streamed
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.settings import ServerSettings
 
@@ -51,13 +51,13 @@ class _Unwatched:
         pass
 
 
-def _serving(stall: float, cap: float | None = None) -> Serving:
+def _serving(stall: float, cap: float | None = None) -> Follower:
     settings = ServerSettings(engine_stall_timeout_seconds=stall, engine_max_seconds=cap)
     metrics = Metrics(queue_length=lambda: 0, inflight=lambda: 0)
-    return Serving(settings, None, None, metrics, load=_Unwatched())  # type: ignore[arg-type]
+    return Follower(settings, None, None, metrics, load=_Unwatched())  # type: ignore[arg-type]
 
 
-async def _follow(serving: Serving, engine: _Engine, rid: str = "r") -> _Streamed:
+async def _follow(serving: Follower, engine: _Engine, rid: str = "r") -> _Streamed:
     ticket = Ticket("ann", rid, f"ann/{rid}", np.zeros(2, dtype=np.int32), 1, {}, "f")
     ticket.dispatched = time.monotonic()
     return await serving._stream(ticket, engine)  # type: ignore[arg-type]
