@@ -28,7 +28,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing import HoldRequest, Ledger, create_ledger_engine, upgrade_schema
+from inference_auctions.billing import HoldRequest, Ledger, upgrade_schema
+from inference_auctions.billing.database import create_ledger_engine
 from inference_auctions.billing.holds import place_hold
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

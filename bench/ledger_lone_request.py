@@ -37,8 +37,8 @@ from inference_auctions.billing import (
     HoldRequest,
     Ledger,
     ServedRecord,
-    create_ledger_engine,
 )
+from inference_auctions.billing.database import create_ledger_engine
 
 USER = "lone"
 

@@ -3,8 +3,10 @@
 Money is integer micro-credits everywhere (`parse_credits` and `format_micros` convert). The
 schema is built by the Alembic migrations (`upgrade_schema`), never by `create_all`.
 
-This module is billing's one door: the server and the migrations import only what it exports,
-never a submodule, never SQLAlchemy. A database that is down or locked is `LedgerUnavailable`.
+This module is billing's one door: the server and the CLI import only what it exports, never a
+submodule, never SQLAlchemy, and it exports no SQLAlchemy object (what Alembic needs, the
+tables' metadata and an engine, is `billing.schema`, for the migrations alone). A database
+that is down or locked is `LedgerUnavailable`.
 """
 
 from inference_auctions.billing.activity import (
@@ -13,11 +15,7 @@ from inference_auctions.billing.activity import (
     MarketActivity,
     Spender,
 )
-from inference_auctions.billing.database import (
-    create_ledger_engine,
-    mask_database_url,
-    sqlite_busy_timeout_seconds,
-)
+from inference_auctions.billing.database import mask_database_url, sqlite_busy_timeout_seconds
 from inference_auctions.billing.database_url import (
     check_database_url,
     probe_database,
@@ -55,7 +53,6 @@ from inference_auctions.billing.migrate import current_revision as schema_revisi
 from inference_auctions.billing.migrate import describe_drift, head_revision, schema_drift
 from inference_auctions.billing.migrate import downgrade as downgrade_schema
 from inference_auctions.billing.migrate import upgrade as upgrade_schema
-from inference_auctions.billing.models import Base as _Base
 from inference_auctions.billing.models import EntryKind, HoldState, RequestStatus
 from inference_auctions.billing.money import (
     MAX_MICROS,
@@ -96,9 +93,6 @@ from inference_auctions.billing.schemas import (
 )
 from inference_auctions.billing.settings import LedgerSettings
 from inference_auctions.billing.settlement import BatchClaim
-
-# The ledger's tables, for Alembic's autogenerate and drift checks.
-metadata = _Base.metadata
 
 __all__ = [
     "MAX_MICROS",
@@ -164,14 +158,12 @@ __all__ = [
     "UserDisabled",
     "UserInfo",
     "check_database_url",
-    "create_ledger_engine",
     "describe_drift",
     "downgrade_schema",
     "format_micros",
     "head_revision",
     "hold_micros",
     "mask_database_url",
-    "metadata",
     "parse_credits",
     "probe_database",
     "schema_drift",

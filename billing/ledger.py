@@ -186,8 +186,14 @@ class Ledger:
 
     @property
     def engine(self) -> Engine:
-        """The engine the ledger writes through."""
+        """The engine the ledger writes through: for billing itself, its tests and tools; the
+        server asks what it needs as plain facts (`dialect_name`)."""
         return self._engine
+
+    @property
+    def dialect_name(self) -> str:
+        """The kind of database: `sqlite` or `postgresql`."""
+        return str(self._engine.dialect.name)
 
     @property
     def in_memory(self) -> bool:

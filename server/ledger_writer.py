@@ -88,7 +88,7 @@ class LedgerWriter:
         # `served` records in a lane of their own (see the module docstring); by default on
         # PostgreSQL, and only there.
         if served_apart is None:
-            served_apart = ledger.engine.dialect.name == "postgresql"
+            served_apart = ledger.dialect_name == "postgresql"
         # Where the commits run: threads of this process (`server.ledger_lanes`).
         self._lane: Lane = ThreadLane(ledger, "ledger-writer")
         self._served_lane: Lane | None = None

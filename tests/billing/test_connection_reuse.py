@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
-from inference_auctions.billing import HoldRequest, Ledger, create_ledger_engine, upgrade_schema
+from inference_auctions.billing import HoldRequest, Ledger, upgrade_schema
+from inference_auctions.billing.database import create_ledger_engine
 from tests.billing.helpers import read_calls
 from tests.db_fixtures import MigratedDatabase
 

@@ -24,8 +24,8 @@ from inference_auctions.billing import (
     HoldView,
     Ledger,
     ServedRecord,
-    create_ledger_engine,
 )
+from inference_auctions.billing.database import create_ledger_engine
 from inference_auctions.billing.driver_sql import driver_cursor
 from inference_auctions.billing.models import EntryKind, LedgerEntry, User
 from inference_auctions.billing.postings import entry_values, insert_entries

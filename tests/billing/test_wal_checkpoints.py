@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from inference_auctions.billing import HoldRequest, Ledger, create_ledger_engine, upgrade_schema
+from inference_auctions.billing import HoldRequest, Ledger, upgrade_schema
+from inference_auctions.billing.database import create_ledger_engine
 from inference_auctions.billing.wal_checkpoints import (
     BACKSTOP_PAGES,
     CheckpointResult,
