@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from inference_auctions.billing import (
     activity,
+    autovacuum,
     decoy_watch,
     grants,
     group_commit,
@@ -727,6 +728,13 @@ class Ledger:
     def schema_revision(self) -> str | None:
         """The migration revision the database is at (None: not migrated)."""
         return migrate.current_revision(self._engine)
+
+    def warn_if_autovacuum_off(self) -> list[str]:
+        """Say in one WARNING line where PostgreSQL's autovacuum is off for the ledger's
+        tables (`billing.autovacuum`), as a server starts; returns where (none on SQLite)."""
+        if self.dialect_name != "postgresql":
+            return []
+        return self._read(lambda s: autovacuum.warn_if_autovacuum_off(s.connection()))
 
     def ping(self) -> None:
         """Raise unless the database answers a trivial query (for health checks)."""
