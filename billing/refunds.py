@@ -48,7 +48,7 @@ def refund(
         raise UnknownBatch(batch_id)
     account = lock_account(session, name)
     budget = open_period(session, account, now)
-    user_id = account.user.id
+    user_id = account.user_id
     if rid is not None:
         request = session.get(BatchRequest, rid)
         if request is None or request.batch_id != batch_id or request.user_id != user_id:
@@ -120,7 +120,7 @@ def refund_toward(
         raise UnknownBatch(batch_id)
     account = lock_account(session, name)
     budget = open_period(session, account, now)
-    user_id = account.user.id
+    user_id = account.user_id
     charged = period_charges.charged(session, budget, batch_id)
     refunded = _refunded(session, user_id, batch_id)
     existing = period_charges.recorded_refund(session, user_id, batch_id, rid)

@@ -8,7 +8,7 @@ periods its holds were placed in (`billing.period_charges`).
 
 A settlement runs once per auction batch on the server's ledger writer, so it costs a fixed
 number of statements whatever the batch's size, sent to the driver directly
-(`billing.driver_sql`): the locked accounts are plain rows (`billing.account_rows`), each
+(`billing.driver_sql`): the locked accounts are plain rows (`billing.postings.Account`), each
 table is written by one statement, and no row goes through the ORM's identity map unless a
 budget period has to be opened.
 """
@@ -27,12 +27,6 @@ from typing import Any, cast
 from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing.account_rows import (
-    AccountRow,
-    lock_known_rows,
-    open_periods,
-    write_balances,
-)
 from inference_auctions.billing.driver_sql import Columns, driver_cursor
 from inference_auctions.billing.errors import (
     ChargeExceedsHold,
@@ -42,8 +36,9 @@ from inference_auctions.billing.errors import (
     UnknownRequest,
 )
 from inference_auctions.billing.fees import fee_key, hold_micros, user_fees
+from inference_auctions.billing.grants import open_periods
 from inference_auctions.billing.hold_rows import HoldRow, KnownHolds
-from inference_auctions.billing.holds import entry_key
+from inference_auctions.billing.holds import release_entry
 from inference_auctions.billing.models import (
     AUCTION_REQUESTS,
     HOLDS,
@@ -58,7 +53,14 @@ from inference_auctions.billing.models import (
 from inference_auctions.billing.money import check_micros, check_total_micros
 from inference_auctions.billing.period_charges import charge_entries
 from inference_auctions.billing.periods import require_aware
-from inference_auctions.billing.postings import check_id, check_name, insert_entries
+from inference_auctions.billing.postings import (
+    Account,
+    check_id,
+    check_name,
+    insert_entries,
+    lock_accounts,
+    write_balances,
+)
 from inference_auctions.billing.records import (
     BatchRecord,
     ClaimedBatch,
@@ -84,7 +86,7 @@ class BatchClaim:
     fingerprints: Mapping[str, str | None] | None = None
 
 
-# Each runs once per batch, straight on the driver (see `billing.account_rows`).
+# Each runs once per batch, straight on the driver (see `billing.postings`).
 _SETTLE_HOLDS = "UPDATE holds SET state = ?, closed_at = ?, batch_id = ? WHERE rid IN ({in})"
 _SETTLE_BINDS = Columns(HOLDS, ("state", "closed_at", "batch_id"))
 _BATCH_COLUMNS = Columns(
@@ -144,7 +146,7 @@ def settle_batch(
     closed_at = _validate(batch, requests, charges)
     fingerprint = _fingerprint(batch, requests, charges)
     if not _batch_exists(session, batch.batch_id):
-        accounts = lock_known_rows(session, {r.user for r in requests})
+        accounts = lock_accounts(session, {r.user for r in requests})
         # Checked again under the locks: a concurrent settlement of this batch locks the same
         # users, so by now it has either committed or not started.
         if not _batch_exists(session, batch.batch_id):
@@ -172,7 +174,7 @@ def settle_claimable(
     clear: Clearing,
     now: datetime,
     fingerprints: Mapping[str, str | None] | None = None,
-    locked: Mapping[str, AccountRow] | None = None,
+    locked: Mapping[str, Account] | None = None,
     known: KnownHolds | None = None,
 ) -> ClaimedBatch:
     """Claim the open holds among `candidates` (rid, user), clear those, settle them at once.
@@ -181,10 +183,10 @@ def settle_claimable(
     `fingerprints`) another payload's leaves the batch before `clear` runs, so nobody else's
     request fails for it. `clear` gets the claimable rids in the candidates' order and returns
     the batch to settle; it runs under the locks. `locked`: the accounts this transaction
-    already locked (`account_rows.lock_rows`), moved in place. `known`: what this
+    already locked (`postings.lock_rows`), moved in place. `known`: what this
     transaction knows of holds already (`billing.hold_rows`), kept up to date.
     """
-    accounts = lock_known_rows(session, {user for _, user in candidates}, locked)
+    accounts = lock_accounts(session, {user for _, user in candidates}, locked)
     known = KnownHolds() if known is None else known
     holds = known.rows(session, [rid for rid, _ in candidates])
     claimable: list[str] = []
@@ -344,7 +346,7 @@ def _settle(
     closed_at: datetime,
     requests: Sequence[RequestRecord],
     charges: Mapping[str, int],
-    accounts: dict[str, AccountRow],
+    accounts: dict[str, Account],
     holds: Mapping[str, HoldRow],
     fingerprint: str,
     now: datetime,
@@ -401,7 +403,13 @@ def _settle(
             ],
         )
         entries = [
-            _release_entry(accounts[request.user], holds[request.rid], reason, batch_id, now)
+            release_entry(
+                accounts[request.user],
+                holds[request.rid],
+                reason=reason,
+                now=now,
+                batch_id=batch_id,
+            )
             for request in ordered
         ]
         for name in sorted(accounts):
@@ -433,7 +441,7 @@ def _settle(
 def _check_holds(
     batch_id: str,
     requests: Sequence[RequestRecord],
-    accounts: Mapping[str, AccountRow],
+    accounts: Mapping[str, Account],
     holds: Mapping[str, HoldRow],
     fee_micros: int,
 ) -> None:
@@ -454,21 +462,6 @@ def _check_holds(
                 f"request {request.rid!r} bids {request.bid_micros} micro-credits{fee} but"
                 f" holds only {hold.amount_micros}",
             )
-
-
-def _release_entry(
-    account: AccountRow, hold: HoldRow, reason: str, batch_id: str, now: datetime
-) -> dict[str, Any]:
-    return account.entry(
-        EntryKind.RELEASE,
-        -hold.amount_micros,
-        key=entry_key("release", hold.rid, hold.attempt),
-        now=now,
-        reason=reason,
-        batch_id=batch_id,
-        request_id=hold.rid,
-        period_start=hold.period_start,
-    )
 
 
 def _request_row(

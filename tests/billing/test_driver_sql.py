@@ -12,10 +12,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import HoldRequest, HoldState, Ledger
-from inference_auctions.billing.account_rows import BudgetRow, lock_rows
 from inference_auctions.billing.driver_sql import Conversion, driver_cursor
 from inference_auctions.billing.models import Budget, EntryKind, Hold, LedgerEntry, User
-from inference_auctions.billing.postings import entry_values, insert_entries
+from inference_auctions.billing.postings import BudgetRow, entry_values, insert_entries, lock_rows
 from tests.billing.conftest import Clock
 from tests.db_fixtures import MigratedDatabase, migrated_database
 

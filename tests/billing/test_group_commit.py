@@ -24,8 +24,8 @@ from inference_auctions.billing import (
     Ledger,
     LedgerError,
     LedgerUnavailable,
-    holds,
 )
+from tests.billing import hold_oracle
 from tests.billing.conftest import Clock
 from tests.billing.helpers import get_hold, snapshot
 from tests.db_fixtures import MigratedDatabase
@@ -108,9 +108,9 @@ def _state(ledger: Ledger, p: str) -> object:
 
 
 def _place_alone(db: MigratedDatabase, clock: Clock, request: HoldRequest) -> HoldView:
-    # The per-hold code path, in a transaction of its own: what `place_hold` always did.
+    # The per-hold ORM path, in a transaction of its own: what `place_hold` always did.
     with Session(db.engine, expire_on_commit=False) as session, session.begin():
-        return holds.place_hold(
+        return hold_oracle.place_hold(
             session, request.user, request.rid, request.amount_micros, clock(), request.fingerprint
         )
 
