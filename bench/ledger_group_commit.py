@@ -27,7 +27,7 @@ from rich.table import Table
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from inference_auctions.billing import HoldRequest, Ledger, upgrade_schema
+from inference_auctions.billing import HoldInput, Ledger, upgrade_schema
 from inference_auctions.billing.database import create_ledger_engine
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -86,12 +86,12 @@ def add_backend_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default="sqlite,postgres", help="sqlite,postgres")
 
 
-def _requests(n: int, users: int) -> list[HoldRequest]:
-    return [HoldRequest(f"user{k % users}", f"rid-{k}", 1_000) for k in range(n)]
+def _requests(n: int, users: int) -> list[HoldInput]:
+    return [HoldInput(f"user{k % users}", f"rid-{k}", 1_000) for k in range(n)]
 
 
-def _grouped(ledger: Ledger, size: int) -> Callable[[list[HoldRequest]], None]:
-    def place(requests: list[HoldRequest]) -> None:
+def _grouped(ledger: Ledger, size: int) -> Callable[[list[HoldInput]], None]:
+    def place(requests: list[HoldInput]) -> None:
         for start in range(0, len(requests), size):
             results = ledger.place_holds(requests[start : start + size])
             assert all(type(r).__name__ == "HoldView" for r in results), results

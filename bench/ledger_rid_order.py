@@ -33,7 +33,7 @@ from rich.table import Table
 from sqlalchemy import text
 
 from bench.ledger_group_commit import add_backend_options, scratch_database
-from inference_auctions.billing import HoldRequest, HoldView, Ledger
+from inference_auctions.billing import HoldInput, HoldView, Ledger
 from inference_auctions.server.api.generation import new_rid
 
 # About what autovacuum's analyze threshold lets a ledger of this size grow between two runs.
@@ -58,7 +58,7 @@ class Side:
 
     def place(self, placed: int, args: argparse.Namespace) -> None:
         group = [
-            HoldRequest(f"user{(placed + i) % args.users}", self.rid(), 1_000)
+            HoldInput(f"user{(placed + i) % args.users}", self.rid(), 1_000)
             for i in range(args.group)
         ]
         wall, cpu = time.perf_counter(), time.process_time()

@@ -7,6 +7,10 @@ This module is billing's one door: the server and the CLI import only what it ex
 submodule, never SQLAlchemy, and it exports no SQLAlchemy object (what Alembic needs, the
 tables' metadata and an engine, is `billing.schema`, for the migrations alone). A database
 that is down or locked is `LedgerUnavailable`.
+
+One name per shape: what callers hand the ledger is an `*Input` (`HoldInput`, `BatchInput`),
+what it answers a `*View` (`HoldView`, `BalanceView`) or a result, and what the API, the CLI and
+the exports show of a view its `*Record` (`BalanceRecord`, pydantic, `billing.schemas`).
 """
 
 from inference_auctions.billing.activity import (
@@ -44,6 +48,13 @@ from inference_auctions.billing.errors import (
 )
 from inference_auctions.billing.fees import hold_micros
 from inference_auctions.billing.group_commit import GroupOutcome
+from inference_auctions.billing.inputs import (
+    BatchInput,
+    CompletionInput,
+    HoldInput,
+    RequestInput,
+    ServedInput,
+)
 from inference_auctions.billing.jobs import start_scheduler
 from inference_auctions.billing.leadership import LedgerJobs
 from inference_auctions.billing.leadership import start_jobs as start_ledger_jobs
@@ -61,28 +72,6 @@ from inference_auctions.billing.money import (
     parse_credits,
 )
 from inference_auctions.billing.periods import Period
-from inference_auctions.billing.records import (
-    AccountDrift,
-    BalanceView,
-    BatchRecord,
-    ClaimedBatch,
-    CreatedUser,
-    EntryPage,
-    EntryView,
-    HoldRequest,
-    HoldView,
-    PricedRequest,
-    ReconcileReport,
-    RefundResult,
-    RequestCompletion,
-    RequestRecord,
-    RequestView,
-    RolloverResult,
-    ServedRecord,
-    SettleResult,
-    SummaryRow,
-    UserInfo,
-)
 from inference_auctions.billing.schemas import (
     BalanceRecord,
     DriftRecord,
@@ -93,31 +82,49 @@ from inference_auctions.billing.schemas import (
 )
 from inference_auctions.billing.settings import LedgerSettings
 from inference_auctions.billing.settlement import BatchClaim
+from inference_auctions.billing.views import (
+    BalanceView,
+    ClaimedBatch,
+    CreatedUser,
+    DriftView,
+    EntryPage,
+    EntryView,
+    HoldView,
+    PricedRequestView,
+    ReconcileView,
+    RefundResult,
+    RequestView,
+    RolloverResult,
+    SettleResult,
+    SummaryView,
+    UserInfo,
+)
 
 __all__ = [
     "MAX_MICROS",
     "MICROS_PER_CREDIT",
     "AccountActivity",
-    "AccountDrift",
     "BalanceRecord",
     "BalanceView",
     "BatchCapExceeded",
     "BatchClaim",
-    "BatchRecord",
+    "BatchInput",
     "ChargeExceedsHold",
     "ClaimedBatch",
     "ClearingPoint",
     "ClearingSample",
+    "CompletionInput",
     "CreatedUser",
     "DriftRecord",
+    "DriftView",
     "DuplicateUser",
     "EntryKind",
     "EntryPage",
     "EntryRecord",
     "EntryView",
     "GroupOutcome",
+    "HoldInput",
     "HoldNotOpen",
-    "HoldRequest",
     "HoldState",
     "HoldView",
     "IdempotencyConflict",
@@ -134,24 +141,23 @@ __all__ = [
     "MarketActivity",
     "Period",
     "PrefixSquatter",
-    "PricedRequest",
+    "PricedRequestView",
     "ReconcileRecord",
-    "ReconcileReport",
+    "ReconcileView",
     "RefundExceedsCharge",
     "RefundResult",
-    "RequestCompletion",
+    "RequestInput",
     "RequestNotScheduled",
-    "RequestRecord",
     "RequestStatus",
     "RequestView",
     "RolloverResult",
     "RuleDisagreement",
-    "ServedRecord",
+    "ServedInput",
     "SettleResult",
     "SpendView",
     "Spender",
     "SummaryRecord",
-    "SummaryRow",
+    "SummaryView",
     "UnknownBatch",
     "UnknownRequest",
     "UnknownUser",

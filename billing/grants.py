@@ -59,7 +59,7 @@ from inference_auctions.billing.postings import (
     replay,
     time_key,
 )
-from inference_auctions.billing.records import EntryView
+from inference_auctions.billing.views import EntryView
 
 
 def grant_key(user_id: int, start: datetime) -> str:

@@ -32,8 +32,9 @@ from inference_auctions.billing import hold_groups, postings, request_log, settl
 from inference_auctions.billing.driver_sql import driver_cursor
 from inference_auctions.billing.errors import LedgerError
 from inference_auctions.billing.hold_rows import KnownHolds
+from inference_auctions.billing.inputs import HoldInput, ServedInput
 from inference_auctions.billing.postings import check_id
-from inference_auctions.billing.records import ClaimedBatch, HoldRequest, HoldView, ServedRecord
+from inference_auctions.billing.views import ClaimedBatch, HoldView
 
 __all__ = ["ClaimFailed", "GroupOutcome", "commit_group"]
 
@@ -62,8 +63,8 @@ class ClaimFailed(Exception):
 
 def commit_group(
     session: Session,
-    requests: Sequence[HoldRequest],
-    records: Sequence[ServedRecord],
+    requests: Sequence[HoldInput],
+    records: Sequence[ServedInput],
     claims: Sequence[settlement.BatchClaim],
     now: datetime,
     failed: Mapping[int, Exception],

@@ -44,6 +44,7 @@ from inference_auctions.billing.errors import (
 from inference_auctions.billing.grants import open_period, period_at
 from inference_auctions.billing.hold_rows import HoldRow, KnownHolds
 from inference_auctions.billing.holds import entry_key, hold_view
+from inference_auctions.billing.inputs import HoldInput
 from inference_auctions.billing.models import HOLDS, EntryKind, Hold, HoldState
 from inference_auctions.billing.money import check_micros
 from inference_auctions.billing.postings import (
@@ -55,7 +56,7 @@ from inference_auctions.billing.postings import (
     post,
     write_balances,
 )
-from inference_auctions.billing.records import HoldRequest, HoldView
+from inference_auctions.billing.views import HoldView
 
 # The column holds a SHA-256 in hex.
 FINGERPRINT_LENGTH = 64
@@ -81,7 +82,7 @@ _HOLD_COLUMNS = Columns(
 )
 
 
-def check_request(request: HoldRequest) -> None:
+def check_request(request: HoldInput) -> None:
     """Validate a request's fields, in the order they have always been checked."""
     check_id(request.rid, "rid")
     check_micros(request.amount_micros, "amount_micros")
@@ -97,7 +98,7 @@ def check_request(request: HoldRequest) -> None:
 
 def place_holds(
     session: Session,
-    requests: Sequence[HoldRequest],
+    requests: Sequence[HoldInput],
     now: datetime,
     locked: dict[str, Account] | None = None,
     known: KnownHolds | None = None,
@@ -177,14 +178,14 @@ class _Group:
             return InsufficientFunds(name, account.available, amount)
         return None
 
-    def place_new(self, request: HoldRequest, account: Account) -> HoldResult:
+    def place_new(self, request: HoldInput, account: Account) -> HoldResult:
         """Decide a hold for a rid that has none, in the account's open period."""
         refused = self.refusal(account, request.amount_micros)
         if refused is not None:
             return refused
         return self._add_new(request, account)
 
-    def _add_new(self, request: HoldRequest, account: Account) -> HoldView:
+    def _add_new(self, request: HoldInput, account: Account) -> HoldView:
         name = request.user
         amount = request.amount_micros
         period = account.budget.current_period_start
@@ -235,7 +236,7 @@ class _Group:
             batch_id=None,
         )
 
-    def place_slowly(self, request: HoldRequest, account: Account) -> HoldResult:
+    def place_slowly(self, request: HoldInput, account: Account) -> HoldResult:
         """Place a hold whose rid has one already, or whose user's budget period must be
         opened first, in a savepoint: a refusal undoes its writes and leaves the account as
         it found it."""
@@ -255,7 +256,7 @@ class _Group:
             self._open_totals.pop(request.user, None)
             return error
 
-    def _place_slowly(self, request: HoldRequest, account: Account) -> HoldView:
+    def _place_slowly(self, request: HoldInput, account: Account) -> HoldView:
         """`place_slowly` in its savepoint; raises the refusal, which undoes the savepoint."""
         name, rid, amount = request.user, request.rid, request.amount_micros
         existing = self.session.get(Hold, rid, populate_existing=True)

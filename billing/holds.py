@@ -28,7 +28,7 @@ from inference_auctions.billing.postings import (
     lock_account,
     write_balances,
 )
-from inference_auctions.billing.records import HoldView
+from inference_auctions.billing.views import HoldView
 
 
 def hold_view(hold: Hold, user_name: str) -> HoldView:

@@ -44,7 +44,7 @@ from inference_auctions.billing.models import (
     User,
 )
 from inference_auctions.billing.periods import Period
-from inference_auctions.billing.records import EntryView
+from inference_auctions.billing.views import EntryView
 
 BALANCES = cast(Table, Balance.__table__)
 BUDGETS = cast(Table, Budget.__table__)

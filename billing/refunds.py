@@ -24,7 +24,7 @@ from inference_auctions.billing.grants import open_period
 from inference_auctions.billing.models import AuctionBatch, BatchRequest, EntryKind, LedgerEntry
 from inference_auctions.billing.money import check_micros
 from inference_auctions.billing.postings import check_id, check_reason, lock_account
-from inference_auctions.billing.records import RefundResult
+from inference_auctions.billing.views import RefundResult
 
 
 def refund(

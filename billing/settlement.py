@@ -39,6 +39,7 @@ from inference_auctions.billing.fees import fee_key, hold_micros, user_fees
 from inference_auctions.billing.grants import open_periods
 from inference_auctions.billing.hold_rows import HoldRow, KnownHolds
 from inference_auctions.billing.holds import release_entry
+from inference_auctions.billing.inputs import BatchInput, RequestInput
 from inference_auctions.billing.models import (
     AUCTION_REQUESTS,
     HOLDS,
@@ -61,15 +62,10 @@ from inference_auctions.billing.postings import (
     lock_accounts,
     write_balances,
 )
-from inference_auctions.billing.records import (
-    BatchRecord,
-    ClaimedBatch,
-    RequestRecord,
-    SettleResult,
-)
+from inference_auctions.billing.views import ClaimedBatch, SettleResult
 
 # The claimable rids -> the cleared batch, its requests and every user's charge.
-Clearing = Callable[[list[str]], tuple[BatchRecord, Sequence[RequestRecord], Mapping[str, int]]]
+Clearing = Callable[[list[str]], tuple[BatchInput, Sequence[RequestInput], Mapping[str, int]]]
 
 BATCHES = cast(Table, AuctionBatch.__table__)
 
@@ -137,8 +133,8 @@ def charge_key(user_id: int, batch_id: str) -> str:
 
 def settle_batch(
     session: Session,
-    batch: BatchRecord,
-    requests: Sequence[RequestRecord],
+    batch: BatchInput,
+    requests: Sequence[RequestInput],
     charges: Mapping[str, int],
     now: datetime,
 ) -> SettleResult:
@@ -223,7 +219,7 @@ def settle_claimable(
 
 
 def _validate(
-    batch: BatchRecord, requests: Sequence[RequestRecord], charges: Mapping[str, int]
+    batch: BatchInput, requests: Sequence[RequestInput], charges: Mapping[str, int]
 ) -> datetime:
     batch_id = check_id(batch.batch_id, "batch_id")
     closed_at = require_aware(batch.closed_at, "closed_at")
@@ -259,7 +255,7 @@ def _validate(
     return closed_at
 
 
-def _validate_rule(batch: BatchRecord) -> None:
+def _validate_rule(batch: BatchInput) -> None:
     slots, fee = batch.priority_slots, batch.request_fee_micros
     if batch.pricing_rule == "batch-size":
         if slots is not None:
@@ -288,7 +284,7 @@ def _validate_rule(batch: BatchRecord) -> None:
     check_micros(fee, "request_fee_micros")
 
 
-def _validate_request(batch_id: str, request: RequestRecord, n: int) -> None:
+def _validate_request(batch_id: str, request: RequestInput, n: int) -> None:
     check_id(request.rid, "rid")
     check_name(request.user, "user")
     check_micros(request.bid_micros, f"bid_micros of request {request.rid!r}")
@@ -311,7 +307,7 @@ def _validate_request(batch_id: str, request: RequestRecord, n: int) -> None:
 
 
 def _fingerprint(
-    batch: BatchRecord, requests: Sequence[RequestRecord], charges: Mapping[str, int]
+    batch: BatchInput, requests: Sequence[RequestInput], charges: Mapping[str, int]
 ) -> str:
     # Everything the auction decides, but not `closed_at`: a caller retrying a settlement may
     # stamp the batch again, and the time of closing moves no money.
@@ -341,10 +337,10 @@ def _fingerprint(
 
 def _settle(
     session: Session,
-    batch: BatchRecord,
+    batch: BatchInput,
     *,
     closed_at: datetime,
-    requests: Sequence[RequestRecord],
+    requests: Sequence[RequestInput],
     charges: Mapping[str, int],
     accounts: dict[str, Account],
     holds: Mapping[str, HoldRow],
@@ -440,7 +436,7 @@ def _settle(
 
 def _check_holds(
     batch_id: str,
-    requests: Sequence[RequestRecord],
+    requests: Sequence[RequestInput],
     accounts: Mapping[str, Account],
     holds: Mapping[str, HoldRow],
     fee_micros: int,
@@ -465,7 +461,7 @@ def _check_holds(
 
 
 def _request_row(
-    batch_id: str, request: RequestRecord, user_id: int, now: datetime
+    batch_id: str, request: RequestInput, user_id: int, now: datetime
 ) -> dict[str, Any]:
     return {
         "rid": request.rid,

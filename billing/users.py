@@ -14,7 +14,7 @@ from inference_auctions.billing.models import Balance, Budget, User
 from inference_auctions.billing.money import check_micros
 from inference_auctions.billing.periods import Period, parse_period, parse_timezone, period_start
 from inference_auctions.billing.postings import check_name, get_user, lock_account
-from inference_auctions.billing.records import CreatedUser, UserInfo
+from inference_auctions.billing.views import CreatedUser, UserInfo
 
 
 class _Unset:

@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from inference_auctions.billing import Ledger, RequestNotScheduled, ServedRecord
+from inference_auctions.billing import Ledger, RequestNotScheduled, ServedInput
 from inference_auctions.server.admission import unavailable
 from inference_auctions.server.clearing import ClearedBatch
 from inference_auctions.server.engine.base import EngineChunk
@@ -170,7 +170,7 @@ class Serving:
         ttft_ms = None if streamed.ttft is None else streamed.ttft * 1000
         try:
             recorded = await self.writer.served(
-                ServedRecord(ticket.ledger_rid, cached_tokens, ttft_ms)
+                ServedInput(ticket.ledger_rid, cached_tokens, ttft_ms)
             )
         except Exception as failure:
             self.metrics.ledger_errors.labels(operation="record").inc()

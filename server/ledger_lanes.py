@@ -19,9 +19,9 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from inference_auctions.billing import (
     BatchClaim,
     GroupOutcome,
-    HoldRequest,
+    HoldInput,
     Ledger,
-    ServedRecord,
+    ServedInput,
 )
 
 __all__ = ["Lane", "ThreadLane"]
@@ -39,9 +39,9 @@ class Lane(Protocol):
 
     async def commit(
         self,
-        holds: Sequence[HoldRequest],
+        holds: Sequence[HoldInput],
         claims: Sequence[BatchClaim],
-        served: Sequence[ServedRecord],
+        served: Sequence[ServedInput],
     ) -> GroupOutcome:
         """`Ledger.commit_group`; raises what failed the group as a whole."""
 
@@ -73,9 +73,9 @@ class ThreadLane:
 
     async def commit(
         self,
-        holds: Sequence[HoldRequest],
+        holds: Sequence[HoldInput],
         claims: Sequence[BatchClaim],
-        served: Sequence[ServedRecord],
+        served: Sequence[ServedInput],
     ) -> GroupOutcome:
         return await self._submit(self._ledger.commit_group, (holds, served, claims), {})
 

@@ -52,10 +52,10 @@ from inference_auctions.billing import (
     BatchClaim,
     ClaimedBatch,
     GroupOutcome,
-    HoldRequest,
+    HoldInput,
     HoldView,
     Ledger,
-    ServedRecord,
+    ServedInput,
 )
 from inference_auctions.server.ledger_lanes import Lane, ThreadLane
 
@@ -94,9 +94,9 @@ class LedgerWriter:
         self._served_lane: Lane | None = None
         if served_apart:
             self._served_lane = ThreadLane(ledger, "ledger-served")
-        self._holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]] = []
+        self._holds: list[tuple[HoldInput, asyncio.Future[HoldView]]] = []
         self._claims: list[tuple[BatchClaim, asyncio.Future[ClaimedBatch]]] = []
-        self._served: list[tuple[ServedRecord, asyncio.Future[bool]]] = []
+        self._served: list[tuple[ServedInput, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._served_flusher: asyncio.Task[None] | None = None
         # Per user: available funds as of the last commit, and the bids queued since.
@@ -110,7 +110,7 @@ class LedgerWriter:
         if self._served_lane is not None:
             await self._served_lane.start()
 
-    def queue_hold(self, request: HoldRequest) -> asyncio.Future[HoldView]:
+    def queue_hold(self, request: HoldInput) -> asyncio.Future[HoldView]:
         """Queue one hold for the next group commit, now; its future is the outcome (what
         `Ledger.place_hold` returns or raises). A batch claimed after this call sees the hold
         (same group or a later one)."""
@@ -148,7 +148,7 @@ class LedgerWriter:
         self._kick()
         return future
 
-    async def served(self, record: ServedRecord) -> bool:
+    async def served(self, record: ServedInput) -> bool:
         """Record one request served in the next group commit; False if it was no longer
         `scheduled` (recovery recorded it unserved first)."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -241,7 +241,7 @@ class LedgerWriter:
 
     def _account(
         self,
-        holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]],
+        holds: list[tuple[HoldInput, asyncio.Future[HoldView]]],
         outcome: GroupOutcome | Exception,
     ) -> None:
         """The group's bids are no longer queued; its users' funds are as it left them."""
@@ -263,9 +263,9 @@ class LedgerWriter:
     async def _commit(
         self,
         lane: Lane,
-        holds: list[HoldRequest],
+        holds: list[HoldInput],
         claims: list[BatchClaim],
-        served: list[ServedRecord],
+        served: list[ServedInput],
     ) -> GroupOutcome | Exception:
         """The group in one transaction, or the error that failed it as a whole."""
         try:

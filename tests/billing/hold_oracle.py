@@ -24,7 +24,7 @@ from inference_auctions.billing.holds import entry_key, hold_view
 from inference_auctions.billing.models import EntryKind, Hold, HoldState
 from inference_auctions.billing.money import check_micros
 from inference_auctions.billing.postings import Account, check_id, lock_account, post
-from inference_auctions.billing.records import HoldView
+from inference_auctions.billing.views import HoldView
 
 
 def place_hold(
