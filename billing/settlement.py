@@ -131,6 +131,10 @@ def charge_key(user_id: int, batch_id: str) -> str:
     return f"charge:{user_id}:{batch_id}"
 
 
+class _SettledBefore(Exception):
+    """The batch being settled turned out settled already, once its users were locked."""
+
+
 def settle_batch(
     session: Session,
     batch: BatchInput,
@@ -138,25 +142,28 @@ def settle_batch(
     charges: Mapping[str, int],
     now: datetime,
 ) -> SettleResult:
-    """Record the batch, its requests and charges, and release its holds, all at once."""
-    closed_at = _validate(batch, requests, charges)
+    """Record the batch, its requests and charges, and release its holds, all at once: the
+    one settlement (`settle_claimable`) of a batch cleared beforehand, each of whose holds must
+    be claimable; a batch id settled before is replayed instead."""
+    _validate(batch, requests, charges)
     fingerprint = _fingerprint(batch, requests, charges)
-    if not _batch_exists(session, batch.batch_id):
-        accounts = lock_accounts(session, {r.user for r in requests})
+
+    def cleared(_: list[str]) -> tuple[BatchInput, Sequence[RequestInput], Mapping[str, int]]:
         # Checked again under the locks: a concurrent settlement of this batch locks the same
         # users, so by now it has either committed or not started.
-        if not _batch_exists(session, batch.batch_id):
-            return _settle(
-                session,
-                batch,
-                closed_at=closed_at,
-                requests=requests,
-                charges=charges,
-                accounts=accounts,
-                holds=KnownHolds().rows(session, [r.rid for r in requests]),
-                fingerprint=fingerprint,
-                now=now,
-            )
+        if _batch_exists(session, batch.batch_id):
+            raise _SettledBefore
+        return batch, requests, charges
+
+    if not _batch_exists(session, batch.batch_id):
+        candidates = [(r.rid, r.user) for r in requests]
+        try:
+            claimed = settle_claimable(session, candidates, cleared, now, claim_all=True)
+        except _SettledBefore:
+            pass
+        else:
+            assert claimed.settled is not None
+            return claimed.settled
     return _replay(session, batch.batch_id, fingerprint, charges)
 
 
@@ -172,6 +179,8 @@ def settle_claimable(
     fingerprints: Mapping[str, str | None] | None = None,
     locked: Mapping[str, Account] | None = None,
     known: KnownHolds | None = None,
+    *,
+    claim_all: bool = False,
 ) -> ClaimedBatch:
     """Claim the open holds among `candidates` (rid, user), clear those, settle them at once.
 
@@ -180,7 +189,10 @@ def settle_claimable(
     request fails for it. `clear` gets the claimable rids in the candidates' order and returns
     the batch to settle; it runs under the locks. `locked`: the accounts this transaction
     already locked (`postings.lock_rows`), moved in place. `known`: what this
-    transaction knows of holds already (`billing.hold_rows`), kept up to date.
+    transaction knows of holds already (`billing.hold_rows`), kept up to date. With
+    `claim_all` no candidate leaves: a hold that cannot be claimed fails the settlement as a
+    whole (`UnknownRequest`, `HoldNotOpen`, `InvalidBatch`), as for a batch cleared before its
+    holds were claimed (`settle_batch`).
     """
     accounts = lock_accounts(session, {user for _, user in candidates}, locked)
     known = KnownHolds() if known is None else known
@@ -189,7 +201,9 @@ def settle_claimable(
     refused: dict[str, str] = {}
     for rid, user in candidates:
         hold = holds.get(rid)
-        if hold is None or hold.user_id != accounts[user].user_id:
+        if claim_all:  # `_settle` checks every hold itself
+            claimable.append(rid)
+        elif hold is None or hold.user_id != accounts[user].user_id:
             refused[rid] = "unknown"
         elif hold.state != HoldState.OPEN:
             refused[rid] = HoldState(hold.state).value
