@@ -11,7 +11,8 @@ cProfile (by CPU time) of the timed settlements before the table.
 
 Measured on the 2-core development machine (shared, so figures move by 10-20% between
 runs; two or three runs each), CPU µs per settled request, 8 users, before and after
-settlement moved from the ORM to Core statements on plain rows (`billing.account_rows`):
+settlement moved from the ORM to Core statements on plain rows (then `billing.account_rows`,
+now `billing.postings.Account`):
 
 | batch | SQLite before | SQLite after | PostgreSQL before | PostgreSQL after |
 |---:|---:|---:|---:|---:|
