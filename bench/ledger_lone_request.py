@@ -34,11 +34,11 @@ from bench.ledger_settlement import BID_MICROS, _Clearing
 from bench.round_trips import RoundTrips
 from inference_auctions.billing import (
     BatchClaim,
-    HoldRequest,
+    HoldInput,
     Ledger,
-    ServedRecord,
-    create_ledger_engine,
+    ServedInput,
 )
+from inference_auctions.billing.database import create_ledger_engine
 
 USER = "lone"
 
@@ -70,7 +70,7 @@ class _LoneRequests:
         rid = f"{self.prefix}-{self.count}"
         self.users[rid] = USER
         outcome = self.ledger.commit_group(
-            [HoldRequest(USER, rid, BID_MICROS)], [], [BatchClaim([(rid, USER)], self.clearing)]
+            [HoldInput(USER, rid, BID_MICROS)], [], [BatchClaim([(rid, USER)], self.clearing)]
         )
         [claimed] = outcome.claimed
         assert not isinstance(claimed, Exception) and claimed.settled is not None, claimed
@@ -78,7 +78,7 @@ class _LoneRequests:
 
     def serve(self, rid: str) -> None:
         """Record the request served, in one commit."""
-        assert self.ledger.commit_group([], [ServedRecord(rid, None, 1.0)], []).served == [True]
+        assert self.ledger.commit_group([], [ServedInput(rid, None, 1.0)], []).served == [True]
 
 
 Timing = tuple[float, float]  # wall seconds, CPU seconds

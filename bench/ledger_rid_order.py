@@ -11,9 +11,9 @@ each through `Ledger.place_holds` in groups of `--group` (6 is a batch at 20 con
 one thread, the two ledgers taking turns group by group, so that the machine's drift falls on
 both alike. Every `--every` holds it reports, per order, the CPU (`time.process_time`, so on
 PostgreSQL the server's own work is not in it) and the wall time per group since the last mark,
-and the ratio of ordered to random. Every 3,000 holds it runs, untimed, what the server's
-statistics job would (`billing.table_statistics`: on a PostgreSQL server whose autovacuum is
-off, an `ANALYZE` of the tables that grew), so that the plans are the ones a server would have.
+and the ratio of ordered to random. Every 3,000 holds it runs, untimed, an `ANALYZE` on
+PostgreSQL, what autovacuum would do as the tables grow, so that the plans are the ones a
+server would have even where autovacuum is off.
 
 Run: `python -m bench.ledger_rid_order` (see --help); a few minutes per backend.
 """
@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from sqlalchemy import text
 
 from bench.ledger_group_commit import add_backend_options, scratch_database
-from inference_auctions.billing import HoldRequest, HoldView, Ledger
-from inference_auctions.billing.table_statistics import analyze_if_autovacuum_off
+from inference_auctions.billing import HoldInput, HoldView, Ledger
 from inference_auctions.server.api.generation import new_rid
 
-# About what the server's statistics job finds between two of its runs, 10 s apart, at a few
-# hundred requests a second; it does anything only on PostgreSQL with autovacuum off.
+# About what autovacuum's analyze threshold lets a ledger of this size grow between two runs.
 STATISTICS_EVERY = 3_000
 
 ORDERS: dict[str, Callable[[], str]] = {
@@ -59,7 +58,7 @@ class Side:
 
     def place(self, placed: int, args: argparse.Namespace) -> None:
         group = [
-            HoldRequest(f"user{(placed + i) % args.users}", self.rid(), 1_000)
+            HoldInput(f"user{(placed + i) % args.users}", self.rid(), 1_000)
             for i in range(args.group)
         ]
         wall, cpu = time.perf_counter(), time.process_time()
@@ -93,6 +92,13 @@ def _sides(backend: str, args: argparse.Namespace) -> Iterator[list[Side]]:
             assert side.ledger.reconcile().ok
 
 
+def _analyze(ledger: Ledger) -> None:
+    """What autovacuum's `ANALYZE` would do as the tables grow (PostgreSQL only)."""
+    if ledger.dialect_name == "postgresql":
+        with ledger.engine.begin() as connection:
+            connection.execute(text("ANALYZE"))
+
+
 def measure(backend: str, args: argparse.Namespace, progress: Progress) -> list[Side]:
     """Fill both ledgers, a group in each in turn; a mark every `args.every` holds."""
     task = progress.add_task(backend, total=args.holds)
@@ -105,8 +111,8 @@ def measure(backend: str, args: argparse.Namespace, progress: Progress) -> list[
             groups += 1
             progress.update(task, completed=placed)
             if placed % STATISTICS_EVERY < args.group:
-                for side in sides:  # untimed: the server runs it on a thread of its own
-                    analyze_if_autovacuum_off(side.ledger.engine)
+                for side in sides:  # untimed: autovacuum runs it in a process of its own
+                    _analyze(side.ledger)
             if placed % args.every == 0:
                 for side in sides:
                     side.mark(groups)

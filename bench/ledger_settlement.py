@@ -11,7 +11,8 @@ cProfile (by CPU time) of the timed settlements before the table.
 
 Measured on the 2-core development machine (shared, so figures move by 10-20% between
 runs; two or three runs each), CPU µs per settled request, 8 users, before and after
-settlement moved from the ORM to Core statements on plain rows (`billing.account_rows`):
+settlement moved from the ORM to Core statements on plain rows (then `billing.account_rows`,
+now `billing.postings.Account`):
 
 | batch | SQLite before | SQLite after | PostgreSQL before | PostgreSQL after |
 |---:|---:|---:|---:|---:|
@@ -46,8 +47,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.ledger_group_commit import add_backend_options, scratch_database
-from inference_auctions.billing import HoldRequest, Ledger
-from inference_auctions.billing.records import BatchRecord, RequestRecord
+from inference_auctions.billing import HoldInput, Ledger
+from inference_auctions.billing.inputs import BatchInput, RequestInput
 
 BATCHES = (1, 16, 64, 256)
 BID_MICROS = 1_000
@@ -74,9 +75,9 @@ class _Clearing:
 
     def __call__(
         self, rids: list[str]
-    ) -> tuple[BatchRecord, Sequence[RequestRecord], Mapping[str, int]]:
+    ) -> tuple[BatchInput, Sequence[RequestInput], Mapping[str, int]]:
         requests = [
-            RequestRecord(
+            RequestInput(
                 rid=rid,
                 user=self.users[rid],
                 position=position,
@@ -91,7 +92,7 @@ class _Clearing:
         charges: dict[str, int] = {}
         for request in requests:
             charges[request.user] = charges.get(request.user, 0) + BID_MICROS // 2
-        batch = BatchRecord(
+        batch = BatchInput(
             batch_id=f"{self.prefix}-{next(self.batch_ids)}",
             closed_at=datetime.now(UTC),
             n=len(requests),
@@ -119,7 +120,7 @@ def measure(backend: str, size: int, args: argparse.Namespace) -> tuple[Row, pst
             for name in names:
                 ledger.create_user(name, budget_micros=10**12)
             requests = [
-                HoldRequest(names[k % len(names)], f"rid-{k}", BID_MICROS) for k in range(total)
+                HoldInput(names[k % len(names)], f"rid-{k}", BID_MICROS) for k in range(total)
             ]
             for start in range(0, total, 256):
                 ledger.place_holds(requests[start : start + 256])

@@ -3,8 +3,14 @@
 Money is integer micro-credits everywhere (`parse_credits` and `format_micros` convert). The
 schema is built by the Alembic migrations (`upgrade_schema`), never by `create_all`.
 
-This module is billing's one door: the server and the migrations import only what it exports,
-never a submodule, never SQLAlchemy. A database that is down or locked is `LedgerUnavailable`.
+This module is billing's one door: the server and the CLI import only what it exports, never a
+submodule, never SQLAlchemy, and it exports no SQLAlchemy object (what Alembic needs, the
+tables' metadata and an engine, is `billing.schema`, for the migrations alone). A database
+that is down or locked is `LedgerUnavailable`.
+
+One name per shape: what callers hand the ledger is an `*Input` (`HoldInput`, `BatchInput`),
+what it answers a `*View` (`HoldView`, `BalanceView`) or a result, and what the API, the CLI and
+the exports show of a view its `*Record` (`BalanceRecord`, pydantic, `billing.schemas`).
 """
 
 from inference_auctions.billing.activity import (
@@ -13,11 +19,7 @@ from inference_auctions.billing.activity import (
     MarketActivity,
     Spender,
 )
-from inference_auctions.billing.database import (
-    create_ledger_engine,
-    mask_database_url,
-    sqlite_busy_timeout_seconds,
-)
+from inference_auctions.billing.database import mask_database_url, sqlite_busy_timeout_seconds
 from inference_auctions.billing.database_url import (
     check_database_url,
     probe_database,
@@ -46,6 +48,13 @@ from inference_auctions.billing.errors import (
 )
 from inference_auctions.billing.fees import hold_micros
 from inference_auctions.billing.group_commit import GroupOutcome
+from inference_auctions.billing.inputs import (
+    BatchInput,
+    CompletionInput,
+    HoldInput,
+    RequestInput,
+    ServedInput,
+)
 from inference_auctions.billing.jobs import start_scheduler
 from inference_auctions.billing.leadership import LedgerJobs
 from inference_auctions.billing.leadership import start_jobs as start_ledger_jobs
@@ -55,7 +64,6 @@ from inference_auctions.billing.migrate import current_revision as schema_revisi
 from inference_auctions.billing.migrate import describe_drift, head_revision, schema_drift
 from inference_auctions.billing.migrate import downgrade as downgrade_schema
 from inference_auctions.billing.migrate import upgrade as upgrade_schema
-from inference_auctions.billing.models import Base as _Base
 from inference_auctions.billing.models import EntryKind, HoldState, RequestStatus
 from inference_auctions.billing.money import (
     MAX_MICROS,
@@ -64,28 +72,6 @@ from inference_auctions.billing.money import (
     parse_credits,
 )
 from inference_auctions.billing.periods import Period
-from inference_auctions.billing.records import (
-    AccountDrift,
-    BalanceView,
-    BatchRecord,
-    ClaimedBatch,
-    CreatedUser,
-    EntryPage,
-    EntryView,
-    HoldRequest,
-    HoldView,
-    PricedRequest,
-    ReconcileReport,
-    RefundResult,
-    RequestCompletion,
-    RequestRecord,
-    RequestView,
-    RolloverResult,
-    ServedRecord,
-    SettleResult,
-    SummaryRow,
-    UserInfo,
-)
 from inference_auctions.billing.schemas import (
     BalanceRecord,
     DriftRecord,
@@ -96,34 +82,49 @@ from inference_auctions.billing.schemas import (
 )
 from inference_auctions.billing.settings import LedgerSettings
 from inference_auctions.billing.settlement import BatchClaim
-
-# The ledger's tables, for Alembic's autogenerate and drift checks.
-metadata = _Base.metadata
+from inference_auctions.billing.views import (
+    BalanceView,
+    ClaimedBatch,
+    CreatedUser,
+    DriftView,
+    EntryPage,
+    EntryView,
+    HoldView,
+    PricedRequestView,
+    ReconcileView,
+    RefundResult,
+    RequestView,
+    RolloverResult,
+    SettleResult,
+    SummaryView,
+    UserInfo,
+)
 
 __all__ = [
     "MAX_MICROS",
     "MICROS_PER_CREDIT",
     "AccountActivity",
-    "AccountDrift",
     "BalanceRecord",
     "BalanceView",
     "BatchCapExceeded",
     "BatchClaim",
-    "BatchRecord",
+    "BatchInput",
     "ChargeExceedsHold",
     "ClaimedBatch",
     "ClearingPoint",
     "ClearingSample",
+    "CompletionInput",
     "CreatedUser",
     "DriftRecord",
+    "DriftView",
     "DuplicateUser",
     "EntryKind",
     "EntryPage",
     "EntryRecord",
     "EntryView",
     "GroupOutcome",
+    "HoldInput",
     "HoldNotOpen",
-    "HoldRequest",
     "HoldState",
     "HoldView",
     "IdempotencyConflict",
@@ -140,38 +141,35 @@ __all__ = [
     "MarketActivity",
     "Period",
     "PrefixSquatter",
-    "PricedRequest",
+    "PricedRequestView",
     "ReconcileRecord",
-    "ReconcileReport",
+    "ReconcileView",
     "RefundExceedsCharge",
     "RefundResult",
-    "RequestCompletion",
+    "RequestInput",
     "RequestNotScheduled",
-    "RequestRecord",
     "RequestStatus",
     "RequestView",
     "RolloverResult",
     "RuleDisagreement",
-    "ServedRecord",
+    "ServedInput",
     "SettleResult",
     "SpendView",
     "Spender",
     "SummaryRecord",
-    "SummaryRow",
+    "SummaryView",
     "UnknownBatch",
     "UnknownRequest",
     "UnknownUser",
     "UserDisabled",
     "UserInfo",
     "check_database_url",
-    "create_ledger_engine",
     "describe_drift",
     "downgrade_schema",
     "format_micros",
     "head_revision",
     "hold_micros",
     "mask_database_url",
-    "metadata",
     "parse_credits",
     "probe_database",
     "schema_drift",

@@ -28,7 +28,7 @@ from inference_auctions.billing.models import (
 from inference_auctions.billing.periods import Period, parse_timezone, period_start, require_aware
 from inference_auctions.billing.postings import get_user
 from inference_auctions.billing.queries import balance
-from inference_auctions.billing.records import BalanceView, PricedRequest
+from inference_auctions.billing.views import BalanceView, PricedRequestView
 
 # Charges and fees are negative entries, refunds and fees given back positive: their negated
 # sum is the net spend.
@@ -156,7 +156,7 @@ class AccountActivity:
     first_spend_at: datetime | None = None
     # Every request of each recent batch in which the user had several requests, so that the
     # user's charge there can be split per request (SPEC section 1, "One request's share").
-    shared_batches: dict[str, list[PricedRequest]] = field(default_factory=dict)
+    shared_batches: dict[str, list[PricedRequestView]] = field(default_factory=dict)
 
 
 def _epoch_seconds(session: Session, column: InstrumentedAttribute[datetime]) -> ColumnElement[int]:
@@ -482,7 +482,7 @@ def account_activity(
 
 def _batches_of_several(
     session: Session, latest: list[RecentRequest]
-) -> dict[str, list[PricedRequest]]:
+) -> dict[str, list[PricedRequestView]]:
     per_batch: dict[str, int] = defaultdict(int)
     for recent in latest:
         per_batch[recent.batch_id] += 1
@@ -497,9 +497,9 @@ def _batches_of_several(
         .where(BatchRequest.batch_id.in_(several))
         .order_by(BatchRequest.position)
     ).all()
-    batches: dict[str, list[PricedRequest]] = defaultdict(list)
+    batches: dict[str, list[PricedRequestView]] = defaultdict(list)
     for request, owner, slots, rule in rows:
-        batches[request.batch_id].append(PricedRequest.of(request, owner, slots, rule))
+        batches[request.batch_id].append(PricedRequestView.of(request, owner, slots, rule))
     return dict(batches)
 
 

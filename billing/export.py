@@ -8,8 +8,8 @@ import json
 from collections.abc import Iterable
 
 from inference_auctions.billing.errors import InvalidInput
-from inference_auctions.billing.records import EntryView
 from inference_auctions.billing.schemas import EntryRecord
+from inference_auctions.billing.views import EntryView
 
 FORMATS = ("csv", "json")
 

@@ -32,8 +32,8 @@ A budget is a spending allowance per period, not a savings account. The rules:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -50,17 +50,16 @@ from inference_auctions.billing.periods import (
 )
 from inference_auctions.billing.postings import (
     Account,
+    BudgetRow,
     check_reason,
     entry_view,
+    find_entry,
     lock_account,
     post,
     replay,
     time_key,
 )
-from inference_auctions.billing.records import EntryView
-
-if TYPE_CHECKING:
-    from inference_auctions.billing.account_rows import BudgetRow
+from inference_auctions.billing.views import EntryView
 
 
 def grant_key(user_id: int, start: datetime) -> str:
@@ -124,7 +123,7 @@ def post_period_grant(
             account,
             EntryKind.GRANT,
             budget.amount_micros,
-            key=grant_key(account.user.id, start),
+            key=grant_key(account.user_id, start),
             now=now,
             reason=(
                 "lifetime budget"
@@ -141,7 +140,10 @@ def open_period(session: Session, account: Account, now: datetime) -> Budget:
     Returns the budget row, whose `current_period_start` is then the period every new entry
     of this transaction belongs to.
     """
-    budget = budget_row(session, account.user.id)
+    budget = budget_row(session, account.user_id)
+    # The budget as it stands now: on PostgreSQL a lock taken after a wait reads the balance
+    # row as the other transaction left it, but the budget row joined to it as it was before.
+    account.budget = BudgetRow.of(budget)
     start = period_at(budget, now)
     if start <= budget.current_period_start:
         return budget
@@ -152,7 +154,7 @@ def open_period(session: Session, account: Account, now: datetime) -> Budget:
             account,
             EntryKind.ADJUSTMENT,
             -account.available,
-            key=f"expire:{account.user.id}:{time_key(start)}",
+            key=f"expire:{account.user_id}:{time_key(start)}",
             now=now,
             reason=f"unused budget expires at the period start {start.isoformat()}",
             period_start=ended,
@@ -163,7 +165,18 @@ def open_period(session: Session, account: Account, now: datetime) -> Budget:
     budget.current_period_start = start
     budget.updated_at = now
     post_period_grant(session, account, budget, start, now=now)
+    account.budget = BudgetRow.of(budget)
     return budget
+
+
+def open_periods(session: Session, accounts: Mapping[str, Account], now: datetime) -> None:
+    """Open the current budget period of every account whose boundary has passed, in name
+    order. The common case, no boundary since the last operation, is decided from the locked
+    rows alone, without reading the budget again."""
+    for name in sorted(accounts):
+        account = accounts[name]
+        if period_at(account.budget, now) > account.budget.current_period_start:
+            open_period(session, account, now)
 
 
 def is_ended(budget: Budget, start: datetime | None) -> bool:
@@ -257,7 +270,7 @@ def _change_lifetime_amount(
     budget.amount_micros = amount_micros
     start = budget.current_period_start
     # set_budget is idempotent by its target, not by a key: a repeated call moves nothing.
-    key = f"lifetime:{account.user.id}:{uuid.uuid4().hex}"
+    key = f"lifetime:{account.user_id}:{uuid.uuid4().hex}"
     if difference > 0:
         post(
             session,
@@ -312,11 +325,11 @@ def grant(
             f"{moment.isoformat()} lies in a period that has not started; only the current"
             f" period (from {current.isoformat()} to {end.isoformat()}) can be granted more",
         )
-    key = f"extra-grant:{account.user.id}:{time_key(current)}"
-    existing = replay(session, key, account.user, EntryKind.GRANT, amount_micros)
+    key = f"extra-grant:{account.user_id}:{time_key(current)}"
+    existing = replay(session, key, account, EntryKind.GRANT, amount_micros)
     if existing is not None:
         return entry_view(existing, name)
-    entry = post(
+    post(
         session,
         account,
         EntryKind.GRANT,
@@ -326,8 +339,7 @@ def grant(
         reason=reason or f"extra grant for the period from {current.isoformat()}",
         period_start=current,
     )
-    session.flush()
-    return entry_view(entry, name)
+    return _posted(session, key, name)
 
 
 def due_for_rollover(session: Session, now: datetime) -> list[str]:
@@ -345,9 +357,9 @@ def rollover_user(session: Session, name: str, now: datetime) -> bool:
     """Open the current period for one user if it is due; False when nothing was due."""
     account = lock_account(session, name)
     # Re-read under the lock: another replica may have opened the period meanwhile.
-    if account.user.disabled:
+    if account.disabled:
         return False
-    before = budget_row(session, account.user.id).current_period_start
+    before = budget_row(session, account.user_id).current_period_start
     return open_period(session, account, now).current_period_start > before
 
 
@@ -375,13 +387,13 @@ def adjust(
         )
     account = lock_account(session, name)
     full_key = f"adjust:{key}"
-    existing = replay(session, full_key, account.user, EntryKind.ADJUSTMENT, amount_micros)
+    existing = replay(session, full_key, account, EntryKind.ADJUSTMENT, amount_micros)
     if existing is not None:
         return entry_view(existing, name)
     budget = open_period(session, account, now)
     if amount_micros < 0 and account.available < -amount_micros:
         raise InsufficientFunds(name, account.available, -amount_micros)
-    entry = post(
+    post(
         session,
         account,
         EntryKind.ADJUSTMENT,
@@ -391,5 +403,11 @@ def adjust(
         reason=reason,
         period_start=budget.current_period_start,
     )
-    session.flush()
+    return _posted(session, full_key, name)
+
+
+def _posted(session: Session, key: str, name: str) -> EntryView:
+    """The view of the entry just posted under `key` (read back: the database numbers it)."""
+    entry = find_entry(session, key)
+    assert entry is not None
     return entry_view(entry, name)

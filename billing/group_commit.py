@@ -28,12 +28,13 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing import account_rows, hold_groups, request_log, settlement
+from inference_auctions.billing import hold_groups, postings, request_log, settlement
 from inference_auctions.billing.driver_sql import driver_cursor
 from inference_auctions.billing.errors import LedgerError
 from inference_auctions.billing.hold_rows import KnownHolds
+from inference_auctions.billing.inputs import HoldInput, ServedInput
 from inference_auctions.billing.postings import check_id
-from inference_auctions.billing.records import ClaimedBatch, HoldRequest, HoldView, ServedRecord
+from inference_auctions.billing.views import ClaimedBatch, HoldView
 
 __all__ = ["ClaimFailed", "GroupOutcome", "commit_group"]
 
@@ -62,8 +63,8 @@ class ClaimFailed(Exception):
 
 def commit_group(
     session: Session,
-    requests: Sequence[HoldRequest],
-    records: Sequence[ServedRecord],
+    requests: Sequence[HoldInput],
+    records: Sequence[ServedInput],
     claims: Sequence[settlement.BatchClaim],
     now: datetime,
     failed: Mapping[int, Exception],
@@ -80,12 +81,12 @@ def commit_group(
     users = {r.user for r in requests} | {u for c in claims for _, u in c.candidates}
     known = KnownHolds()
     rids = [r.rid for r in requests] + [rid for c in claims for rid, _ in c.candidates]
-    lock = account_rows.lock_query(session, users)
+    lock = postings.lock_query(session, users)
     holds = known.query(_usable_ids(rids))
     # In this order: the users' rows are locked before their holds are read.
     wanted = [query for query in (lock, holds) if query is not None]
     rows = iter(cursor.read_together(wanted))
-    locked = {} if lock is None else account_rows.locked_accounts(session, next(rows))
+    locked = {} if lock is None else postings.locked_accounts(session, next(rows))
     if holds is not None:
         known.learn(holds, next(rows), session)
 
@@ -123,7 +124,7 @@ def _usable_ids(rids: Iterable[str]) -> list[str]:
     return usable
 
 
-def _available(locked: Mapping[str, account_rows.AccountRow]) -> dict[str, int]:
+def _available(locked: Mapping[str, postings.Account]) -> dict[str, int]:
     """Each locked user's available funds, where nothing but those funds decides a hold."""
     return {
         name: row.available

@@ -1,47 +1,62 @@
-"""Group commit of holds: many requests' holds placed in one transaction.
+"""Placing holds: the one path, for one request (`Ledger.place_hold`) or a group of many.
 
-Each request is decided as `holds.place_hold` would decide it had the requests been placed one
-after the other in the group's order, so a later request of a user sees the earlier ones'
-holds, and a refused request changes nothing for the others. The common case, a new hold for
-an enabled user, is decided in Python against the locked balance row and written with one
-multi-row insert for all holds and one for all their entries; each balance row is updated
-once (`billing.account_rows`: plain rows, the budget row read with the lock), all sent to
-the driver directly (`billing.driver_sql`). Every other case goes through
-`holds.place_hold` itself, inside a savepoint so that its refusal undoes only its own
-writes: a hold already placed for the rid (a replay, a re-opening or a conflict), and a
-user's first hold after a budget period boundary (opening the period writes entries, which a
-refused hold must not leave behind).
+Each request is decided as if the requests had been placed one after the other in the group's
+order, so a later request of a user sees the earlier ones' holds, and a refused request changes
+nothing for the others. Every request is admitted by one rule (`_Group.refusal`: the user
+enabled, the batch cap, the available funds) against the locked account
+(`billing.postings.Account`: a plain row, the budget row read with the lock). The common case,
+a new hold for an enabled user in a budget period already open, is decided in Python and
+written with one multi-row insert for all holds and one for all their entries; each balance
+row is updated once, all sent to the driver directly (`billing.driver_sql`). Two rarer cases
+run inside a savepoint, so that a refusal undoes only their own writes (`_Group.place_slowly`):
+a hold already placed for the rid (a replay, a re-opening or a conflict), and a user's first
+hold after a budget period boundary (opening the period writes entries, which a refused hold
+must not leave behind).
 
-Every involved user is locked once, in name order (`account_rows.lock_rows`), so groups never
+A replay with the same amount and payload fingerprint returns the hold as it is, except that a
+released one is opened again (nothing was charged for it, so the retry is a fresh admission,
+in the current period); another amount, user or fingerprint under the same rid is a conflict.
+
+Every involved user is locked once, in name order (`postings.lock_rows`), so groups never
 wait on each other in a cycle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing import holds
-from inference_auctions.billing.account_rows import AccountRow, lock_rows, write_balances
 from inference_auctions.billing.driver_sql import Columns, driver_cursor
 from inference_auctions.billing.errors import (
     BatchCapExceeded,
+    IdempotencyConflict,
     InsufficientFunds,
     InvalidInput,
     LedgerError,
     UnknownUser,
     UserDisabled,
 )
-from inference_auctions.billing.grants import period_at
+from inference_auctions.billing.grants import open_period, period_at
 from inference_auctions.billing.hold_rows import HoldRow, KnownHolds
+from inference_auctions.billing.holds import entry_key, hold_view
+from inference_auctions.billing.inputs import HoldInput
 from inference_auctions.billing.models import HOLDS, EntryKind, Hold, HoldState
 from inference_auctions.billing.money import check_micros
-from inference_auctions.billing.postings import check_id, check_name, insert_entries
-from inference_auctions.billing.records import HoldRequest, HoldView
+from inference_auctions.billing.postings import (
+    Account,
+    check_id,
+    check_name,
+    insert_entries,
+    lock_rows,
+    post,
+    write_balances,
+)
+from inference_auctions.billing.views import HoldView
 
 # The column holds a SHA-256 in hex.
 FINGERPRINT_LENGTH = 64
@@ -67,8 +82,8 @@ _HOLD_COLUMNS = Columns(
 )
 
 
-def check_request(request: HoldRequest) -> None:
-    """Validate a request's fields, in the order `place_hold` always checked them."""
+def check_request(request: HoldInput) -> None:
+    """Validate a request's fields, in the order they have always been checked."""
     check_id(request.rid, "rid")
     check_micros(request.amount_micros, "amount_micros")
     check_name(request.user, "name")
@@ -83,14 +98,14 @@ def check_request(request: HoldRequest) -> None:
 
 def place_holds(
     session: Session,
-    requests: Sequence[HoldRequest],
+    requests: Sequence[HoldInput],
     now: datetime,
-    locked: dict[str, AccountRow] | None = None,
+    locked: dict[str, Account] | None = None,
     known: KnownHolds | None = None,
 ) -> list[HoldResult]:
     """Place `requests` in order; each result is the hold's view or the error refusing it.
 
-    `locked`: the accounts this transaction has already locked (`account_rows.lock_rows`),
+    `locked`: the accounts this transaction has already locked (`postings.lock_rows`),
     at least the requests' users that exist; they are moved in place, so the caller's rows
     stay the truth. Without it, the requests' users are locked here. `known`: what this
     transaction knows of holds already (`billing.hold_rows`), kept up to date."""
@@ -111,7 +126,7 @@ def place_holds(
         if account is None:
             results[index] = UnknownUser(request.user)
         elif request.rid in existing or request.rid in group.placed or group.period_due(account):
-            results[index] = group.place_slowly(request)
+            results[index] = group.place_slowly(request, account)
         else:
             results[index] = group.place_new(request, account)
     group.write()
@@ -126,7 +141,7 @@ class _Group:
         session: Session,
         names: set[str],
         now: datetime,
-        locked: dict[str, AccountRow] | None = None,
+        locked: dict[str, Account] | None = None,
         known: KnownHolds | None = None,
     ) -> None:
         self.session = session
@@ -146,21 +161,34 @@ class _Group:
         this transaction read them already)."""
         return set(self.known.rows(self.session, rids))
 
-    def place_new(self, request: HoldRequest, account: AccountRow) -> HoldResult:
-        """Decide a hold for a rid that has none, as `holds.place_hold` does."""
-        name = request.user
+    def refusal(self, account: Account, amount: int) -> LedgerError | None:
+        """Why a hold of `amount` may not be placed for the account now, if it may not: the
+        one admission rule of every hold."""
+        name = account.name
         if account.disabled:
             return UserDisabled(name)
-        budget = account.budget
-        amount = request.amount_micros
-        cap = budget.batch_cap_micros
+        # Every batch draws its requests from the open holds, so capping what is open at once
+        # caps what any single batch can charge.
+        cap = account.budget.batch_cap_micros
         if cap is not None:
             held = self._open_total(account)
             if held + amount > cap:
                 return BatchCapExceeded(name, cap, held, amount)
         if account.available < amount:
             return InsufficientFunds(name, account.available, amount)
-        period = budget.current_period_start
+        return None
+
+    def place_new(self, request: HoldInput, account: Account) -> HoldResult:
+        """Decide a hold for a rid that has none, in the account's open period."""
+        refused = self.refusal(account, request.amount_micros)
+        if refused is not None:
+            return refused
+        return self._add_new(request, account)
+
+    def _add_new(self, request: HoldInput, account: Account) -> HoldView:
+        name = request.user
+        amount = request.amount_micros
+        period = account.budget.current_period_start
         self.known.placed(
             HoldRow(
                 rid=request.rid,
@@ -196,7 +224,7 @@ class _Group:
                 period_start=period,
             )
         )
-        if cap is not None:
+        if name in self._open_totals:
             self._open_totals[name] += amount
         self.placed.add(request.rid)
         return HoldView(
@@ -208,33 +236,75 @@ class _Group:
             batch_id=None,
         )
 
-    def place_slowly(self, request: HoldRequest) -> HoldResult:
-        """Place a hold through `holds.place_hold`, undoing only its own writes if refused."""
+    def place_slowly(self, request: HoldInput, account: Account) -> HoldResult:
+        """Place a hold whose rid has one already, or whose user's budget period must be
+        opened first, in a savepoint: a refusal undoes its writes and leaves the account as
+        it found it."""
         self.write()  # it must see every hold decided before it
-        # The ORM reads the rows afresh: instances loaded by an earlier slow request are
-        # stale once `write` has moved their balances.
-        self.session.expire_all()
         # Whatever it decides, a later request for this rid must find what it wrote.
         self.placed.add(request.rid)
         self.known.forget(request.rid)
         self._period_open.discard(request.user)
         self._open_totals.pop(request.user, None)
-        result: HoldResult
+        before = replace(account)
         try:
             with self.session.begin_nested():
-                result = holds.place_hold(
-                    self.session,
-                    request.user,
-                    request.rid,
-                    request.amount_micros,
-                    self.now,
-                    request.fingerprint,
-                )
+                return self._place_slowly(request, account)
         except LedgerError as error:
-            result = error
-        # Read back what it left: the balance, and the budget if it opened a period.
-        self.accounts.update(lock_rows(self.session, [request.user]))
-        return result
+            for field in ("disabled", "balance_micros", "held_micros", "budget", "changed"):
+                setattr(account, field, getattr(before, field))
+            self._open_totals.pop(request.user, None)
+            return error
+
+    def _place_slowly(self, request: HoldInput, account: Account) -> HoldView:
+        """`place_slowly` in its savepoint; raises the refusal, which undoes the savepoint."""
+        name, rid, amount = request.user, request.rid, request.amount_micros
+        existing = self.session.get(Hold, rid, populate_existing=True)
+        if existing is not None:
+            if (existing.user_id, existing.amount_micros) != (account.user_id, amount):
+                raise IdempotencyConflict(
+                    f"hold:{rid}",
+                    f"a hold of {existing.amount_micros} micro-credits was placed for this"
+                    f" request, now {amount} for user {name!r}",
+                )
+            fingerprint = request.fingerprint
+            if fingerprint is not None and existing.fingerprint not in (None, fingerprint):
+                raise IdempotencyConflict(
+                    f"hold:{rid}", "the request was held with another payload"
+                )
+            if existing.state is not HoldState.RELEASED:
+                return hold_view(existing, name)
+        if account.disabled:
+            raise UserDisabled(name)
+        # The boundary may have passed since the last operation: yesterday's leftovers must
+        # not be spendable after midnight, whether or not the rollover job ran.
+        open_period(self.session, account, self.now)
+        refused = self.refusal(account, amount)
+        if refused is not None:
+            raise refused
+        if existing is None:
+            return self._add_new(request, account)
+        # A released hold is placed anew: in the current period, against what is available.
+        period = account.budget.current_period_start
+        existing.attempt += 1
+        existing.state = HoldState.OPEN
+        existing.created_at = self.now
+        existing.closed_at = None
+        existing.batch_id = None
+        existing.period_start = period
+        post(
+            self.session,
+            account,
+            EntryKind.HOLD,
+            amount,
+            key=entry_key("hold", rid, existing.attempt),
+            now=self.now,
+            request_id=rid,
+            period_start=period,
+        )
+        self.session.flush()
+        self._open_totals.pop(name, None)
+        return hold_view(existing, name)
 
     def write(self) -> None:
         """Write the holds decided so far, their entries and the balances, one statement each,
@@ -247,7 +317,7 @@ class _Group:
                 self._entries = []
             write_balances(self.session, list(self.accounts.values()), self.now)
 
-    def period_due(self, account: AccountRow) -> bool:
+    def period_due(self, account: Account) -> bool:
         """Whether the user's budget period must be opened first (then cached as open)."""
         name = account.name
         if name in self._period_open:
@@ -260,7 +330,7 @@ class _Group:
         self._period_open.add(name)
         return False
 
-    def _open_total(self, account: AccountRow) -> int:
+    def _open_total(self, account: Account) -> int:
         name = account.name
         total = self._open_totals.get(name)
         if total is None:

@@ -6,8 +6,8 @@ statement, and on PostgreSQL a round trip. `KnownHolds` keeps, for one transacti
 knows of each rid's hold: read from the database (all the group's rids in the group's first
 round trip), placed by this transaction, or settled by it. That is exact because every hold's
 state changes only under its user's lock, and the transaction holds the locks of every user
-whose holds it reads or moves. A rid whose hold went through the ORM path (`holds.place_hold`)
-is forgotten, and read again when next wanted.
+whose holds it reads or moves. A rid whose hold was placed again or after a period boundary
+(`hold_groups`, in a savepoint) is forgotten, and read again when next wanted.
 """
 
 from __future__ import annotations

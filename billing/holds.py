@@ -1,9 +1,10 @@
 """Holds: funds reserved for a request between admission and settlement.
 
-A hold moves money from available to held (a `hold` entry); settling its batch or releasing it
-moves it back (a `release` entry). Both are keyed by the request id, so each happens once.
-A hold belongs to the budget period it was placed in: released after that period ended, its
-money expires with it (see `billing.grants`).
+A hold moves money from available to held (a `hold` entry: placed by `billing.hold_groups`, the
+one path that places holds); settling its batch or releasing it moves it back (a `release`
+entry, `release_entry`, the one rule for both). Both are keyed by the request id, so each
+happens once. A hold belongs to the budget period it was placed in: released after that
+period ended, its money expires with it (see `billing.grants`).
 """
 
 from __future__ import annotations
@@ -12,36 +13,22 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing.errors import (
-    BatchCapExceeded,
-    IdempotencyConflict,
-    InsufficientFunds,
-    UnknownRequest,
-    UserDisabled,
-)
+from inference_auctions.billing.errors import UnknownRequest
 from inference_auctions.billing.grants import expire_ended, open_period
-from inference_auctions.billing.models import (
-    REASON_LENGTH,
-    Budget,
-    EntryKind,
-    Hold,
-    HoldState,
-    LedgerEntry,
-    User,
-)
-from inference_auctions.billing.money import check_micros
+from inference_auctions.billing.hold_rows import HoldRow
+from inference_auctions.billing.models import REASON_LENGTH, EntryKind, Hold, HoldState, User
 from inference_auctions.billing.postings import (
     Account,
     check_id,
     check_reason,
-    entry_row,
+    insert_entries,
     lock_account,
-    post,
+    write_balances,
 )
-from inference_auctions.billing.records import HoldView
+from inference_auctions.billing.views import HoldView
 
 
 def hold_view(hold: Hold, user_name: str) -> HoldView:
@@ -56,69 +43,6 @@ def hold_view(hold: Hold, user_name: str) -> HoldView:
     )
 
 
-def place_hold(
-    session: Session,
-    name: str,
-    rid: str,
-    amount_micros: int,
-    now: datetime,
-    fingerprint: str | None = None,
-) -> HoldView:
-    """Reserve `amount_micros` of the user's available funds for request `rid`.
-
-    A replay with the same amount and payload `fingerprint` returns the hold as it is, except
-    that a released one is opened again (nothing was charged for it, so the retry is a fresh
-    admission). Another amount, user or fingerprint under the same `rid` is a conflict.
-    """
-    check_id(rid, "rid")
-    check_micros(amount_micros, "amount_micros")
-    account = lock_account(session, name)
-    existing = session.get(Hold, rid, populate_existing=True)
-    if existing is not None:
-        if (existing.user_id, existing.amount_micros) != (account.user.id, amount_micros):
-            raise IdempotencyConflict(
-                f"hold:{rid}",
-                f"a hold of {existing.amount_micros} micro-credits was placed for this request,"
-                f" now {amount_micros} for user {name!r}",
-            )
-        if fingerprint is not None and existing.fingerprint not in (None, fingerprint):
-            raise IdempotencyConflict(f"hold:{rid}", "the request was held with another payload")
-        if existing.state is HoldState.RELEASED:
-            _reopen(session, account, existing, now)
-        return hold_view(existing, name)
-    if account.user.disabled:
-        raise UserDisabled(name)
-    # The boundary may have passed since the last operation: yesterday's leftovers must not
-    # be spendable after midnight, whether or not the rollover job ran.
-    period = open_period(session, account, now).current_period_start
-    _check_cap(session, account, amount_micros)
-    if account.available < amount_micros:
-        raise InsufficientFunds(name, account.available, amount_micros)
-    hold = Hold(
-        rid=rid,
-        user_id=account.user.id,
-        amount_micros=amount_micros,
-        state=HoldState.OPEN,
-        created_at=now,
-        fingerprint=fingerprint,
-        attempt=1,
-        period_start=period,
-    )
-    session.add(hold)
-    post(
-        session,
-        account,
-        EntryKind.HOLD,
-        amount_micros,
-        key=f"hold:{rid}",
-        now=now,
-        request_id=rid,
-        period_start=period,
-    )
-    session.flush()
-    return hold_view(hold, name)
-
-
 def entry_key(kind: str, rid: str, attempt: int) -> str:
     """Idempotency key of a hold's `kind` entry in its `attempt`-th opening."""
     # The first opening keeps the historical keys; later ones count up.
@@ -129,48 +53,26 @@ def _entry_key(kind: str, hold: Hold) -> str:
     return entry_key(kind, hold.rid, hold.attempt)
 
 
-def _reopen(session: Session, account: Account, hold: Hold, now: datetime) -> None:
-    if account.user.disabled:
-        raise UserDisabled(account.user.name)
-    # A re-opened hold is placed anew: in the current period, against what is available now.
-    period = open_period(session, account, now).current_period_start
-    _check_cap(session, account, hold.amount_micros)
-    if account.available < hold.amount_micros:
-        raise InsufficientFunds(account.user.name, account.available, hold.amount_micros)
-    hold.attempt += 1
-    hold.state = HoldState.OPEN
-    hold.created_at = now
-    hold.closed_at = None
-    hold.batch_id = None
-    hold.period_start = period
-    post(
-        session,
-        account,
-        EntryKind.HOLD,
-        hold.amount_micros,
-        key=_entry_key("hold", hold),
+def release_entry(
+    account: Account,
+    hold: Hold | HoldRow,
+    *,
+    reason: str,
+    now: datetime,
+    batch_id: str | None = None,
+) -> dict[str, Any]:
+    """Move the locked account by the release of an open hold (settled in `batch_id`, or
+    dropped) and return the `release` entry as a row to insert."""
+    return account.entry(
+        EntryKind.RELEASE,
+        -hold.amount_micros,
+        key=entry_key("release", hold.rid, hold.attempt),
         now=now,
+        reason=reason,
+        batch_id=batch_id,
         request_id=hold.rid,
-        period_start=period,
+        period_start=hold.period_start,
     )
-    session.flush()
-
-
-def _check_cap(session: Session, account: Account, amount_micros: int) -> None:
-    # Every batch draws its requests from the open holds, so capping what is open at once caps
-    # what any single batch can charge.
-    budget = session.get(Budget, account.user.id)
-    cap = None if budget is None else budget.batch_cap_micros
-    if cap is None:
-        return
-    open_total = session.scalar(
-        select(func.coalesce(func.sum(Hold.amount_micros), 0)).where(
-            Hold.user_id == account.user.id, Hold.state == HoldState.OPEN
-        )
-    )
-    held = int(open_total or 0)
-    if held + amount_micros > cap:
-        raise BatchCapExceeded(account.user.name, cap, held, amount_micros)
 
 
 def close_hold(
@@ -181,38 +83,14 @@ def close_hold(
     *,
     reason: str,
     now: datetime,
-    batch_id: str | None = None,
 ) -> None:
-    """Release an open hold's funds (settled or dropped); the caller holds the account lock."""
-    entry = closing_entry(account, hold, state, reason=reason, now=now, batch_id=batch_id)
-    session.add(LedgerEntry(**entry))
-
-
-def closing_entry(
-    account: Account,
-    hold: Hold,
-    state: HoldState,
-    *,
-    reason: str,
-    now: datetime,
-    batch_id: str | None = None,
-) -> dict[str, Any]:
-    """Close an open hold and move the locked balance row; returns the release entry as a row
-    to insert. (Settling a batch closes its holds with Core statements instead.)"""
+    """Release an open hold's funds unused; the caller holds the account lock. (Settling a
+    batch closes its holds with one statement, `billing.settlement`.)"""
     hold.state = state
     hold.closed_at = now
-    hold.batch_id = batch_id
-    return entry_row(
-        account,
-        EntryKind.RELEASE,
-        -hold.amount_micros,
-        key=_entry_key("release", hold),
-        now=now,
-        reason=reason,
-        batch_id=batch_id,
-        request_id=hold.rid,
-        period_start=hold.period_start,
-    )
+    hold.batch_id = None
+    insert_entries(session, [release_entry(account, hold, reason=reason, now=now)])
+    write_balances(session, [account], now)
 
 
 def drop_hold(

@@ -1,9 +1,7 @@
-"""Periodic ledger jobs on APScheduler: budget rollover, expiry of stale holds, reconciliation,
-and on a PostgreSQL server whose autovacuum is off, the statistics of the ledger's tables.
+"""Periodic ledger jobs on APScheduler: budget rollover, expiry of stale holds, reconciliation.
 
-Each job is idempotent and derives its work from the database (the first three are `Ledger`
-methods), so several replicas may run the same schedule at once without granting or releasing
-twice.
+Each job is idempotent and derives its work from the database (each is a `Ledger` method), so
+several replicas may run the same schedule at once without granting or releasing twice.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from inference_auctions.billing.errors import LedgerUnavailable
 from inference_auctions.billing.ledger import Ledger
 from inference_auctions.billing.settings import LedgerSettings
-from inference_auctions.billing.table_statistics import analyze_if_autovacuum_off
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +43,6 @@ def run_reconcile(ledger: Ledger) -> None:
         logger.error("ledger drift: %s", drift)
 
 
-def run_table_statistics(ledger: Ledger) -> None:
-    """Analyze the ledger tables that autovacuum would have, where it is off."""
-    analyze_if_autovacuum_off(ledger.engine)
-
-
 def start_scheduler(ledger: Ledger, settings: LedgerSettings) -> BackgroundScheduler:
     """Start a background scheduler running the ledger jobs; call `.shutdown()` to stop it."""
     scheduler = BackgroundScheduler(
@@ -68,15 +60,6 @@ def start_scheduler(ledger: Ledger, settings: LedgerSettings) -> BackgroundSched
         ),
         (run_reconcile, (ledger,), settings.reconcile_interval_seconds, "ledger-reconcile"),
     ]
-    if ledger.engine.dialect.name == "postgresql":
-        jobs.append(
-            (
-                run_table_statistics,
-                (ledger,),
-                settings.statistics_interval_seconds,
-                "ledger-table-statistics",
-            )
-        )
     for func, args, seconds, job_id in jobs:
         scheduler.add_job(
             _warning_when_away(func, job_id),

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from inference_auctions.billing import (
     activity,
+    autovacuum,
     decoy_watch,
     grants,
     group_commit,
@@ -55,30 +56,32 @@ from inference_auctions.billing.errors import (
 )
 from inference_auctions.billing.export import render
 from inference_auctions.billing.group_commit import ClaimFailed, GroupOutcome
+from inference_auctions.billing.inputs import (
+    BatchInput,
+    CompletionInput,
+    HoldInput,
+    RequestInput,
+    ServedInput,
+)
 from inference_auctions.billing.models import EntryKind, RequestStatus
 from inference_auctions.billing.periods import require_aware
-from inference_auctions.billing.records import (
+from inference_auctions.billing.users import UNSET, _Unset
+from inference_auctions.billing.views import (
     BalanceView,
-    BatchRecord,
     ClaimedBatch,
     CreatedUser,
     EntryPage,
     EntryView,
-    HoldRequest,
     HoldView,
-    ReconcileReport,
+    ReconcileView,
     RefundResult,
     RefundRule,
-    RequestCompletion,
-    RequestRecord,
     RequestView,
     RolloverResult,
-    ServedRecord,
     SettleResult,
-    SummaryRow,
+    SummaryView,
     UserInfo,
 )
-from inference_auctions.billing.users import UNSET, _Unset
 from inference_auctions.billing.wal_checkpoints import (
     BACKSTOP_PAGES,
     WalCheckpointer,
@@ -186,8 +189,14 @@ class Ledger:
 
     @property
     def engine(self) -> Engine:
-        """The engine the ledger writes through."""
+        """The engine the ledger writes through: for billing itself, its tests and tools; the
+        server asks what it needs as plain facts (`dialect_name`)."""
         return self._engine
+
+    @property
+    def dialect_name(self) -> str:
+        """The kind of database: `sqlite` or `postgresql`."""
+        return str(self._engine.dialect.name)
 
     @property
     def in_memory(self) -> bool:
@@ -264,7 +273,7 @@ class Ledger:
                     raise
         raise AssertionError("unreachable")
 
-    def _serve_one(self, record: ServedRecord, now: datetime) -> bool:
+    def _serve_one(self, record: ServedInput, now: datetime) -> bool:
         """`record_served_many([record])`: one statement. On SQLite in a transaction without an
         ORM session (`_write_statements`). On PostgreSQL in autocommit mode: no BEGIN and no
         COMMIT, one round trip where a transaction takes three; it is all or nothing by
@@ -416,12 +425,12 @@ class Ledger:
     ) -> HoldView:
         """Hold `amount_micros` for request `rid`; raises `InsufficientFunds`. Idempotent; a
         released hold is opened again by a replay with the same payload `fingerprint`."""
-        result = self.place_holds([HoldRequest(name, rid, amount_micros, fingerprint)])[0]
+        result = self.place_holds([HoldInput(name, rid, amount_micros, fingerprint)])[0]
         if isinstance(result, LedgerError):
             raise result
         return result
 
-    def place_holds(self, requests: Sequence[HoldRequest]) -> list[HoldView | LedgerError]:
+    def place_holds(self, requests: Sequence[HoldInput]) -> list[HoldView | LedgerError]:
         """Place many holds in one transaction (group commit); result i is what `place_hold`
         would have returned for `requests[i]`, or the `LedgerError` it would have raised, had
         the requests been placed one after the other in this order. A refused request changes
@@ -433,8 +442,8 @@ class Ledger:
 
     def commit_group(
         self,
-        requests: Sequence[HoldRequest],
-        records: Sequence[ServedRecord],
+        requests: Sequence[HoldInput],
+        records: Sequence[ServedInput],
         claims: Sequence[settlement.BatchClaim] = (),
     ) -> GroupOutcome:
         """What a group-commit writer collected since its last commit, in ONE transaction
@@ -502,8 +511,8 @@ class Ledger:
 
     def settle_batch(
         self,
-        batch: BatchRecord,
-        requests: Sequence[RequestRecord],
+        batch: BatchInput,
+        requests: Sequence[RequestInput],
         charges: Mapping[str, int],
     ) -> SettleResult:
         """Record a cleared batch, charge its users and release its holds, atomically."""
@@ -542,7 +551,7 @@ class Ledger:
             )
         )
 
-    def complete_requests(self, completions: Sequence[RequestCompletion]) -> list[RequestView]:
+    def complete_requests(self, completions: Sequence[CompletionInput]) -> list[RequestView]:
         """Overwrite several requests' outcomes in one transaction (all or none)."""
         now = self._now()
         return self._write(
@@ -577,7 +586,7 @@ class Ledger:
     ) -> None:
         """Record a scheduled request served; raises `RequestNotScheduled` if recovery (or
         anything else) recorded its outcome first, `UnknownRequest` if no batch settled it."""
-        if self.record_served_many([ServedRecord(rid, cached_tokens, ttft_ms)])[0]:
+        if self.record_served_many([ServedInput(rid, cached_tokens, ttft_ms)])[0]:
             return
         # Not scheduled: its status can only have moved on (nothing sets it back), so a
         # later read tells why.
@@ -586,7 +595,7 @@ class Ledger:
             raise UnknownRequest(rid, "no batch settled it")
         raise RequestNotScheduled(rid, found.status.value)
 
-    def record_served_many(self, records: Sequence[ServedRecord]) -> list[bool]:
+    def record_served_many(self, records: Sequence[ServedInput]) -> list[bool]:
         """Record scheduled requests served, in one transaction; result i is False where
         request i was not scheduled any more (recovery failed it first, it was recorded
         already, or no batch settled it). Raises `InvalidInput` (nothing written) for a
@@ -595,7 +604,7 @@ class Ledger:
             return []
         return self._record_served(records, self._now())
 
-    def _record_served(self, records: Sequence[ServedRecord], now: datetime) -> list[bool]:
+    def _record_served(self, records: Sequence[ServedInput], now: datetime) -> list[bool]:
         """`record_served_many`: one record alone is one statement (`_serve_one`)."""
         if len(records) == 1:
             return [self._serve_one(records[0], now)]
@@ -704,7 +713,7 @@ class Ledger:
         by: str = "day",
         since: datetime | None = None,
         until: datetime | None = None,
-    ) -> list[SummaryRow]:
+    ) -> list[SummaryView]:
         """Totals per day, week or month in the user's time zone."""
         return self._read(lambda s: queries.summary(s, name, by, since, until))
 
@@ -721,6 +730,13 @@ class Ledger:
     def schema_revision(self) -> str | None:
         """The migration revision the database is at (None: not migrated)."""
         return migrate.current_revision(self._engine)
+
+    def warn_if_autovacuum_off(self) -> list[str]:
+        """Say in one WARNING line where PostgreSQL's autovacuum is off for the ledger's
+        tables (`billing.autovacuum`), as a server starts; returns where (none on SQLite)."""
+        if self.dialect_name != "postgresql":
+            return []
+        return self._read(lambda s: autovacuum.warn_if_autovacuum_off(s.connection()))
 
     def ping(self) -> None:
         """Raise unless the database answers a trivial query (for health checks)."""
@@ -749,7 +765,7 @@ class Ledger:
         """`replica` stopped: its rule binds nobody any more."""
         self._write(lambda s: replica_rules.leave(s, replica))
 
-    def reconcile(self) -> ReconcileReport:
+    def reconcile(self) -> ReconcileView:
         """Check every balance row against the sum of its entries."""
         return self._read(reconcile.reconcile)
 

@@ -18,7 +18,6 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing.account_rows import AccountRow
 from inference_auctions.billing.grants import expire_ended
 from inference_auctions.billing.models import Budget, EntryKind, LedgerEntry
 from inference_auctions.billing.postings import Account, post, time_key
@@ -34,7 +33,7 @@ def _part_key(key: str, first: bool, start: datetime) -> str:
 
 
 def charge_entries(
-    account: AccountRow,
+    account: Account,
     *,
     held: Iterable[tuple[datetime | None, int]],
     charge_micros: int,

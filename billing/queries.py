@@ -20,7 +20,7 @@ from inference_auctions.billing.periods import (
     require_aware,
 )
 from inference_auctions.billing.postings import check_name, entry_view, get_user
-from inference_auctions.billing.records import BalanceView, EntryPage, EntryView, SummaryRow
+from inference_auctions.billing.views import BalanceView, EntryPage, EntryView, SummaryView
 
 MAX_PAGE = 1000
 
@@ -162,7 +162,7 @@ def summary(
     by: str,
     since: datetime | None,
     until: datetime | None,
-) -> list[SummaryRow]:
+) -> list[SummaryView]:
     """Totals per day, week or month in the user's budget time zone, oldest first."""
     bucket = parse_period(by, "by")
     if bucket is Period.NONE:
@@ -181,7 +181,7 @@ def summary(
     for start in sorted(totals):
         sums = totals[start]
         rows.append(
-            SummaryRow(
+            SummaryView(
                 period_start=start,
                 granted_micros=sums[EntryKind.GRANT],
                 charged_micros=-sums[EntryKind.CHARGE],

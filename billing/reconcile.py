@@ -19,10 +19,10 @@ from inference_auctions.billing.models import (
     LedgerEntry,
     User,
 )
-from inference_auctions.billing.records import AccountDrift, ReconcileReport
+from inference_auctions.billing.views import DriftView, ReconcileView
 
 
-def reconcile(session: Session) -> ReconcileReport:
+def reconcile(session: Session) -> ReconcileView:
     """Compare every balance row with its entries and open holds; report each disagreement."""
     sums = (
         select(
@@ -63,5 +63,5 @@ def reconcile(session: Session) -> ReconcileReport:
         want_bal, want_held, open_held = (int(total) for total in totals)
         # A missing balance row (None) is drift too: every user gets one at creation.
         if (bal, held, held) != (want_bal, want_held, open_held):
-            drifts.append(AccountDrift(name, bal, want_bal, held, want_held, open_held))
-    return ReconcileReport(accounts_checked=len(rows), drifts=drifts)
+            drifts.append(DriftView(name, bal, want_bal, held, want_held, open_held))
+    return ReconcileView(accounts_checked=len(rows), drifts=drifts)

@@ -31,8 +31,8 @@ from inference_auctions.billing.models import (
     User,
 )
 from inference_auctions.billing.postings import lock_account
-from inference_auctions.billing.records import PricedRequest, RefundResult, RefundRule
 from inference_auctions.billing.request_log import finish_scheduled
+from inference_auctions.billing.views import PricedRequestView, RefundResult, RefundRule
 
 REASON = (
     "not served: the server stopped, or could not record the answer, while it was at the engine"
@@ -140,7 +140,7 @@ def _price_failures(session: Session, batch_id: str, name: str, rule: RefundRule
         for request, owner in rows
         if owner == name and request.status is RequestStatus.FAILED
     )
-    priced = [PricedRequest.of(request, owner, slots, pricing_rule) for request, owner in rows]
+    priced = [PricedRequestView.of(request, owner, slots, pricing_rule) for request, owner in rows]
     if rule is None or any(p.arrival is None or p.tree_path is None for p in priced):
         # Without the tree's shape (batches settled before it was stored) the batch cannot be
         # priced again: the whole charge is refunded, as it always was for such batches.

@@ -24,7 +24,7 @@ from inference_auctions.billing.grants import open_period
 from inference_auctions.billing.models import AuctionBatch, BatchRequest, EntryKind, LedgerEntry
 from inference_auctions.billing.money import check_micros
 from inference_auctions.billing.postings import check_id, check_reason, lock_account
-from inference_auctions.billing.records import RefundResult
+from inference_auctions.billing.views import RefundResult
 
 
 def refund(
@@ -48,7 +48,7 @@ def refund(
         raise UnknownBatch(batch_id)
     account = lock_account(session, name)
     budget = open_period(session, account, now)
-    user_id = account.user.id
+    user_id = account.user_id
     if rid is not None:
         request = session.get(BatchRequest, rid)
         if request is None or request.batch_id != batch_id or request.user_id != user_id:
@@ -120,7 +120,7 @@ def refund_toward(
         raise UnknownBatch(batch_id)
     account = lock_account(session, name)
     budget = open_period(session, account, now)
-    user_id = account.user.id
+    user_id = account.user_id
     charged = period_charges.charged(session, budget, batch_id)
     refunded = _refunded(session, user_id, batch_id)
     existing = period_charges.recorded_refund(session, user_id, batch_id, rid)

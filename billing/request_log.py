@@ -16,9 +16,10 @@ from sqlalchemy.orm import Session
 
 from inference_auctions.billing.driver_sql import Columns, DriverCursor, driver_cursor
 from inference_auctions.billing.errors import InvalidInput, RequestNotScheduled, UnknownRequest
+from inference_auctions.billing.inputs import ServedInput
 from inference_auctions.billing.models import AUCTION_REQUESTS, BatchRequest, RequestStatus, User
 from inference_auctions.billing.postings import check_id
-from inference_auctions.billing.records import RequestView, ServedRecord
+from inference_auctions.billing.views import RequestView
 
 
 def request_view(request: BatchRequest, user_name: str) -> RequestView:
@@ -154,21 +155,21 @@ _STATUS_OF = "SELECT status FROM auction_requests WHERE rid = ?"
 _STATUS = Columns(AUCTION_REQUESTS, ("status",))
 
 
-def check_served(record: ServedRecord) -> None:
+def check_served(record: ServedInput) -> None:
     """Validate a served record's fields (`InvalidInput`)."""
     check_id(record.rid, "rid")
     _check_ttft(record.ttft_ms)
     _check_cached(record.cached_tokens)
 
 
-def _served_row(cursor: DriverCursor, rid: str, record: ServedRecord, now: datetime) -> list[Any]:
+def _served_row(cursor: DriverCursor, rid: str, record: ServedInput, now: datetime) -> list[Any]:
     ttft = None if record.ttft_ms is None else float(record.ttft_ms)
     values = (RequestStatus.SERVED, record.cached_tokens, ttft, now, rid, RequestStatus.SCHEDULED)
     return _SERVED_BINDS.bind(cursor.dialect)(values)
 
 
 def serve_one(
-    connection: Connection, record: ServedRecord, now: datetime, *, again: bool = False
+    connection: Connection, record: ServedInput, now: datetime, *, again: bool = False
 ) -> bool:
     """`serve_scheduled` of one record as one statement: on PostgreSQL on a connection in
     autocommit mode, where the statement commits itself, one round trip in all; on SQLite in
@@ -184,7 +185,7 @@ def serve_one(
     return bool(rows) and _STATUS.result(cursor.dialect)(rows[0])[0] is RequestStatus.SERVED
 
 
-def serve_scheduled(session: Session, records: Sequence[ServedRecord], now: datetime) -> list[bool]:
+def serve_scheduled(session: Session, records: Sequence[ServedInput], now: datetime) -> list[bool]:
     """Move each record's request from `scheduled` to `served`, only if it is still scheduled;
     result i tells whether record i moved it (a repeated rid moves it at most once, with the
     first record's values).

@@ -1,4 +1,4 @@
-"""One schema per ledger record, shared by the HTTP API, the CLI and the exports.
+"""The `*Record`s: one schema per ledger view, shared by the HTTP API, the CLI and the exports.
 
 Each record names its fields once, in one order: the API's JSON keys, the CLI's JSON keys and
 the CSV columns of `ledger entries` and `ledger export` are the same list. Money is integer
@@ -13,12 +13,12 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer
 
-from inference_auctions.billing.records import (
-    AccountDrift,
+from inference_auctions.billing.views import (
     BalanceView,
+    DriftView,
     EntryView,
-    ReconcileReport,
-    SummaryRow,
+    ReconcileView,
+    SummaryView,
 )
 
 # isoformat(), as the API has always written times ("+00:00", not pydantic's "Z").
@@ -118,7 +118,7 @@ class SummaryRecord(LedgerRecord):
     entries: int
 
     @classmethod
-    def of(cls, row: SummaryRow) -> Self:
+    def of(cls, row: SummaryView) -> Self:
         """The record of a summary row."""
         return cls(
             period_start=row.period_start,
@@ -143,7 +143,7 @@ class DriftRecord(LedgerRecord):
     open_holds_micros: int
 
     @classmethod
-    def of(cls, drift: AccountDrift) -> Self:
+    def of(cls, drift: DriftView) -> Self:
         """The record of a drifted account."""
         return cls(
             user=drift.user,
@@ -163,7 +163,7 @@ class ReconcileRecord(LedgerRecord):
     drifts: list[DriftRecord]
 
     @classmethod
-    def of(cls, report: ReconcileReport) -> Self:
+    def of(cls, report: ReconcileView) -> Self:
         """The record of a reconciliation."""
         return cls(
             ok=report.ok,

@@ -30,7 +30,3 @@ class LedgerSettings(BaseSettings):
     """How often stale holds are expired."""
     reconcile_interval_seconds: float = Field(default=3600.0, gt=0)
     """How often balances are reconciled against the entries."""
-    # PostgreSQL with autovacuum off only: how often the ledger analyzes its tables that have
-    # grown (`billing.table_statistics`); short, because the check is one cheap query.
-    statistics_interval_seconds: float = Field(default=10.0, gt=0)
-    """PostgreSQL with autovacuum off: how often grown tables are analyzed."""

@@ -8,7 +8,7 @@ periods its holds were placed in (`billing.period_charges`).
 
 A settlement runs once per auction batch on the server's ledger writer, so it costs a fixed
 number of statements whatever the batch's size, sent to the driver directly
-(`billing.driver_sql`): the locked accounts are plain rows (`billing.account_rows`), each
+(`billing.driver_sql`): the locked accounts are plain rows (`billing.postings.Account`), each
 table is written by one statement, and no row goes through the ORM's identity map unless a
 budget period has to be opened.
 """
@@ -27,12 +27,6 @@ from typing import Any, cast
 from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing.account_rows import (
-    AccountRow,
-    lock_known_rows,
-    open_periods,
-    write_balances,
-)
 from inference_auctions.billing.driver_sql import Columns, driver_cursor
 from inference_auctions.billing.errors import (
     ChargeExceedsHold,
@@ -42,8 +36,10 @@ from inference_auctions.billing.errors import (
     UnknownRequest,
 )
 from inference_auctions.billing.fees import fee_key, hold_micros, user_fees
+from inference_auctions.billing.grants import open_periods
 from inference_auctions.billing.hold_rows import HoldRow, KnownHolds
-from inference_auctions.billing.holds import entry_key
+from inference_auctions.billing.holds import release_entry
+from inference_auctions.billing.inputs import BatchInput, RequestInput
 from inference_auctions.billing.models import (
     AUCTION_REQUESTS,
     HOLDS,
@@ -58,16 +54,18 @@ from inference_auctions.billing.models import (
 from inference_auctions.billing.money import check_micros, check_total_micros
 from inference_auctions.billing.period_charges import charge_entries
 from inference_auctions.billing.periods import require_aware
-from inference_auctions.billing.postings import check_id, check_name, insert_entries
-from inference_auctions.billing.records import (
-    BatchRecord,
-    ClaimedBatch,
-    RequestRecord,
-    SettleResult,
+from inference_auctions.billing.postings import (
+    Account,
+    check_id,
+    check_name,
+    insert_entries,
+    lock_accounts,
+    write_balances,
 )
+from inference_auctions.billing.views import ClaimedBatch, SettleResult
 
 # The claimable rids -> the cleared batch, its requests and every user's charge.
-Clearing = Callable[[list[str]], tuple[BatchRecord, Sequence[RequestRecord], Mapping[str, int]]]
+Clearing = Callable[[list[str]], tuple[BatchInput, Sequence[RequestInput], Mapping[str, int]]]
 
 BATCHES = cast(Table, AuctionBatch.__table__)
 
@@ -84,7 +82,7 @@ class BatchClaim:
     fingerprints: Mapping[str, str | None] | None = None
 
 
-# Each runs once per batch, straight on the driver (see `billing.account_rows`).
+# Each runs once per batch, straight on the driver (see `billing.postings`).
 _SETTLE_HOLDS = "UPDATE holds SET state = ?, closed_at = ?, batch_id = ? WHERE rid IN ({in})"
 _SETTLE_BINDS = Columns(HOLDS, ("state", "closed_at", "batch_id"))
 _BATCH_COLUMNS = Columns(
@@ -133,32 +131,39 @@ def charge_key(user_id: int, batch_id: str) -> str:
     return f"charge:{user_id}:{batch_id}"
 
 
+class _SettledBefore(Exception):
+    """The batch being settled turned out settled already, once its users were locked."""
+
+
 def settle_batch(
     session: Session,
-    batch: BatchRecord,
-    requests: Sequence[RequestRecord],
+    batch: BatchInput,
+    requests: Sequence[RequestInput],
     charges: Mapping[str, int],
     now: datetime,
 ) -> SettleResult:
-    """Record the batch, its requests and charges, and release its holds, all at once."""
-    closed_at = _validate(batch, requests, charges)
+    """Record the batch, its requests and charges, and release its holds, all at once: the
+    one settlement (`settle_claimable`) of a batch cleared beforehand, each of whose holds must
+    be claimable; a batch id settled before is replayed instead."""
+    _validate(batch, requests, charges)
     fingerprint = _fingerprint(batch, requests, charges)
-    if not _batch_exists(session, batch.batch_id):
-        accounts = lock_known_rows(session, {r.user for r in requests})
+
+    def cleared(_: list[str]) -> tuple[BatchInput, Sequence[RequestInput], Mapping[str, int]]:
         # Checked again under the locks: a concurrent settlement of this batch locks the same
         # users, so by now it has either committed or not started.
-        if not _batch_exists(session, batch.batch_id):
-            return _settle(
-                session,
-                batch,
-                closed_at=closed_at,
-                requests=requests,
-                charges=charges,
-                accounts=accounts,
-                holds=KnownHolds().rows(session, [r.rid for r in requests]),
-                fingerprint=fingerprint,
-                now=now,
-            )
+        if _batch_exists(session, batch.batch_id):
+            raise _SettledBefore
+        return batch, requests, charges
+
+    if not _batch_exists(session, batch.batch_id):
+        candidates = [(r.rid, r.user) for r in requests]
+        try:
+            claimed = settle_claimable(session, candidates, cleared, now, claim_all=True)
+        except _SettledBefore:
+            pass
+        else:
+            assert claimed.settled is not None
+            return claimed.settled
     return _replay(session, batch.batch_id, fingerprint, charges)
 
 
@@ -172,8 +177,10 @@ def settle_claimable(
     clear: Clearing,
     now: datetime,
     fingerprints: Mapping[str, str | None] | None = None,
-    locked: Mapping[str, AccountRow] | None = None,
+    locked: Mapping[str, Account] | None = None,
     known: KnownHolds | None = None,
+    *,
+    claim_all: bool = False,
 ) -> ClaimedBatch:
     """Claim the open holds among `candidates` (rid, user), clear those, settle them at once.
 
@@ -181,17 +188,22 @@ def settle_claimable(
     `fingerprints`) another payload's leaves the batch before `clear` runs, so nobody else's
     request fails for it. `clear` gets the claimable rids in the candidates' order and returns
     the batch to settle; it runs under the locks. `locked`: the accounts this transaction
-    already locked (`account_rows.lock_rows`), moved in place. `known`: what this
-    transaction knows of holds already (`billing.hold_rows`), kept up to date.
+    already locked (`postings.lock_rows`), moved in place. `known`: what this
+    transaction knows of holds already (`billing.hold_rows`), kept up to date. With
+    `claim_all` no candidate leaves: a hold that cannot be claimed fails the settlement as a
+    whole (`UnknownRequest`, `HoldNotOpen`, `InvalidBatch`), as for a batch cleared before its
+    holds were claimed (`settle_batch`).
     """
-    accounts = lock_known_rows(session, {user for _, user in candidates}, locked)
+    accounts = lock_accounts(session, {user for _, user in candidates}, locked)
     known = KnownHolds() if known is None else known
     holds = known.rows(session, [rid for rid, _ in candidates])
     claimable: list[str] = []
     refused: dict[str, str] = {}
     for rid, user in candidates:
         hold = holds.get(rid)
-        if hold is None or hold.user_id != accounts[user].user_id:
+        if claim_all:  # `_settle` checks every hold itself
+            claimable.append(rid)
+        elif hold is None or hold.user_id != accounts[user].user_id:
             refused[rid] = "unknown"
         elif hold.state != HoldState.OPEN:
             refused[rid] = HoldState(hold.state).value
@@ -221,7 +233,7 @@ def settle_claimable(
 
 
 def _validate(
-    batch: BatchRecord, requests: Sequence[RequestRecord], charges: Mapping[str, int]
+    batch: BatchInput, requests: Sequence[RequestInput], charges: Mapping[str, int]
 ) -> datetime:
     batch_id = check_id(batch.batch_id, "batch_id")
     closed_at = require_aware(batch.closed_at, "closed_at")
@@ -257,7 +269,7 @@ def _validate(
     return closed_at
 
 
-def _validate_rule(batch: BatchRecord) -> None:
+def _validate_rule(batch: BatchInput) -> None:
     slots, fee = batch.priority_slots, batch.request_fee_micros
     if batch.pricing_rule == "batch-size":
         if slots is not None:
@@ -286,7 +298,7 @@ def _validate_rule(batch: BatchRecord) -> None:
     check_micros(fee, "request_fee_micros")
 
 
-def _validate_request(batch_id: str, request: RequestRecord, n: int) -> None:
+def _validate_request(batch_id: str, request: RequestInput, n: int) -> None:
     check_id(request.rid, "rid")
     check_name(request.user, "user")
     check_micros(request.bid_micros, f"bid_micros of request {request.rid!r}")
@@ -309,7 +321,7 @@ def _validate_request(batch_id: str, request: RequestRecord, n: int) -> None:
 
 
 def _fingerprint(
-    batch: BatchRecord, requests: Sequence[RequestRecord], charges: Mapping[str, int]
+    batch: BatchInput, requests: Sequence[RequestInput], charges: Mapping[str, int]
 ) -> str:
     # Everything the auction decides, but not `closed_at`: a caller retrying a settlement may
     # stamp the batch again, and the time of closing moves no money.
@@ -339,12 +351,12 @@ def _fingerprint(
 
 def _settle(
     session: Session,
-    batch: BatchRecord,
+    batch: BatchInput,
     *,
     closed_at: datetime,
-    requests: Sequence[RequestRecord],
+    requests: Sequence[RequestInput],
     charges: Mapping[str, int],
-    accounts: dict[str, AccountRow],
+    accounts: dict[str, Account],
     holds: Mapping[str, HoldRow],
     fingerprint: str,
     now: datetime,
@@ -401,7 +413,13 @@ def _settle(
             ],
         )
         entries = [
-            _release_entry(accounts[request.user], holds[request.rid], reason, batch_id, now)
+            release_entry(
+                accounts[request.user],
+                holds[request.rid],
+                reason=reason,
+                now=now,
+                batch_id=batch_id,
+            )
             for request in ordered
         ]
         for name in sorted(accounts):
@@ -432,8 +450,8 @@ def _settle(
 
 def _check_holds(
     batch_id: str,
-    requests: Sequence[RequestRecord],
-    accounts: Mapping[str, AccountRow],
+    requests: Sequence[RequestInput],
+    accounts: Mapping[str, Account],
     holds: Mapping[str, HoldRow],
     fee_micros: int,
 ) -> None:
@@ -456,23 +474,8 @@ def _check_holds(
             )
 
 
-def _release_entry(
-    account: AccountRow, hold: HoldRow, reason: str, batch_id: str, now: datetime
-) -> dict[str, Any]:
-    return account.entry(
-        EntryKind.RELEASE,
-        -hold.amount_micros,
-        key=entry_key("release", hold.rid, hold.attempt),
-        now=now,
-        reason=reason,
-        batch_id=batch_id,
-        request_id=hold.rid,
-        period_start=hold.period_start,
-    )
-
-
 def _request_row(
-    batch_id: str, request: RequestRecord, user_id: int, now: datetime
+    batch_id: str, request: RequestInput, user_id: int, now: datetime
 ) -> dict[str, Any]:
     return {
         "rid": request.rid,

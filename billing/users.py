@@ -14,7 +14,7 @@ from inference_auctions.billing.models import Balance, Budget, User
 from inference_auctions.billing.money import check_micros
 from inference_auctions.billing.periods import Period, parse_period, parse_timezone, period_start
 from inference_auctions.billing.postings import check_name, get_user, lock_account
-from inference_auctions.billing.records import CreatedUser, UserInfo
+from inference_auctions.billing.views import CreatedUser, UserInfo
 
 
 class _Unset:
@@ -143,23 +143,30 @@ def set_disabled(
 ) -> UserInfo:
     """Disable or re-enable a user; open holds stay and settle normally. Disabling ends the
     user's dashboard sessions for good (`sessions_from`)."""
-    account = lock_account(session, name)
-    account.user.disabled = disabled
+    user = _locked_user(session, name)
+    user.disabled = disabled
     if disabled and now is not None:
-        account.user.sessions_from = now
-    return user_info(account.user, budget_of(session, account.user))
+        user.sessions_from = now
+    return user_info(user, budget_of(session, user))
 
 
 def rotate_api_key(session: Session, name: str, now: datetime | None = None) -> str:
     """Replace the user's API key; the old one and the dashboard sessions it bought stop
     working. Returns the new key, shown once."""
-    account = lock_account(session, name)
+    user = _locked_user(session, name)
     if now is not None:
-        account.user.sessions_from = now
+        user.sessions_from = now
     key = apikeys.generate_key()
-    account.user.api_key_prefix = key.prefix
-    account.user.api_key_hash = key.digest
+    user.api_key_prefix = key.prefix
+    user.api_key_hash = key.digest
     return key.key
+
+
+def _locked_user(session: Session, name: str) -> User:
+    """The user row of `name`, its account locked first (as every write to it does)."""
+    user = session.get(User, lock_account(session, name).user_id, populate_existing=True)
+    assert user is not None
+    return user
 
 
 def set_budget(
@@ -194,4 +201,4 @@ def set_budget(
     )
     if not isinstance(batch_cap_micros, _Unset):
         budget.batch_cap_micros = batch_cap_micros
-    return user_info(account.user, budget)
+    return user_info(_locked_user(session, name), budget)

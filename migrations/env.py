@@ -1,5 +1,6 @@
 """Alembic environment: the URL comes from the caller or `LedgerSettings`, the schema from
-billing's `metadata` (read through billing's public interface, like the server does).
+billing's `metadata` (read from `billing.schema`, what billing gives Alembic alone; the rest
+through billing's door, like the server).
 
 `billing.migrate` passes either a live connection (`config.attributes["connection"]`) or a URL
 (`config.attributes["url"]`); run by the plain `alembic` command, neither is set and the
@@ -13,7 +14,8 @@ from typing import Any
 from alembic import context
 from sqlalchemy import Connection
 
-from inference_auctions.billing import LedgerSettings, create_ledger_engine, metadata
+from inference_auctions.billing import LedgerSettings
+from inference_auctions.billing.schema import create_ledger_engine, metadata
 
 target_metadata = metadata
 

@@ -59,6 +59,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         ledger = Ledger.from_url(settings.database_url, checkpoint_in_background=True)
         agreement = RuleAgreement(ledger, settings)
         try:
+            ledger.warn_if_autovacuum_off()
             await agreement.start()  # replicas sharing the ledger clear under one rule
         except Exception as error:
             log.error("not starting: %s", error)

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from inference_auctions.billing import Ledger, ReconcileReport
+from inference_auctions.billing import Ledger, ReconcileView
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ class ReconcileStatus:
     """The outcome of the last reconciliation this process ran, and when it finished."""
 
     finished_at: datetime | None
-    report: ReconcileReport | None
+    report: ReconcileView | None
     error: str | None
     running: bool
 
@@ -32,7 +32,7 @@ class ReconcileWatch:
     def __init__(self, interval: float = 60.0) -> None:
         self._interval = interval
         self._finished_at: datetime | None = None
-        self._report: ReconcileReport | None = None
+        self._report: ReconcileView | None = None
         self._error: str | None = None
         self._task: asyncio.Task[None] | None = None
 

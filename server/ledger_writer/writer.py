@@ -63,10 +63,10 @@ from inference_auctions.billing import (
     BatchClaim,
     ClaimedBatch,
     GroupOutcome,
-    HoldRequest,
+    HoldInput,
     HoldView,
     Ledger,
-    ServedRecord,
+    ServedInput,
 )
 
 __all__ = ["Lane", "LedgerWriter", "ThreadLane"]
@@ -98,15 +98,15 @@ class LedgerWriter:
         # `served` records in a lane of their own (see the module docstring); by default on
         # PostgreSQL, and only there.
         if served_apart is None:
-            served_apart = ledger.engine.dialect.name == "postgresql"
-        # Where the commits run: threads of this process (`server.ledger_writer.writer`).
+            served_apart = ledger.dialect_name == "postgresql"
+        # Where the commits run: threads of this process (`ThreadLane`, below).
         self._lane: Lane = ThreadLane(ledger, "ledger-writer")
         self._served_lane: Lane | None = None
         if served_apart:
             self._served_lane = ThreadLane(ledger, "ledger-served")
-        self._holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]] = []
+        self._holds: list[tuple[HoldInput, asyncio.Future[HoldView]]] = []
         self._claims: list[tuple[BatchClaim, asyncio.Future[ClaimedBatch]]] = []
-        self._served: list[tuple[ServedRecord, asyncio.Future[bool]]] = []
+        self._served: list[tuple[ServedInput, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._served_flusher: asyncio.Task[None] | None = None
         # Per user: available funds as of the last commit, and the bids queued since.
@@ -120,7 +120,7 @@ class LedgerWriter:
         if self._served_lane is not None:
             await self._served_lane.start()
 
-    def queue_hold(self, request: HoldRequest) -> asyncio.Future[HoldView]:
+    def queue_hold(self, request: HoldInput) -> asyncio.Future[HoldView]:
         """Queue one hold for the next group commit, now; its future is the outcome (what
         `Ledger.place_hold` returns or raises). A batch claimed after this call sees the hold
         (same group or a later one)."""
@@ -158,7 +158,7 @@ class LedgerWriter:
         self._kick()
         return future
 
-    async def served(self, record: ServedRecord) -> bool:
+    async def served(self, record: ServedInput) -> bool:
         """Record one request served in the next group commit; False if it was no longer
         `scheduled` (recovery recorded it unserved first)."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -251,7 +251,7 @@ class LedgerWriter:
 
     def _account(
         self,
-        holds: list[tuple[HoldRequest, asyncio.Future[HoldView]]],
+        holds: list[tuple[HoldInput, asyncio.Future[HoldView]]],
         outcome: GroupOutcome | Exception,
     ) -> None:
         """The group's bids are no longer queued; its users' funds are as it left them."""
@@ -273,9 +273,9 @@ class LedgerWriter:
     async def _commit(
         self,
         lane: Lane,
-        holds: list[HoldRequest],
+        holds: list[HoldInput],
         claims: list[BatchClaim],
-        served: list[ServedRecord],
+        served: list[ServedInput],
     ) -> GroupOutcome | Exception:
         """The group in one transaction, or the error that failed it as a whole."""
         try:
@@ -325,9 +325,9 @@ class Lane(Protocol):
 
     async def commit(
         self,
-        holds: Sequence[HoldRequest],
+        holds: Sequence[HoldInput],
         claims: Sequence[BatchClaim],
-        served: Sequence[ServedRecord],
+        served: Sequence[ServedInput],
     ) -> GroupOutcome:
         """`Ledger.commit_group`; raises what failed the group as a whole."""
 
@@ -359,9 +359,9 @@ class ThreadLane:
 
     async def commit(
         self,
-        holds: Sequence[HoldRequest],
+        holds: Sequence[HoldInput],
         claims: Sequence[BatchClaim],
-        served: Sequence[ServedRecord],
+        served: Sequence[ServedInput],
     ) -> GroupOutcome:
         return await self._submit(self._ledger.commit_group, (holds, served, claims), {})
 

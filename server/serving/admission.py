@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference_auctions.billing import (
-    HoldRequest,
+    HoldInput,
     HoldState,
     HoldView,
     Ledger,
@@ -111,7 +111,7 @@ def queue_hold(writer: LedgerWriter, ticket: Ticket) -> asyncio.Future[HoldView]
     """Queue the ticket's hold of its bid and request fee (re-opening a released hold of the
     same payload) for the writer's next group commit; `held` tells its outcome."""
     amount = hold_micros(ticket.bid_micros, ticket.fee_micros)  # the bid and the request fee
-    request = HoldRequest(ticket.user, ticket.ledger_rid, amount, ticket.fingerprint)
+    request = HoldInput(ticket.user, ticket.ledger_rid, amount, ticket.fingerprint)
     return writer.queue_hold(request)
 
 

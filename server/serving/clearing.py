@@ -44,11 +44,11 @@ from typing import Any, cast
 
 from inference_auctions.billing import (
     BatchClaim,
-    BatchRecord,
+    BatchInput,
     ClaimedBatch,
     LedgerUnavailable,
-    PricedRequest,
-    RequestRecord,
+    PricedRequestView,
+    RequestInput,
 )
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
 from inference_auctions.server.auction.fixed_price import FixedPriceRepricer, clear_fixed_price
@@ -480,7 +480,7 @@ def _records(
     """What settles the batch: its record, one per request (`requests`, in the order the batch
     closed with) and every user's charge."""
     outcome, repricer = made.outcome, made.repricer
-    batch = BatchRecord(
+    batch = BatchInput(
         batch_id=batch_id,
         closed_at=closed_at,
         n=outcome.size,
@@ -496,7 +496,7 @@ def _records(
     )
     paths = repricer.tree_paths()
     records = [
-        RequestRecord(
+        RequestInput(
             rid=request.rid,
             user=request.user,
             position=outcome.positions[request.rid],
@@ -512,11 +512,11 @@ def _records(
 
 
 # A batch's record, its requests' records and every user's charge: what settles it.
-_Records = tuple[BatchRecord, list[RequestRecord], dict[str, int]]
+_Records = tuple[BatchInput, list[RequestInput], dict[str, int]]
 
 
 def refund_rule(
-    requests: Sequence[PricedRequest], user: str, failed: frozenset[str], charge: int
+    requests: Sequence[PricedRequestView], user: str, failed: frozenset[str], charge: int
 ) -> int:
     """The failure refund (SPEC section 1) of a settled batch, priced again from the tree shape
     the ledger stored with it and under the pricing rule it was cleared with: what crash
@@ -524,7 +524,7 @@ def refund_rule(
     return settled_repricer(requests).failure_refund(user, failed, charge)
 
 
-def settled_repricer(requests: Sequence[PricedRequest]) -> Repricer | FixedPriceRepricer:
+def settled_repricer(requests: Sequence[PricedRequestView]) -> Repricer | FixedPriceRepricer:
     """A settled batch, rebuilt from what the ledger stored (tree shape, arrival order, bids)
     under the pricing rule it was cleared with, ready to be priced again."""
     ordered = sorted(requests, key=lambda r: -1 if r.arrival is None else r.arrival)

@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from inference_auctions.billing import Ledger, RequestNotScheduled, ServedRecord
+from inference_auctions.billing import Ledger, RequestNotScheduled, ServedInput
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
 from inference_auctions.server.engine.protocol import EngineChunk, Generation
 from inference_auctions.server.errors import EngineFailed, EngineTimedOut, ServiceError
@@ -196,7 +196,7 @@ class Follower:
         ttft_ms = None if streamed.ttft is None else streamed.ttft * 1000
         try:
             recorded = await self.writer.served(
-                ServedRecord(ticket.ledger_rid, cached_tokens, ttft_ms)
+                ServedInput(ticket.ledger_rid, cached_tokens, ttft_ms)
             )
         except Exception as failure:
             self.metrics.ledger_errors.labels(operation="record").inc()

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing import BatchClaim, BatchRecord, HoldView, Ledger, RequestRecord
+from inference_auctions.billing import BatchClaim, BatchInput, HoldView, Ledger, RequestInput
 from inference_auctions.billing.holds import find_hold
 
 TABLES = (
@@ -39,11 +39,11 @@ def batch_of(
     batch_id: str,
     bids: Sequence[tuple[str, str, int]],
     charges: Mapping[str, int],
-) -> tuple[BatchRecord, list[RequestRecord], dict[str, int]]:
+) -> tuple[BatchInput, list[RequestInput], dict[str, int]]:
     """A batch of (rid, user, bid) in that order, with `charges` per user."""
     n = len(bids)
     requests = [
-        RequestRecord(
+        RequestInput(
             rid=rid,
             user=user,
             position=k,
@@ -53,7 +53,7 @@ def batch_of(
         )
         for k, (rid, user, bid) in enumerate(bids)
     ]
-    batch = BatchRecord(
+    batch = BatchInput(
         batch_id=batch_id,
         closed_at=datetime(2025, 1, 15, 12, 0, tzinfo=UTC),
         n=n,
@@ -71,7 +71,7 @@ def claim_of(batch_id: str, bids: Mapping[str, tuple[str, int]], charge: int) ->
     """A claim of the holds of `bids` (rid -> (user, bid)) for `Ledger.commit_group`, whose
     clearing charges each user `charge` for the claimable ones (`batch_of`)."""
 
-    def clear(rids: list[str]) -> tuple[BatchRecord, Sequence[RequestRecord], dict[str, int]]:
+    def clear(rids: list[str]) -> tuple[BatchInput, Sequence[RequestInput], dict[str, int]]:
         users = {bids[rid][0] for rid in rids}
         return batch_of(batch_id, [(rid, *bids[rid]) for rid in rids], dict.fromkeys(users, charge))
 

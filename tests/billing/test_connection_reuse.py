@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
-from inference_auctions.billing import HoldRequest, Ledger, create_ledger_engine, upgrade_schema
+from inference_auctions.billing import HoldInput, Ledger, upgrade_schema
+from inference_auctions.billing.database import create_ledger_engine
 from tests.billing.helpers import read_calls
 from tests.db_fixtures import MigratedDatabase
 
@@ -26,7 +27,7 @@ def _fill_pool(engine: Engine) -> None:
 
 def _holds(ledger: Ledger, count: int, prefix: str) -> None:
     for index in range(count):
-        [placed] = ledger.place_holds([HoldRequest("ada", f"{prefix}-{index}", 1_000)])
+        [placed] = ledger.place_holds([HoldInput("ada", f"{prefix}-{index}", 1_000)])
         assert not isinstance(placed, Exception), placed
 
 

@@ -20,12 +20,12 @@ from sqlalchemy.orm import Session
 from bench.round_trips import RoundTrips
 from inference_auctions.billing import (
     ClaimedBatch,
-    HoldRequest,
+    HoldInput,
     HoldView,
     Ledger,
-    ServedRecord,
-    create_ledger_engine,
+    ServedInput,
 )
+from inference_auctions.billing.database import create_ledger_engine
 from inference_auctions.billing.driver_sql import driver_cursor
 from inference_auctions.billing.models import EntryKind, LedgerEntry, User
 from inference_auctions.billing.postings import entry_values, insert_entries
@@ -85,12 +85,12 @@ def test_a_deferred_write_that_breaks_a_constraint_fails_the_commit_whole(
 def test_a_claim_that_breaks_a_constraint_is_left_out_alone(ledger: Ledger) -> None:
     ledger.create_user("ada", budget_micros=10_000)
     ledger.create_user("bob", budget_micros=10_000)
-    first = ledger.commit_group([HoldRequest("ada", "a0", 1_000)], [], [])
+    first = ledger.commit_group([HoldInput("ada", "a0", 1_000)], [], [])
     assert isinstance(first.placed[0], HoldView)
     settled = ledger.commit_group([], [], [claim_of("b1", {"a0": ("ada", 1_000)}, 400)])
     assert isinstance(settled.claimed[0], ClaimedBatch)
     outcome = ledger.commit_group(
-        [HoldRequest("ada", "a1", 2_000), HoldRequest("bob", "b1r", 3_000)],
+        [HoldInput("ada", "a1", 2_000), HoldInput("bob", "b1r", 3_000)],
         [],
         [
             claim_of("b1", {"a1": ("ada", 2_000)}, 700),  # a batch id settled before
@@ -110,8 +110,8 @@ def test_a_claim_that_breaks_a_constraint_is_left_out_alone(ledger: Ledger) -> N
 def test_a_request_settled_and_served_in_one_group_is_served(ledger: Ledger) -> None:
     ledger.create_user("ada", budget_micros=10_000)
     outcome = ledger.commit_group(
-        [HoldRequest("ada", "r1", 1_000)],
-        [ServedRecord("r1", 3, 12.5), ServedRecord("nobody", None, None)],
+        [HoldInput("ada", "r1", 1_000)],
+        [ServedInput("r1", 3, 12.5), ServedInput("nobody", None, None)],
         [claim_of("b1", {"r1": ("ada", 1_000)}, 600)],
     )
     assert outcome.served == [True, False]
@@ -137,14 +137,14 @@ def test_a_lone_request_costs_three_round_trips_to_settle_and_one_to_serve(
 ) -> None:
     ledger, relay = relayed_ledger
     ledger.create_user("ada", budget_micros=10_000)
-    ledger.commit_group([HoldRequest("ada", "warm", 10)], [], [])  # the pool's connection
+    ledger.commit_group([HoldInput("ada", "warm", 10)], [], [])  # the pool's connection
     with relay.counting() as settling:
         outcome = ledger.commit_group(
-            [HoldRequest("ada", "r1", 1_000)], [], [claim_of("b1", {"r1": ("ada", 1_000)}, 600)]
+            [HoldInput("ada", "r1", 1_000)], [], [claim_of("b1", {"r1": ("ada", 1_000)}, 600)]
         )
     assert isinstance(outcome.claimed[0], ClaimedBatch)
     with relay.counting() as serving:
-        assert ledger.commit_group([], [ServedRecord("r1", None, 5.0)], []).served == [True]
+        assert ledger.commit_group([], [ServedInput("r1", None, 5.0)], []).served == [True]
     # Settling: BEGIN with the locks and reads (`billing.postgres_connection`), every write
     # together, COMMIT. Serving: one statement that commits itself and says whether it moved
     # the request. With a read before each write and each statement on its own: 7 and 4;

@@ -11,11 +11,10 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing import HoldRequest, HoldState, Ledger
-from inference_auctions.billing.account_rows import BudgetRow, lock_rows
+from inference_auctions.billing import HoldInput, HoldState, Ledger
 from inference_auctions.billing.driver_sql import Conversion, driver_cursor
 from inference_auctions.billing.models import Budget, EntryKind, Hold, LedgerEntry, User
-from inference_auctions.billing.postings import entry_values, insert_entries
+from inference_auctions.billing.postings import BudgetRow, entry_values, insert_entries, lock_rows
 from tests.billing.conftest import Clock
 from tests.db_fixtures import MigratedDatabase, migrated_database
 
@@ -27,7 +26,7 @@ def test_rows_written_by_the_driver_read_back_through_the_orm_as_written(
 ) -> None:
     ledger = Ledger(ledger_db.engine, clock=Clock(_NOW))
     ledger.create_user("ada", budget_micros=1_000)
-    [view] = ledger.place_holds([HoldRequest("ada", "r1", 250, fingerprint="f" * 64)])
+    [view] = ledger.place_holds([HoldInput("ada", "r1", 250, fingerprint="f" * 64)])
     assert view.amount_micros == 250
     with Session(ledger_db.engine) as session:
         hold = session.get(Hold, "r1")
@@ -62,7 +61,7 @@ def test_a_constraint_broken_on_the_driver_raises_sqlalchemys_integrity_error(
 ) -> None:
     ledger = Ledger(ledger_db.engine, clock=Clock(_NOW))
     ledger.create_user("ada", budget_micros=1_000)
-    ledger.place_holds([HoldRequest("ada", "r1", 10)])
+    ledger.place_holds([HoldInput("ada", "r1", 10)])
     with Session(ledger_db.engine) as session, session.begin():
         user_id = session.scalars(select(User.id).where(User.name == "ada")).one()
         again = entry_values(user_id, EntryKind.HOLD, 10, key="hold:r1", now=_NOW)
@@ -99,7 +98,7 @@ def test_a_connection_lost_under_the_driver_is_invalidated(tmp_path: object) -> 
             cursor.execute("SELECT 1")
         assert raised.value.connection_invalidated
         # The dead connection went back to the pool as invalid: the next write reconnects.
-        [view] = ledger.place_holds([HoldRequest("ada", "r1", 10)])
+        [view] = ledger.place_holds([HoldInput("ada", "r1", 10)])
         assert view.amount_micros == 10
 
 

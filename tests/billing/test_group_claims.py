@@ -14,19 +14,19 @@ import pytest
 
 from inference_auctions.billing import (
     BatchClaim,
-    BatchRecord,
+    BatchInput,
     ChargeExceedsHold,
     ClaimedBatch,
-    HoldRequest,
+    HoldInput,
     HoldView,
     Ledger,
-    RequestRecord,
+    RequestInput,
 )
 from tests.billing.helpers import claim_of
 
 
 def _broken(rid: str, user: str) -> BatchClaim:
-    def clear(rids: list[str]) -> tuple[BatchRecord, Sequence[RequestRecord], dict[str, int]]:
+    def clear(rids: list[str]) -> tuple[BatchInput, Sequence[RequestInput], dict[str, int]]:
         raise RuntimeError("a bug in the clearing")
 
     return BatchClaim([(rid, user)], clear)
@@ -35,9 +35,9 @@ def _broken(rid: str, user: str) -> BatchClaim:
 def test_a_failing_claim_is_undone_alone(ledger: Ledger) -> None:
     ledger.create_user("ada", budget_micros=10_000)
     ledger.create_user("bob", budget_micros=10_000)
-    ledger.place_holds([HoldRequest("ada", "a1", 1_000), HoldRequest("bob", "b1", 1_000)])
+    ledger.place_holds([HoldInput("ada", "a1", 1_000), HoldInput("bob", "b1", 1_000)])
     outcome = ledger.commit_group(
-        [HoldRequest("ada", "a2", 2_000), HoldRequest("bob", "b2", 3_000)],
+        [HoldInput("ada", "a2", 2_000), HoldInput("bob", "b2", 3_000)],
         [],
         [
             _broken("a1", "ada"),
@@ -62,7 +62,7 @@ def test_a_failing_claim_is_undone_alone(ledger: Ledger) -> None:
 def test_a_claim_sees_the_holds_its_group_placed_before_it(ledger: Ledger) -> None:
     ledger.create_user("ada", budget_micros=5_000)
     outcome = ledger.commit_group(
-        [HoldRequest("ada", "a1", 2_000), HoldRequest("ada", "a2", 4_000)],  # a2: too much
+        [HoldInput("ada", "a1", 2_000), HoldInput("ada", "a2", 4_000)],  # a2: too much
         [],
         [claim_of("b", {"a1": ("ada", 2_000), "a2": ("ada", 4_000)}, 700)],
     )
@@ -79,12 +79,12 @@ def test_a_claim_sees_the_holds_its_group_placed_before_it(ledger: Ledger) -> No
 @pytest.mark.parametrize("failing", [0, 1])
 def test_the_group_runs_once_per_failed_claim_at_most(ledger: Ledger, failing: int) -> None:
     ledger.create_user("ada", budget_micros=10_000)
-    ledger.place_holds([HoldRequest("ada", "a1", 1_000), HoldRequest("ada", "a2", 1_000)])
+    ledger.place_holds([HoldInput("ada", "a1", 1_000), HoldInput("ada", "a2", 1_000)])
     runs: list[str] = []
     good = claim_of("g", {"a2": ("ada", 1_000)}, 100)
     original = good.clear
 
-    def counted(rids: list[str]) -> tuple[BatchRecord, Sequence[RequestRecord], dict[str, int]]:
+    def counted(rids: list[str]) -> tuple[BatchInput, Sequence[RequestInput], dict[str, int]]:
         runs.append("good")
         return original(rids)
 
@@ -106,10 +106,10 @@ def test_a_group_reports_what_its_users_have_available_after_it(ledger: Ledger) 
     ledger.create_user("off", budget_micros=100_000)
     ledger.disable_user("off")
     holds = [
-        HoldRequest("ada", "a1", 30_000),
-        HoldRequest("bob", "b1", 20_000),
-        HoldRequest("cap", "c1", 5_000),
-        HoldRequest("off", "o1", 5_000),
+        HoldInput("ada", "a1", 30_000),
+        HoldInput("bob", "b1", 20_000),
+        HoldInput("cap", "c1", 5_000),
+        HoldInput("off", "o1", 5_000),
     ]
     settle = claim_of("g1", {"b1": ("bob", 20_000)}, 7_000)
     outcome = ledger.commit_group(holds, [], [settle])

@@ -18,14 +18,14 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import (
-    HoldRequest,
+    HoldInput,
     HoldView,
     InsufficientFunds,
     Ledger,
     LedgerError,
     LedgerUnavailable,
-    holds,
 )
+from tests.billing import hold_oracle
 from tests.billing.conftest import Clock
 from tests.billing.helpers import get_hold, snapshot
 from tests.db_fixtures import MigratedDatabase
@@ -61,9 +61,9 @@ def _requests(draw: st.DrawFn) -> list[tuple[str, str, int, str | None]]:
     return draw(st.lists(st.tuples(user, rid, amount, fingerprint), min_size=1, max_size=14))
 
 
-def _request(p: str, user: str, rid: str, amount: int, fingerprint: str | None) -> HoldRequest:
+def _request(p: str, user: str, rid: str, amount: int, fingerprint: str | None) -> HoldInput:
     # Invalid names and rids stay as they are: prefixed they could become valid.
-    return HoldRequest(user if " " in user else p + user, rid and p + rid, amount, fingerprint)
+    return HoldInput(user if " " in user else p + user, rid and p + rid, amount, fingerprint)
 
 
 def _normal(p: str, text: str | None) -> str | None:
@@ -107,10 +107,10 @@ def _state(ledger: Ledger, p: str) -> object:
     return balances, holds
 
 
-def _place_alone(db: MigratedDatabase, clock: Clock, request: HoldRequest) -> HoldView:
-    # The per-hold code path, in a transaction of its own: what `place_hold` always did.
+def _place_alone(db: MigratedDatabase, clock: Clock, request: HoldInput) -> HoldView:
+    # The per-hold ORM path, in a transaction of its own: what `place_hold` always did.
     with Session(db.engine, expire_on_commit=False) as session, session.begin():
-        return holds.place_hold(
+        return hold_oracle.place_hold(
             session, request.user, request.rid, request.amount_micros, clock(), request.fingerprint
         )
 
@@ -156,12 +156,12 @@ def test_a_refused_hold_changes_nothing_for_the_others(ledger: Ledger) -> None:
     ledger.create_user("ben", budget_micros=1_000)
     results = ledger.place_holds(
         [
-            HoldRequest("ann", "a1", 600),
-            HoldRequest("ben", "b1", 1_500),  # refused
-            HoldRequest("ann", "a2", 600),  # refused: a1 took 600 of ann's 1,000
-            HoldRequest("nobody", "n1", 1),  # refused
-            HoldRequest("ann", "a3", 400),
-            HoldRequest("ann", "a1", 600),  # a replay
+            HoldInput("ann", "a1", 600),
+            HoldInput("ben", "b1", 1_500),  # refused
+            HoldInput("ann", "a2", 600),  # refused: a1 took 600 of ann's 1,000
+            HoldInput("nobody", "n1", 1),  # refused
+            HoldInput("ann", "a3", 400),
+            HoldInput("ann", "a1", 600),  # a replay
         ]
     )
     kinds = [type(r).__name__ for r in results]
@@ -198,10 +198,10 @@ def test_a_locked_database_is_unavailable_and_nothing_is_written(
         if ledger_db.backend == "postgres":
             other.execute(text("SELECT * FROM balances FOR UPDATE"))
         with pytest.raises(LedgerUnavailable):
-            impatient.place_holds([HoldRequest("ann", "a1", 10), HoldRequest("ben", "b1", 10)])
+            impatient.place_holds([HoldInput("ann", "a1", 10), HoldInput("ben", "b1", 10)])
         transaction.rollback()
     assert snapshot(ledger_db.engine) == before
-    assert [type(r).__name__ for r in impatient.place_holds([HoldRequest("ann", "a1", 10)])] == [
+    assert [type(r).__name__ for r in impatient.place_holds([HoldInput("ann", "a1", 10)])] == [
         "HoldView"
     ]
 
@@ -241,7 +241,7 @@ def _place_groups(ledger: Ledger, worker: int, seen: Seen) -> None:
     rng = random.Random(worker)
     for g in range(GROUPS):
         group = [
-            HoldRequest(rng.choice(CROWD), f"w{worker}-g{g}-{k}", rng.randint(1, 120))
+            HoldInput(rng.choice(CROWD), f"w{worker}-g{g}-{k}", rng.randint(1, 120))
             for k in range(rng.randint(1, 20))
         ]
         if rng.random() < 0.2:

@@ -17,19 +17,12 @@ from tests.billing.conftest import Clock
 from tests.db_fixtures import MigratedDatabase
 
 
-def test_the_scheduler_runs_the_three_jobs_and_on_postgresql_the_fourth(ledger: Ledger) -> None:
-    settings = LedgerSettings(
-        rollover_interval_seconds=5, reconcile_interval_seconds=7, statistics_interval_seconds=3
-    )
+def test_the_scheduler_runs_the_three_jobs(ledger: Ledger) -> None:
+    settings = LedgerSettings(rollover_interval_seconds=5, reconcile_interval_seconds=7)
     scheduler = start_scheduler(ledger, settings)
     try:
         jobs = {job.id: job for job in scheduler.get_jobs()}
-        three = {"ledger-rollover", "ledger-hold-expiry", "ledger-reconcile"}
-        if ledger.engine.dialect.name == "postgresql":
-            assert set(jobs) == three | {"ledger-table-statistics"}
-            assert jobs["ledger-table-statistics"].trigger.interval == timedelta(seconds=3)
-        else:
-            assert set(jobs) == three
+        assert set(jobs) == {"ledger-rollover", "ledger-hold-expiry", "ledger-reconcile"}
         assert jobs["ledger-rollover"].trigger.interval == timedelta(seconds=5)
         assert jobs["ledger-reconcile"].trigger.interval == timedelta(seconds=7)
         assert jobs["ledger-hold-expiry"].args == (ledger, timedelta(hours=1))

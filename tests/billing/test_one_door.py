@@ -1,12 +1,15 @@
-"""Billing has one door: the server and the migrations use only what `billing` exports."""
+"""Billing has one door: the server and the migrations use only what `billing` exports, and the
+server reaches no SQLAlchemy object through it."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 import socket
 import subprocess
 import sys
 import types
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +23,8 @@ from inference_auctions.server.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 BILLING = "inference_auctions.billing"
 MIGRATIONS = "inference_auctions.migrations"
+# What billing gives Alembic alone: the migrations' second way in.
+SCHEMA = "inference_auctions.billing.schema"
 
 
 def _imports(path: Path) -> Iterator[tuple[int, str, str | None]]:
@@ -37,17 +42,119 @@ def _exported(name: str) -> bool:
     return name in billing.__all__ and not isinstance(getattr(billing, name), types.ModuleType)
 
 
-def _trespasses(path: Path, *, sqlalchemy: bool = False) -> list[str]:
+def _where(path: Path, line: int) -> str:
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    return f"{shown}:{line}"
+
+
+def _trespasses(
+    path: Path, *, sqlalchemy: bool = False, allowed: tuple[str, ...] = ()
+) -> list[str]:
     found = []
     for line, module, name in _imports(path):
-        where = f"{path.relative_to(ROOT)}:{line}"
+        where = _where(path, line)
         if module.split(".")[0] == "sqlalchemy" and not sqlalchemy:
             found.append(f"{where} imports {module}")
+        elif module in allowed:
+            continue
         elif module.startswith(BILLING + "."):
             found.append(f"{where} imports the billing submodule {module}")
         elif module == BILLING and name is not None and not _exported(name):
             found.append(f"{where} imports {name!r}, which billing does not export")
     return found
+
+
+def _is_sqlalchemy(value: object) -> bool:
+    """Whether `value` is a SQLAlchemy object, class or type (an ORM model included)."""
+    kinds = [value, *getattr(value, "__mro__", ())] if isinstance(value, type) else [type(value)]
+    return any(getattr(kind, "__module__", "").split(".")[0] == "sqlalchemy" for kind in kinds)
+
+
+def _returns_sqlalchemy(function: object) -> bool:
+    """Whether `function` (a property's getter, a method, a function) is annotated to return
+    a SQLAlchemy object."""
+    try:
+        returned = typing.get_type_hints(function).get("return")
+    except (NameError, TypeError):  # an annotation that names something only for type checks
+        returned = inspect.get_annotations(function).get("return")  # type: ignore[arg-type]
+    if isinstance(returned, str):
+        return "sqlalchemy" in returned.lower() or returned in ("Engine", "Connection", "Session")
+    return any(_is_sqlalchemy(kind) for kind in (returned, *typing.get_args(returned)) if kind)
+
+
+def _sqlalchemy_attributes() -> set[str]:
+    """The public attributes of billing's exported classes that give a SQLAlchemy object."""
+    found = set()
+    for name in billing.__all__:
+        exported = getattr(billing, name)
+        if not isinstance(exported, type):
+            continue
+        for attribute, member in vars(exported).items():
+            if attribute.startswith("_"):
+                continue
+            getter = member.fget if isinstance(member, property) else member
+            if callable(getter) and _returns_sqlalchemy(getter):
+                found.add(attribute)
+    return found
+
+
+def _reaches_through(path: Path, attributes: set[str]) -> list[str]:
+    """Uses in `path` of `attributes` on a ledger (a name or attribute chain that says
+    `ledger`), and of names of the billing module that it does not export."""
+    tree = ast.parse(path.read_text(), str(path))
+    modules = set()  # the names the billing module itself is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "inference_auctions":
+            modules |= {a.asname or a.name for a in node.names if a.name == "billing"}
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names if a.name == BILLING and a.asname}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = ast.unparse(node.value)
+        if node.attr in attributes and "ledger" in owner.lower():
+            found.append(f"{_where(path, node.lineno)} reaches {owner}.{node.attr}")
+        elif owner in modules and not _exported(node.attr):
+            found.append(f"{_where(path, node.lineno)} reads billing.{node.attr}, not exported")
+    return found
+
+
+def test_the_door_exports_no_sqlalchemy_object() -> None:
+    for name in billing.__all__:
+        exported = getattr(billing, name)
+        assert not _is_sqlalchemy(exported), name
+        if callable(exported) and not isinstance(exported, type):
+            assert not _returns_sqlalchemy(exported), name
+
+
+def test_the_server_reaches_no_sqlalchemy_object_through_the_door() -> None:
+    attributes = _sqlalchemy_attributes()
+    assert "engine" in attributes  # the check knows what to look for
+    files = sorted(ROOT.glob("server/**/*.py"))
+    found = [problem for path in files for problem in _reaches_through(path, attributes)]
+    assert found == []
+
+
+def test_the_attribute_walk_catches_each_way_through_the_door(tmp_path: Path) -> None:
+    probe = tmp_path / "_door_probe.py"
+    probe.write_text(
+        "from inference_auctions import billing\n"
+        "from inference_auctions import billing as ledger_module\n"
+        "def f(ledger, app):\n"
+        "    ledger.engine.dialect.name\n"
+        "    app.state.ledger.engine\n"
+        "    self_ledger = app.ledger\n"
+        "    self_ledger.engine\n"
+        "    billing.metadata\n"
+        "    ledger_module.models\n"
+        "    ledger.dialect_name\n"
+        "    app.engine\n"
+        "    billing.Ledger\n"
+    )
+    found = _reaches_through(probe, _sqlalchemy_attributes())
+    assert len(found) == 5, found
+    assert not any("dialect_name" in problem or "app.engine" in problem for problem in found)
 
 
 def test_the_server_imports_only_billings_public_interface() -> None:
@@ -58,7 +165,7 @@ def test_the_server_imports_only_billings_public_interface() -> None:
 
 
 def test_the_walk_catches_each_kind_of_trespass(tmp_path: Path) -> None:
-    bad = ROOT / "server" / "_trespass_probe.py"
+    bad = tmp_path / "_trespass_probe.py"
     bad.write_text(
         "from sqlalchemy.orm import Session\n"
         "import sqlalchemy\n"
@@ -66,19 +173,18 @@ def test_the_walk_catches_each_kind_of_trespass(tmp_path: Path) -> None:
         "import inference_auctions.billing.ledger\n"
         "from inference_auctions.billing import ledger\n"
         "from inference_auctions.billing import Ledger\n"
+        "from inference_auctions.billing.schema import metadata\n"
     )
-    try:
-        found = _trespasses(bad)
-    finally:
-        bad.unlink()
-    assert len(found) == 5, found
+    found = _trespasses(bad)
+    assert len(found) == 6, found
     assert not any("'Ledger'" in problem for problem in found)
+    assert len(_trespasses(bad, sqlalchemy=True, allowed=(SCHEMA,))) == 3
 
 
 def test_the_migrations_read_billing_through_its_door() -> None:
     # Alembic migrations are SQLAlchemy by nature; only billing's internals are off limits.
     paths = sorted(ROOT.glob("migrations/**/*.py"))
-    found = [p for path in paths for p in _trespasses(path, sqlalchemy=True)]
+    found = [p for path in paths for p in _trespasses(path, sqlalchemy=True, allowed=(SCHEMA,))]
     assert found == []
     for path in sorted(ROOT.glob("billing/*.py")):
         assert all(not module.startswith(MIGRATIONS) for _, module, _ in _imports(path)), path

@@ -9,7 +9,8 @@ import pytest
 
 from inference_auctions.billing import HoldState, IdempotencyConflict, Ledger, RequestStatus
 from inference_auctions.billing.errors import RequestNotScheduled
-from inference_auctions.billing.records import BatchRecord, PricedRequest, RequestRecord
+from inference_auctions.billing.inputs import BatchInput, RequestInput
+from inference_auctions.billing.views import PricedRequestView
 from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of, entries_total, get_hold
 
@@ -53,7 +54,9 @@ def test_recovery_refunds_only_what_was_not_answered(settled: Ledger) -> None:
 def test_recovery_prices_failures_with_the_rule(settled: Ledger) -> None:
     seen: list[tuple[str, frozenset[str], int]] = []
 
-    def rule(requests: Sequence[PricedRequest], user: str, failed: frozenset[str], c: int) -> int:
+    def rule(
+        requests: Sequence[PricedRequestView], user: str, failed: frozenset[str], c: int
+    ) -> int:
         seen.append((user, failed, c))
         return 40 if user == "alice" else 0
 
@@ -71,13 +74,15 @@ def test_recovery_uses_the_rule_when_the_tree_shape_is_stored(ledger: Ledger) ->
         ledger.place_hold(user, rid, bid)
     batch, requests, charges = batch_of("b2", BIDS, CHARGES)
     shaped = [
-        RequestRecord(**{**_fields(r), "arrival": k, "tree_path": [1, k]})
+        RequestInput(**{**_fields(r), "arrival": k, "tree_path": [1, k]})
         for k, r in enumerate(requests)
     ]
     ledger.settle_batch(batch, shaped, charges)
     seen: list[tuple[str, frozenset[str], int, list[list[int] | None]]] = []
 
-    def rule(requests: Sequence[PricedRequest], user: str, failed: frozenset[str], c: int) -> int:
+    def rule(
+        requests: Sequence[PricedRequestView], user: str, failed: frozenset[str], c: int
+    ) -> int:
         seen.append((user, failed, c, [r.tree_path for r in requests]))
         return 40 if user == "alice" else 0
 
@@ -89,8 +94,8 @@ def test_recovery_uses_the_rule_when_the_tree_shape_is_stored(ledger: Ledger) ->
     assert ledger.reconcile().ok
 
 
-def _fields(record: RequestRecord) -> dict[str, object]:
-    return {name: getattr(record, name) for name in RequestRecord.__dataclass_fields__}
+def _fields(record: RequestInput) -> dict[str, object]:
+    return {name: getattr(record, name) for name in RequestInput.__dataclass_fields__}
 
 
 def test_partial_refunds_accumulate_and_never_exceed_the_charge(settled: Ledger) -> None:
@@ -134,7 +139,7 @@ def test_claims_leave_out_holds_that_are_not_open(settled: Ledger) -> None:
     settled.place_hold("bob", "n2", 100)
     calls: list[list[str]] = []
 
-    def clear(claimable: list[str]) -> tuple[BatchRecord, list[RequestRecord], dict[str, int]]:
+    def clear(claimable: list[str]) -> tuple[BatchInput, list[RequestInput], dict[str, int]]:
         calls.append(claimable)
         bids = [(rid, {"n1": "alice", "n2": "bob"}[rid], 100) for rid in claimable]
         return batch_of("b2", bids, {"alice": 0, "bob": 30})

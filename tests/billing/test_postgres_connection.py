@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 
 from bench.round_trips import RoundTrips
-from inference_auctions.billing import create_ledger_engine
+from inference_auctions.billing.database import create_ledger_engine
 from inference_auctions.billing.postgres_connection import LedgerConnection
 from tests.db_fixtures import require_postgres
 

@@ -9,8 +9,8 @@ from sqlalchemy import select
 
 from inference_auctions.billing import Ledger
 from inference_auctions.billing.errors import InvalidBatch
+from inference_auctions.billing.inputs import BatchInput, RequestInput
 from inference_auctions.billing.models import AuctionBatch
-from inference_auctions.billing.records import BatchRecord, RequestRecord
 from inference_auctions.server.auction import AuctionRequest, run_auction
 from inference_auctions.server.auction.pricing import PricingRule
 from inference_auctions.server.auction.repricing import Repricer
@@ -36,7 +36,7 @@ def _settle(ledger: Ledger, batch_id: str, rule: PricingRule) -> tuple[Repricer,
     outcome = run_auction(batch, rule)
     repricer = Repricer.from_outcome(outcome)
     paths = repricer.tree_paths()
-    record = BatchRecord(
+    record = BatchInput(
         batch_id=batch_id,
         closed_at=datetime(2026, 12, 3, 12, 0, tzinfo=UTC),
         n=outcome.size,
@@ -46,7 +46,7 @@ def _settle(ledger: Ledger, batch_id: str, rule: PricingRule) -> tuple[Repricer,
         priority_slots=rule.slots,
     )
     requests = [
-        RequestRecord(
+        RequestInput(
             rid=r.rid,
             user=r.user,
             position=outcome.positions[r.rid],
@@ -112,7 +112,7 @@ def test_the_dashboard_splits_a_charge_under_the_batchs_own_rule(users: Ledger) 
 def test_a_rule_that_does_not_fit_the_batch_is_refused_by_name(users: Ledger) -> None:
     ledger = users
     ledger.place_hold("alice", "x1", 100)
-    record = BatchRecord(
+    record = BatchInput(
         batch_id="bad",
         closed_at=datetime(2026, 12, 3, 12, 0, tzinfo=UTC),
         n=1,
@@ -121,19 +121,19 @@ def test_a_rule_that_does_not_fit_the_batch_is_refused_by_name(users: Ledger) ->
         pricing_rule="fixed-slots",
         priority_slots=None,
     )
-    request = RequestRecord(
+    request = RequestInput(
         rid="x1", user="alice", position=0, priority=1.0, bid_micros=100, prompt_tokens=1
     )
     with pytest.raises(InvalidBatch, match="priority_slots must be an integer >= n"):
         ledger.settle_batch(record, [request], {})
     with pytest.raises(InvalidBatch, match="pricing_rule must be 'batch-size', 'fixed-slots'"):
         ledger.settle_batch(
-            BatchRecord(**{**_fields(record), "pricing_rule": "cheap"}), [request], {}
+            BatchInput(**{**_fields(record), "pricing_rule": "cheap"}), [request], {}
         )
 
 
-def _fields(record: BatchRecord) -> dict[str, object]:
-    return {name: getattr(record, name) for name in BatchRecord.__dataclass_fields__}
+def _fields(record: BatchInput) -> dict[str, object]:
+    return {name: getattr(record, name) for name in BatchInput.__dataclass_fields__}
 
 
 def test_low_bids_under_other_users_prefixes_are_flagged(users: Ledger) -> None:
@@ -153,7 +153,7 @@ def test_low_bids_under_other_users_prefixes_are_flagged(users: Ledger) -> None:
         ledger.place_hold(request.user, request.rid, request.bid)
     outcome = run_auction(batch, PricingRule(slots=8))
     paths = Repricer.from_outcome(outcome).tree_paths()
-    record = BatchRecord(
+    record = BatchInput(
         batch_id="watched",
         closed_at=datetime.now(UTC),
         n=outcome.size,
@@ -163,7 +163,7 @@ def test_low_bids_under_other_users_prefixes_are_flagged(users: Ledger) -> None:
         priority_slots=8,
     )
     requests = [
-        RequestRecord(
+        RequestInput(
             rid=r.rid,
             user=r.user,
             position=outcome.positions[r.rid],

@@ -18,10 +18,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from inference_auctions.billing import (
-    BatchRecord,
+    BatchInput,
     InvalidBatch,
     Ledger,
-    RequestRecord,
+    RequestInput,
     RuleDisagreement,
     hold_micros,
     migrate,
@@ -40,7 +40,7 @@ BUDGET = 1_000_000
 
 def _batch_with_fee(
     batch_id: str, bids: list[tuple[str, str, int]], charges: dict[str, int]
-) -> tuple[BatchRecord, list[RequestRecord], dict[str, int]]:
+) -> tuple[BatchInput, list[RequestInput], dict[str, int]]:
     """The batch of `bids` (rid, user, bid) cleared under fixed slots with the fee."""
     batch, requests, charges = batch_of(batch_id, bids, charges)
     batch = dataclasses.replace(
@@ -233,7 +233,7 @@ def test_nobody_pays_more_than_their_bids_plus_the_fees(
     repricer = Repricer.from_outcome(outcome)
     for request in requests:
         ledger.place_hold(request.user, request.rid, hold_micros(request.bid, fee))
-    record = BatchRecord(
+    record = BatchInput(
         batch_id=f"b-{tag}",
         closed_at=datetime(2026, 12, 3, tzinfo=UTC),
         n=outcome.size,
@@ -247,7 +247,7 @@ def test_nobody_pays_more_than_their_bids_plus_the_fees(
     ledger.settle_batch(
         record,
         [
-            RequestRecord(
+            RequestInput(
                 rid=r.rid,
                 user=r.user,
                 position=outcome.positions[r.rid],

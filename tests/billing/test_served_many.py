@@ -16,7 +16,7 @@ from inference_auctions.billing import (
     RefundResult,
     RequestNotScheduled,
     RequestStatus,
-    ServedRecord,
+    ServedInput,
     UnknownRequest,
 )
 from tests.billing.helpers import batch_of, snapshot
@@ -40,11 +40,11 @@ def test_only_scheduled_requests_move_each_once(settled: Ledger) -> None:
     settled.record_failed("r2", "b1", "bob", target_micros=120, reason="engine")
     moved = settled.record_served_many(
         [
-            ServedRecord("r1", cached_tokens=4, ttft_ms=12.5),
-            ServedRecord("r2"),  # failed first: no answer may follow
-            ServedRecord("nowhere"),  # no batch settled it
-            ServedRecord("r3", ttft_ms=3),
-            ServedRecord("r1", cached_tokens=9),  # recorded a moment ago
+            ServedInput("r1", cached_tokens=4, ttft_ms=12.5),
+            ServedInput("r2"),  # failed first: no answer may follow
+            ServedInput("nowhere"),  # no batch settled it
+            ServedInput("r3", ttft_ms=3),
+            ServedInput("r1", cached_tokens=9),  # recorded a moment ago
         ]
     )
     assert moved == [True, False, False, True, False]
@@ -60,7 +60,7 @@ def test_only_scheduled_requests_move_each_once(settled: Ledger) -> None:
         None,
         3.0,
     )
-    assert settled.record_served_many([ServedRecord("r1")]) == [False]
+    assert settled.record_served_many([ServedInput("r1")]) == [False]
     assert settled.refund_unserved(timedelta(0)) == []
     assert settled.reconcile().ok
 
@@ -80,9 +80,9 @@ def test_record_served_tells_why_it_did_not_move(settled: Ledger) -> None:
 
 def test_a_malformed_record_writes_nothing(settled: Ledger, ledger_db: MigratedDatabase) -> None:
     before = snapshot(ledger_db.engine)
-    for bad in (ServedRecord("r3", cached_tokens=-1), ServedRecord("r3", ttft_ms=float("nan"))):
+    for bad in (ServedInput("r3", cached_tokens=-1), ServedInput("r3", ttft_ms=float("nan"))):
         with pytest.raises(InvalidInput):
-            settled.record_served_many([ServedRecord("r1"), bad])
+            settled.record_served_many([ServedInput("r1"), bad])
     assert snapshot(ledger_db.engine) == before
 
 
@@ -114,7 +114,7 @@ def test_served_and_recovery_racing_end_each_request_once(ledger_db: MigratedDat
         try:
             for i in range(0, len(rids), 5):
                 chunk = rids[i : i + 5]
-                answers = ledger.record_served_many([ServedRecord(r) for r in chunk])
+                answers = ledger.record_served_many([ServedInput(r) for r in chunk])
                 moved.update(zip(chunk, answers, strict=True))
                 if i == 10:
                     started.set()

@@ -7,6 +7,7 @@ import pytest
 
 from inference_auctions.billing import (
     ChargeExceedsHold,
+    CompletionInput,
     HoldNotOpen,
     HoldState,
     IdempotencyConflict,
@@ -14,7 +15,6 @@ from inference_auctions.billing import (
     InvalidInput,
     Ledger,
     RefundExceedsCharge,
-    RequestCompletion,
     RequestStatus,
     UnknownBatch,
     UnknownRequest,
@@ -227,13 +227,11 @@ def test_complete_request_records_the_outcome(funded: Ledger) -> None:
 
 def test_complete_requests_records_a_batch_all_or_nothing(funded: Ledger) -> None:
     funded.settle_batch(*batch_of("b1", BIDS, CHARGES))
-    done = [RequestCompletion("r1", "served", 3, 1.5), RequestCompletion("r2", "failed")]
+    done = [CompletionInput("r1", "served", 3, 1.5), CompletionInput("r2", "failed")]
     views = funded.complete_requests(done)
     assert [(v.rid, v.status) for v in views] == [("r1", "served"), ("r2", "failed")]
     with pytest.raises(UnknownRequest):
-        funded.complete_requests(
-            [RequestCompletion("r1", "failed"), RequestCompletion("r9", "served")]
-        )
+        funded.complete_requests([CompletionInput("r1", "failed"), CompletionInput("r9", "served")])
     assert funded.find_request("r1").status == RequestStatus.SERVED  # type: ignore[union-attr]
 
 
@@ -251,7 +249,7 @@ def test_refund_unserved_refunds_lost_requests_once(funded: Ledger) -> None:
 
 def test_refund_unserved_leaves_served_requests_charged(funded: Ledger) -> None:
     funded.settle_batch(*batch_of("b1", BIDS, CHARGES))
-    funded.complete_requests([RequestCompletion(rid, "served") for rid, _, _ in BIDS])
+    funded.complete_requests([CompletionInput(rid, "served") for rid, _, _ in BIDS])
     assert funded.refund_unserved(timedelta(0)) == []
     assert funded.balance("alice").balance_micros == 750
 

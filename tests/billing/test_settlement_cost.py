@@ -14,9 +14,9 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
-from inference_auctions.billing import HoldRequest, HoldState, Ledger
+from inference_auctions.billing import HoldInput, HoldState, Ledger
 from inference_auctions.billing.driver_sql import DriverCursor
-from inference_auctions.billing.records import BatchRecord, RequestRecord
+from inference_auctions.billing.inputs import BatchInput, RequestInput
 from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of, get_hold
 from tests.db_fixtures import MigratedDatabase
@@ -51,7 +51,7 @@ def _statements(engine: Engine) -> Iterator[list[str]]:
 def _clearing(
     charges: Mapping[str, int], bids: Mapping[str, tuple[str, int]], batch_id: str
 ) -> Any:
-    def clear(rids: list[str]) -> tuple[BatchRecord, Sequence[RequestRecord], Mapping[str, int]]:
+    def clear(rids: list[str]) -> tuple[BatchInput, Sequence[RequestInput], Mapping[str, int]]:
         return batch_of(batch_id, [(rid, *bids[rid]) for rid in rids], charges)
 
     return clear
@@ -59,7 +59,7 @@ def _clearing(
 
 def _settle(ledger: Ledger, users: list[str], n: int, batch_id: str) -> list[str]:
     bids = {f"{batch_id}-{k}": (users[k % len(users)], 100) for k in range(n)}
-    placed = ledger.place_holds([HoldRequest(u, rid, bid) for rid, (u, bid) in bids.items()])
+    placed = ledger.place_holds([HoldInput(u, rid, bid) for rid, (u, bid) in bids.items()])
     assert all(type(view).__name__ == "HoldView" for view in placed)
     charges = {user: 50 * sum(1 for u, _ in bids.values() if u == user) for user in users}
     with _statements(ledger.engine) as sent:
@@ -95,7 +95,7 @@ def test_a_settlement_that_opens_a_period_counts_the_charge_in_the_holds_period(
     # alice's day ends with 400 held; bob's budget has no periods.
     timed_ledger.create_user("alice", budget_micros=1_000, period="day")
     timed_ledger.create_user("bob", budget_micros=1_000)
-    timed_ledger.place_holds([HoldRequest("alice", "a1", 400), HoldRequest("bob", "b1", 300)])
+    timed_ledger.place_holds([HoldInput("alice", "a1", 400), HoldInput("bob", "b1", 300)])
     clock.now = datetime(2025, 1, 16, 0, 0, 1, tzinfo=UTC)
     bids = {"a1": ("alice", 400), "b1": ("bob", 300)}
     claimed = timed_ledger.settle_claimable(

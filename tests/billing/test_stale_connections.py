@@ -18,11 +18,11 @@ from sqlalchemy import Engine, event, text
 
 from inference_auctions.billing import (
     ClaimedBatch,
-    HoldRequest,
+    HoldInput,
     Ledger,
     LedgerUnavailable,
     RequestStatus,
-    ServedRecord,
+    ServedInput,
 )
 from inference_auctions.billing.request_log import serve_one
 from tests.billing.helpers import claim_of
@@ -60,7 +60,7 @@ def test_a_write_and_a_read_on_dead_pooled_connections_succeed_once(
     ledger.create_user("ada", budget_micros=1_000)
     assert ledger.balance("ada").balance_micros == 1_000  # a pooled connection now exists
     assert _terminate_pooled(postgres_db, postgres_db.engine) >= 1
-    [held] = ledger.place_holds([HoldRequest("ada", "r1", 300)])
+    [held] = ledger.place_holds([HoldInput("ada", "r1", 300)])
     assert held.amount_micros == 300
     assert _terminate_pooled(postgres_db, postgres_db.engine) >= 1
     balance = ledger.balance("ada")
@@ -85,7 +85,7 @@ def test_a_connection_lost_while_committing_is_not_run_again(
     event.listen(postgres_db.engine, "commit", die_before_commit)
     try:
         with pytest.raises(LedgerUnavailable):
-            ledger.place_holds([HoldRequest("ada", "r1", 300)])
+            ledger.place_holds([HoldInput("ada", "r1", 300)])
     finally:
         event.remove(postgres_db.engine, "commit", die_before_commit)
     assert commits == 1
@@ -98,15 +98,15 @@ def test_a_lone_served_record_on_a_dead_pooled_connection_is_recorded_once(
     ledger = Ledger(postgres_db.engine)
     ledger.create_user("ada", budget_micros=1_000)
     outcome = ledger.commit_group(
-        [HoldRequest("ada", "r1", 300)], [], [claim_of("b1", {"r1": ("ada", 300)}, 100)]
+        [HoldInput("ada", "r1", 300)], [], [claim_of("b1", {"r1": ("ada", 300)}, 100)]
     )
     assert isinstance(outcome.claimed[0], ClaimedBatch)
     assert _terminate_pooled(postgres_db, postgres_db.engine) >= 1
     # One statement in autocommit mode: its retry asks whether the lost attempt served it.
-    assert ledger.commit_group([], [ServedRecord("r1", None, 2.0)], []).served == [True]
+    assert ledger.commit_group([], [ServedInput("r1", None, 2.0)], []).served == [True]
     found = ledger.find_request("r1")
     assert found is not None and found.status is RequestStatus.SERVED
-    assert ledger.record_served_many([ServedRecord("r1", None, 2.0)]) == [False]  # once
+    assert ledger.record_served_many([ServedInput("r1", None, 2.0)]) == [False]  # once
     assert ledger.reconcile().ok
 
 
@@ -117,18 +117,18 @@ def test_a_served_statement_tried_again_finds_what_the_lost_attempt_did(
     ledger.create_user("ada", budget_micros=1_000)
     for rid in ("served", "failed", "waiting"):
         ledger.commit_group(
-            [HoldRequest("ada", rid, 300)], [], [claim_of(f"b-{rid}", {rid: ("ada", 300)}, 0)]
+            [HoldInput("ada", rid, 300)], [], [claim_of(f"b-{rid}", {rid: ("ada", 300)}, 0)]
         )
-    assert ledger.record_served_many([ServedRecord("served", None, None)]) == [True]
+    assert ledger.record_served_many([ServedInput("served", None, None)]) == [True]
     ledger.record_failed("failed", "b-failed", "ada", target_micros=0, reason="engine: down")
     now = datetime.now(UTC)
     engine = postgres_db.engine.execution_options(isolation_level="AUTOCOMMIT")
     with engine.connect() as connection:
         again = [
-            serve_one(connection, ServedRecord(rid, None, None), now, again=True)
+            serve_one(connection, ServedInput(rid, None, None), now, again=True)
             for rid in ("served", "failed", "waiting")
         ]
-        first_try = serve_one(connection, ServedRecord("served", None, None), now)
+        first_try = serve_one(connection, ServedInput("served", None, None), now)
     # Served before: by the lost attempt, so the answer may go; failed: recovery was first;
     # still scheduled: served now. A first attempt that finds it served did not serve it.
     assert again == [True, False, True]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from inference_auctions.billing import HoldRequest, Ledger, create_ledger_engine, upgrade_schema
+from inference_auctions.billing import HoldInput, Ledger, upgrade_schema
+from inference_auctions.billing.database import create_ledger_engine
 from inference_auctions.billing.wal_checkpoints import (
     BACKSTOP_PAGES,
     CheckpointResult,
@@ -226,7 +227,7 @@ def test_postgres_ledgers_run_no_checkpoint_thread(started_threads: StartedThrea
 
 
 def _hold(ledger: Ledger, rid: str) -> None:
-    [placed] = ledger.place_holds([HoldRequest("ada", rid, 1_000)])
+    [placed] = ledger.place_holds([HoldInput("ada", rid, 1_000)])
     assert not isinstance(placed, Exception), placed
 
 

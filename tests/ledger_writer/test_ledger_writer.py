@@ -14,13 +14,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from inference_auctions.billing import (
-    HoldRequest,
+    HoldInput,
     HoldState,
     HoldView,
     InsufficientFunds,
     Ledger,
     RequestStatus,
-    ServedRecord,
+    ServedInput,
 )
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.serving.clearing import BatchClearing
@@ -46,13 +46,13 @@ def _ticket(user: str, rid: str, bid: int) -> Ticket:
 
 async def _hold_all(writer: LedgerWriter) -> list[HoldView | BaseException]:
     calls = [
-        writer.queue_hold(HoldRequest(user, f"{user}/r{i}", AMOUNT, "f"))
+        writer.queue_hold(HoldInput(user, f"{user}/r{i}", AMOUNT, "f"))
         for i in range(PER_USER)
         for user in USERS
     ]
     # Retries of the same requests, racing their originals: they must not hold twice.
     calls += [
-        writer.queue_hold(HoldRequest(user, f"{user}/r{i}", AMOUNT, "f"))
+        writer.queue_hold(HoldInput(user, f"{user}/r{i}", AMOUNT, "f"))
         for user in USERS
         for i in range(5)
     ]
@@ -104,7 +104,7 @@ def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger)
         try:
             for ticket in tickets:
                 await writer.queue_hold(
-                    HoldRequest(ticket.user, ticket.ledger_rid, ticket.bid_micros, "f")
+                    HoldInput(ticket.user, ticket.ledger_rid, ticket.bid_micros, "f")
                 )
             clearing = BatchClearing(tickets, "batch-writer", lambda: clock_now)
             cleared = clearing.cleared(await writer.claim(clearing.claim))
@@ -116,7 +116,7 @@ def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger)
                     -e.amount_micros for e in ledger.entries(user).entries if e.kind == "charge"
                 )
                 assert cleared.batch.charge(user) == charged
-            records = [ServedRecord(t.ledger_rid, 0, 1.0) for t in tickets]
+            records = [ServedInput(t.ledger_rid, 0, 1.0) for t in tickets]
             # Recovery fails every still-scheduled request while the records are in flight.
             recovery = asyncio.to_thread(ledger.refund_unserved, timedelta(0))
             outcomes = await asyncio.gather(
@@ -155,7 +155,7 @@ def test_a_bounded_group_still_takes_every_hold(ledger: Ledger, group: int) -> N
         try:
             return await asyncio.gather(
                 *(
-                    writer.queue_hold(HoldRequest("bounded", f"bounded/{i}", 1_000, None))
+                    writer.queue_hold(HoldInput("bounded", f"bounded/{i}", 1_000, None))
                     for i in range(40)
                 )
             )
@@ -175,12 +175,12 @@ def test_the_writer_knows_what_each_user_can_afford_between_commits(ledger: Ledg
     async def run() -> list[bool]:
         writer = LedgerWriter(ledger)
         seen = [writer.covers("ada")]  # nothing committed yet: unknown
-        await writer.queue_hold(HoldRequest("ada", "ada/1", 30_000, "f"))
-        await writer.queue_hold(HoldRequest("capped", "capped/1", 1_000, "f"))
+        await writer.queue_hold(HoldInput("ada", "ada/1", 30_000, "f"))
+        await writer.queue_hold(HoldInput("capped", "capped/1", 1_000, "f"))
         seen.append(writer.covers("ada"))  # 70,000 available, nothing queued
-        pending = [writer.queue_hold(HoldRequest("ada", f"ada/{i}", 30_000, "f")) for i in (2, 3)]
+        pending = [writer.queue_hold(HoldInput("ada", f"ada/{i}", 30_000, "f")) for i in (2, 3)]
         seen.append(writer.covers("ada"))  # 60,000 queued of 70,000
-        pending.append(writer.queue_hold(HoldRequest("ada", "ada/4", 30_000, "f")))
+        pending.append(writer.queue_hold(HoldInput("ada", "ada/4", 30_000, "f")))
         seen.append(writer.covers("ada"))  # 90,000 queued: more than the last commit told
         results = await asyncio.gather(*pending, return_exceptions=True)
         assert [isinstance(r, InsufficientFunds) for r in results] == [False, False, True]
@@ -208,13 +208,13 @@ def test_served_records_have_a_lane_of_their_own_where_asked(
         try:
             for ticket in tickets:
                 await writer.queue_hold(
-                    HoldRequest(ticket.user, ticket.ledger_rid, ticket.bid_micros, "f")
+                    HoldInput(ticket.user, ticket.ledger_rid, ticket.bid_micros, "f")
                 )
             clearing = BatchClearing(tickets, "batch-lanes", lambda: now)
             assert clearing.cleared(await writer.claim(clearing.claim)).batch is not None
             busy = asyncio.ensure_future(writer.call(release.wait, 30))
             served = asyncio.gather(
-                *(writer.served(ServedRecord(t.ledger_rid, 0, 1.0)) for t in tickets)
+                *(writer.served(ServedInput(t.ledger_rid, 0, 1.0)) for t in tickets)
             )
             done, _ = await asyncio.wait([served], timeout=30 if served_apart else 0.5)
             recorded_while_busy = served in done and not busy.done()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from inference_auctions.billing import HoldRequest, Ledger
+from inference_auctions.billing import HoldInput, Ledger
 from inference_auctions.server.ledger_writer.writer import ThreadLane
 from tests.db_fixtures import migrated_database
 
@@ -64,7 +64,7 @@ def test_a_group_commit_runs_on_the_ledger_and_its_refusal_comes_back_as_raised(
     async def main() -> None:
         lane = ThreadLane(ledger, "test-lane")
         try:
-            outcome = await lane.commit([HoldRequest("lane-user", "r1", 600)], [], [])
+            outcome = await lane.commit([HoldInput("lane-user", "r1", 600)], [], [])
             assert [view.amount_micros for view in outcome.placed] == [600]  # type: ignore[union-attr]
             assert outcome.available == {"lane-user": 400}
             with pytest.raises(ValueError, match="not a rid"):

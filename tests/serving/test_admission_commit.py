@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
-from inference_auctions.billing import HoldRequest, HoldState
+from inference_auctions.billing import HoldInput, HoldState
 from inference_auctions.server.errors import Conflict, PaymentRequired, ServiceError
 from inference_auctions.server.serving.admission import ledger_rid
 from inference_auctions.server.serving.service import AuctionService
@@ -93,7 +93,7 @@ async def _held_for_another_payload(ledger_db: MigratedDatabase) -> None:
         ledger.create_user("ada", budget_micros=1_000_000)
         ledger.create_user("bob", budget_micros=1_000_000)
         # Another replica holds ada's rid r1 for another payload, and has not settled it.
-        other = HoldRequest("ada", ledger_rid("ada", "r1"), 9_000, "f" * 64)
+        other = HoldInput("ada", ledger_rid("ada", "r1"), 9_000, "f" * 64)
         [placed] = ledger.place_holds([other])
         assert placed.state is HoldState.OPEN
         outcomes = await asyncio.gather(

@@ -29,10 +29,10 @@ from sqlalchemy.exc import OperationalError
 from inference_auctions.billing import (
     BatchClaim,
     GroupOutcome,
-    HoldRequest,
+    HoldInput,
     HoldState,
     Ledger,
-    ServedRecord,
+    ServedInput,
 )
 from inference_auctions.server.errors import Conflict, PaymentRequired, Unavailable
 from inference_auctions.server.serving.admission import ledger_rid
@@ -67,7 +67,7 @@ async def _known(service: AuctionService, *users: str) -> None:
 def _spend_elsewhere(ledger: Ledger, user: str) -> int:
     """Another replica holds all but 1,000 of what `user` has available; returns its hold."""
     amount = ledger.balance(user).available_micros - 1_000
-    [placed] = ledger.place_holds([HoldRequest(user, f"replica2/{user}", amount)])
+    [placed] = ledger.place_holds([HoldInput(user, f"replica2/{user}", amount)])
     assert placed.state is HoldState.OPEN
     return amount
 
@@ -104,8 +104,8 @@ class _Commits:
         real = ledger.commit_group
 
         def commit_group(
-            requests: Sequence[HoldRequest],
-            records: Sequence[ServedRecord],
+            requests: Sequence[HoldInput],
+            records: Sequence[ServedInput],
             claims: Sequence[BatchClaim] = (),
         ) -> GroupOutcome:
             if claims:
@@ -259,7 +259,7 @@ async def _distrusted(db: MigratedDatabase) -> None:
         ledger = service.ledger
         await _known(service, "ada", "bob")
         # Another replica holds ada's rid r1 for another payload.
-        [other] = ledger.place_holds([HoldRequest("ada", ledger_rid("ada", "r1"), 9_000, "f" * 64)])
+        [other] = ledger.place_holds([HoldInput("ada", ledger_rid("ada", "r1"), 9_000, "f" * 64)])
         assert other.state is HoldState.OPEN
 
         outcomes = await asyncio.gather(

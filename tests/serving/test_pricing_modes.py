@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from inference_auctions.billing import BatchRecord, Ledger, RequestRecord, RuleDisagreement
+from inference_auctions.billing import BatchInput, Ledger, RequestInput, RuleDisagreement
 from inference_auctions.server.cluster.rule_agreement import RuleAgreement
 from inference_auctions.server.emulator.embedded import EmbeddedEngine
 from inference_auctions.server.engine.errors import EngineUnavailable
@@ -228,7 +228,7 @@ def test_a_failed_tier_request_refunds_its_price_and_recovery_prices_the_same(
         now = datetime.now(UTC)
         for rid, price in (("erin/r1", 10_000), ("erin/r2", 1_000)):
             ledger.place_hold("erin", rid, price)
-        batch = BatchRecord(
+        batch = BatchInput(
             batch_id="tiers-lost",
             closed_at=now,
             n=2,
@@ -237,8 +237,8 @@ def test_a_failed_tier_request_refunds_its_price_and_recovery_prices_the_same(
             pricing_rule="tiers",
         )
         requests = [
-            RequestRecord("erin/r1", "erin", 0, 1.0, 10_000, 3, arrival=0, tree_path=[1]),
-            RequestRecord("erin/r2", "erin", 1, 0.0, 1_000, 3, arrival=1, tree_path=[2]),
+            RequestInput("erin/r1", "erin", 0, 1.0, 10_000, 3, arrival=0, tree_path=[1]),
+            RequestInput("erin/r2", "erin", 1, 0.0, 1_000, 3, arrival=1, tree_path=[2]),
         ]
         ledger.settle_batch(batch, requests, {"erin": 11_000})
         refunds = ledger.refund_unserved(timedelta(0), rule=refund_rule)

@@ -1,6 +1,9 @@
-"""Plain frozen records that cross the ledger's boundary: batch input and query results.
+"""What the ledger answers: plain frozen views of its rows, named `*View` (or for what they are:
+a result, a page, a batch settled).
 
-Callers never see ORM objects, so nothing they hold can lazily reach back into a session.
+Callers never see ORM objects, so nothing they hold can lazily reach back into a session. What
+callers hand the ledger are `*Input`s (`billing.inputs`); what the API, the CLI and the exports
+show of a view is its `*Record` (`billing.schemas`).
 """
 
 from __future__ import annotations
@@ -14,41 +17,7 @@ from inference_auctions.billing.periods import Period
 
 
 @dataclass(frozen=True, slots=True)
-class BatchRecord:
-    """A cleared batch to settle. `revenue_micros` must equal the sum of the batch's charges."""
-
-    batch_id: str
-    closed_at: datetime
-    n: int
-    revenue_micros: int
-    welfare_micros: int
-    tree_nodes: int = 0
-    tree_depth: int = 0
-    shared_tokens: int = 0
-    total_tokens: int = 0
-    # The pricing rule it was cleared under: `batch-size` (slots None), `fixed-slots`, or a
-    # fixed-price mode (`tiers`, `fcfs`; slots None, no fee).
-    pricing_rule: str = "batch-size"
-    priority_slots: int | None = None
-    request_fee_micros: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """One request of a batch to settle; its hold (placed under `rid`) must still be open."""
-
-    rid: str
-    user: str
-    position: int
-    priority: float
-    bid_micros: int
-    prompt_tokens: int
-    arrival: int | None = None  # index in the batch as it closed (the auction's input order)
-    tree_path: Sequence[int] | None = None  # node ids from the root of the batch's radix tree
-
-
-@dataclass(frozen=True, slots=True)
-class PricedRequest:
+class PricedRequestView:
     """What crash recovery knows of a settled request to price its batch again."""
 
     rid: str
@@ -69,7 +38,7 @@ class PricedRequest:
         owner: str,
         slots: int | None = None,
         rule: str = "batch-size",
-    ) -> PricedRequest:
+    ) -> PricedRequestView:
         """The settled request `request` of user `owner`, in a batch of `slots` slots cleared
         under `rule`."""
         return cls(
@@ -84,7 +53,7 @@ class PricedRequest:
 
 
 # (the batch's requests, a user, the user's failed rids, the user's charge) -> the refund.
-RefundRule = Callable[[Sequence[PricedRequest], str, frozenset[str], int], int]
+RefundRule = Callable[[Sequence[PricedRequestView], str, frozenset[str], int], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,16 +67,6 @@ class ClaimedBatch:
 
     settled: SettleResult | None
     refused: Mapping[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class RequestCompletion:
-    """How a settled request was served: `served` or `failed`, cached tokens, TTFT."""
-
-    rid: str
-    status: str
-    cached_tokens: int | None = None
-    ttft_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,25 +108,6 @@ class HoldView:
     state: HoldState
     created_at: datetime
     batch_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class HoldRequest:
-    """One hold to place with `Ledger.place_holds`: the arguments of `Ledger.place_hold`."""
-
-    user: str
-    rid: str
-    amount_micros: int
-    fingerprint: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ServedRecord:
-    """A scheduled request answered, for `Ledger.record_served_many`."""
-
-    rid: str
-    cached_tokens: int | None = None
-    ttft_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +197,7 @@ class EntryPage:
 
 
 @dataclass(frozen=True, slots=True)
-class SummaryRow:
+class SummaryView:
     """Totals of one day, week or month (in the user's budget time zone); all micro-credits."""
 
     period_start: datetime
@@ -271,7 +211,7 @@ class SummaryRow:
 
 
 @dataclass(frozen=True, slots=True)
-class AccountDrift:
+class DriftView:
     """A balance row that disagrees with the sum of its user's entries."""
 
     user: str
@@ -283,11 +223,11 @@ class AccountDrift:
 
 
 @dataclass(frozen=True, slots=True)
-class ReconcileReport:
+class ReconcileView:
     """Result of checking every balance row against the entries."""
 
     accounts_checked: int
-    drifts: list[AccountDrift]
+    drifts: list[DriftView]
 
     @property
     def ok(self) -> bool:
