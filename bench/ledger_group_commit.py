@@ -4,7 +4,7 @@ Places N holds for U users on a fresh ledger for each mode and backend, from one
 "group of k" is `Ledger.place_holds` with k holds per transaction (k = 1 is `Ledger.place_hold`).
 The ORM path that placed every hold before group commit (`billing.holds.place_hold`, measured
 here as "per hold" until 2026-12-04: 2,737 CPU µs a hold on SQLite, 5,478 on PostgreSQL, against
-597 and 1,729 for a group of 1) is gone: every hold goes through `billing.hold_groups`. CPU is
+597 and 1,729 for a group of 1) is gone: every hold goes through `billing.holds`. CPU is
 this process's time (`time.process_time`), so on PostgreSQL the server's own work is not in it.
 
 Run: `python -m bench.ledger_group_commit` (see --help).

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, text
 
 from inference_auctions.billing.models import Base
 
-__all__ = ["autovacuum_gaps", "warn_if_autovacuum_off", "warning_line"]
+__all__ = ["SERVER", "autovacuum_gaps", "warn_if_autovacuum_off", "warning_line"]
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ sent all together (`DriverCursor.defer_writes`), with the served records' update
 themselves whether they moved their requests, before the `COMMIT`: a group costs three round
 trips whatever it carries (seven for a lone request's hold and settlement before; a lone
 served record is one statement, `Ledger.commit_group`). What it writes itself it keeps track of
-instead of reading back: a claim finds the holds its own group placed (`billing.hold_rows`).
+instead of reading back: a claim finds the holds its own group placed (`billing.holds`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing import hold_groups, postings, request_log, settlement
+from inference_auctions.billing import holds, postings, request_log, settlement
 from inference_auctions.billing.driver_sql import driver_cursor
 from inference_auctions.billing.errors import LedgerError
-from inference_auctions.billing.hold_rows import KnownHolds
+from inference_auctions.billing.holds import KnownHolds
 from inference_auctions.billing.inputs import HoldInput, ServedInput
 from inference_auctions.billing.postings import check_id
 from inference_auctions.billing.views import ClaimedBatch, HoldView
@@ -82,15 +82,15 @@ def commit_group(
     known = KnownHolds()
     rids = [r.rid for r in requests] + [rid for c in claims for rid, _ in c.candidates]
     lock = postings.lock_query(session, users)
-    holds = known.query(_usable_ids(rids))
+    hold_query = known.query(_usable_ids(rids))
     # In this order: the users' rows are locked before their holds are read.
-    wanted = [query for query in (lock, holds) if query is not None]
+    wanted = [query for query in (lock, hold_query) if query is not None]
     rows = iter(cursor.read_together(wanted))
     locked = {} if lock is None else postings.locked_accounts(session, next(rows))
-    if holds is not None:
-        known.learn(holds, next(rows), session)
+    if hold_query is not None:
+        known.learn(hold_query, next(rows), session)
 
-    placed = hold_groups.place_holds(session, requests, now, locked, known) if requests else []
+    placed = holds.place_holds(session, requests, now, locked, known) if requests else []
     claimed: list[ClaimedBatch | Exception] = []
     for index, claim in enumerate(claims):
         if index in failed:

@@ -28,7 +28,6 @@ from inference_auctions.billing import (
     decoy_watch,
     grants,
     group_commit,
-    hold_groups,
     holds,
     market,
     migrate,
@@ -438,7 +437,7 @@ class Ledger:
         if not requests:
             return []
         now = self._now()
-        return self._write(lambda s: hold_groups.place_holds(s, requests, now))
+        return self._write(lambda s: holds.place_holds(s, requests, now))
 
     def commit_group(
         self,

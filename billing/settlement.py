@@ -37,8 +37,7 @@ from inference_auctions.billing.errors import (
 )
 from inference_auctions.billing.fees import fee_key, hold_micros, user_fees
 from inference_auctions.billing.grants import open_periods
-from inference_auctions.billing.hold_rows import HoldRow, KnownHolds
-from inference_auctions.billing.holds import release_entry
+from inference_auctions.billing.holds import HoldRow, KnownHolds, release_entry
 from inference_auctions.billing.inputs import BatchInput, RequestInput
 from inference_auctions.billing.models import (
     AUCTION_REQUESTS,
@@ -189,7 +188,7 @@ def settle_claimable(
     request fails for it. `clear` gets the claimable rids in the candidates' order and returns
     the batch to settle; it runs under the locks. `locked`: the accounts this transaction
     already locked (`postings.lock_rows`), moved in place. `known`: what this
-    transaction knows of holds already (`billing.hold_rows`), kept up to date. With
+    transaction knows of holds already (`billing.holds`), kept up to date. With
     `claim_all` no candidate leaves: a hold that cannot be claimed fails the settlement as a
     whole (`UnknownRequest`, `HoldNotOpen`, `InvalidBatch`), as for a batch cleared before its
     holds were claimed (`settle_batch`).

@@ -48,6 +48,7 @@ __all__ = [
     "KEPT_BYTES_PER_TOKEN",
     "RESERVED_BYTES_PER_TOKEN",
     "Admission",
+    "Admissions",
     "AnswerMemory",
     "conflict",
     "held",

@@ -2,7 +2,7 @@
 
 This is how every hold was placed before group commit (`billing.holds.place_hold`, removed
 from billing on 2026-12-04: it cost 4.6x the CPU of a group of one on SQLite, 3.2x on
-PostgreSQL). Billing places holds by one path (`billing.hold_groups`); the tests check that its
+PostgreSQL). Billing places holds by one path (`billing.holds`); the tests check that its
 decisions, one group after another, are this oracle's one hold after another.
 """
 
