@@ -54,6 +54,8 @@ from inference_auctions.billing.inputs import (
     HoldInput,
     RequestInput,
     ServedInput,
+    client_rid,
+    request_key,
 )
 from inference_auctions.billing.jobs import start_scheduler
 from inference_auctions.billing.leadership import LedgerJobs
@@ -164,6 +166,7 @@ __all__ = [
     "UserDisabled",
     "UserInfo",
     "check_database_url",
+    "client_rid",
     "describe_drift",
     "downgrade_schema",
     "format_micros",
@@ -172,6 +175,7 @@ __all__ = [
     "mask_database_url",
     "parse_credits",
     "probe_database",
+    "request_key",
     "schema_drift",
     "schema_revision",
     "sqlite_busy_timeout_seconds",

@@ -10,6 +10,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+# The ledger keys a request by its user and the client's rid, so that two users' rids never
+# collide: "<user>/<rid>". `request_key` builds it and `client_rid` reads it, nothing else.
+_KEY_SEPARATOR = "/"
+
+
+def request_key(user: str, rid: str) -> str:
+    """The ledger's (and the engine's) id of a user's request: unique across users."""
+    return f"{user}{_KEY_SEPARATOR}{rid}"
+
+
+def client_rid(key: str) -> str:
+    """The client's own rid in a ledger request key (a key without a user is returned as is)."""
+    _user, separator, rid = key.partition(_KEY_SEPARATOR)
+    return rid if separator else key
+
 
 @dataclass(frozen=True, slots=True)
 class BatchInput:

@@ -98,13 +98,9 @@ def from_ledger_error(error: billing.LedgerError, fee_micros: int = 0) -> Servic
         return PaymentRequired(_insufficient_funds(error, fee_micros), param="bid")
     if isinstance(error, billing.BatchCapExceeded):
         return PaymentRequired(_over_batch_cap(error, fee_micros), param="bid")
-    rid = getattr(error, "rid", None)
-    if isinstance(rid, str) and "/" in rid:
-        # The ledger keys a request as "<user>/<rid>"; the client knows it by its own rid.
-        message = message.replace(repr(rid), repr(rid.split("/", 1)[1]))
-    key = getattr(error, "key", None)
-    if isinstance(key, str) and "/" in key:
-        message = message.replace(repr(key), repr(key.split("/", 1)[1]))
+    for named in (getattr(error, "rid", None), getattr(error, "key", None)):
+        if isinstance(named, str):  # the ledger's request key: the client knows its own rid
+            message = message.replace(repr(named), repr(billing.client_rid(named)))
     if isinstance(error, billing.UserDisabled):
         return Forbidden(message)
     if isinstance(error, billing.UnknownUser | billing.UnknownBatch):

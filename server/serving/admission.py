@@ -36,6 +36,7 @@ from inference_auctions.billing import (
     LedgerError,
     LedgerUnavailable,
     hold_micros,
+    request_key,
 )
 from inference_auctions.billing import IdempotencyConflict as LedgerConflict
 from inference_auctions.server.engine.protocol import DEFAULT_MAX_NEW_TOKENS, TokenIds
@@ -90,8 +91,8 @@ class Admission:
 
 
 def ledger_rid(user: str, rid: str) -> str:
-    """The ledger's (and the engine's) id of a client's request: unique across users."""
-    return f"{user}/{rid}"
+    """The ledger's (and the engine's) id of a client's request (`billing.request_key`)."""
+    return request_key(user, rid)
 
 
 def conflict(rid: str) -> ServiceError:
