@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from inference_auctions.server.auction import AuctionOutcome
-from inference_auctions.server.auction.tree import NOT_A_REQUEST, RadixTree
+from inference_auctions.server.auction.batch import NOT_A_REQUEST, RadixTree
 
 __all__ = ["BatchPrefixes", "DeferralSettings", "PrefixDeferral", "Release"]
 
