@@ -56,8 +56,9 @@ class ValidatedBatch:
     prompts: list[TokenArray]
 
 
-def validate_batch(requests: Sequence[AuctionRequest]) -> ValidatedBatch:
-    """Check every request and return the batch in the shape the core works on."""
+def validate_batch(requests: Sequence[AuctionRequest], slots: int | None = None) -> ValidatedBatch:
+    """Check every request, then that the batch holds no more than `slots` requests (None: any
+    number), and return the batch in the shape the core works on."""
     seen: set[str] = set()
     rids: list[str] = []
     users: list[str] = []
@@ -82,6 +83,8 @@ def validate_batch(requests: Sequence[AuctionRequest]) -> ValidatedBatch:
         users.append(request.user)
         bids.append(_validate_bid(rid, request.bid))
         prompts.append(_token_array(rid, request.tokens))
+    if slots is not None and len(rids) > slots:
+        raise AuctionInputError.too_many_requests(len(rids), slots)
     return ValidatedBatch(rids=rids, users=users, bids=bids, prompts=prompts)
 
 
@@ -172,21 +175,6 @@ class RadixTree:
     stats: TreeStats
     # Prompt tokens from the root to the end of each node: the prefix its requests share.
     depth_tokens: list[int]
-
-
-def node_paths(tree: RadixTree, count: int) -> list[list[int]]:
-    """Each of the first `count` requests' node ids on the way from the root to its leaf: used
-    as prompts, they rebuild a tree of the same shape (what the ledger stores for refunds)."""
-    paths: list[list[int]] = []
-    for index in range(count):
-        path: list[int] = []
-        node = tree.parent[tree.leaf_of[index]]
-        while node not in (ROOT, NO_PARENT):
-            path.append(node)
-            node = tree.parent[node]
-        path.reverse()
-        paths.append(path)
-    return paths
 
 
 def build_radix_tree(prompts: Sequence[TokenArray]) -> RadixTree:

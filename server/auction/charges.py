@@ -10,7 +10,8 @@ Read from the top, it follows one batch as the server clears it:
 * `PaymentContext`: exact VCG payments in quasilinear time (SPEC section 1, "Fast payments");
 * `Repricer` and `ZeroedCharges`: the failure refunds and the per-request shares of a cleared
   batch, priced from the schedule it chose (SPEC section 1, "When requests fail" and "One
-  request's share"); `largest_remainder` splits a charge into whole micros.
+  request's share"); `node_paths` is the tree's shape the ledger stores to price a batch again
+  after a crash, `largest_remainder` splits a charge into whole micros.
 
 Pure functions of their input: no I/O, no clock, no randomness. Money is whole micro-credits.
 """
@@ -26,11 +27,11 @@ from typing import Literal
 
 from inference_auctions.server.auction.batch import (
     NO_PARENT,
+    ROOT,
     AuctionRequest,
     RadixTree,
     TreeStats,
     build_radix_tree,
-    node_paths,
     validate_batch,
 )
 from inference_auctions.server.auction.errors import AuctionInputError
@@ -98,11 +99,7 @@ class PricingRule:
         if self.slots is None:
             return size
         if size > self.slots:
-            raise AuctionInputError(
-                "batch",
-                "size",
-                f"is {size} requests, more than the rule's {self.slots} priority slots",
-            )
+            raise AuctionInputError.too_many_requests(size, self.slots)
         return self.slots
 
     def denominator(self, size: int) -> int:
@@ -197,12 +194,12 @@ def run_auction(
     malformed, or the batch holds more requests than the rule's slots; nothing is computed for
     a batch that fails validation.
     """
-    batch = validate_batch(requests)
+    batch = validate_batch(requests, rule.slots)
     if not batch.rids:
         return AuctionOutcome(order=[], payments={}, rule=rule)
-    denominator = rule.denominator(len(batch.rids))
     tree = build_radix_tree(batch.prompts)
     pricing = PaymentContext(tree, average_bid_dfs(tree, batch.bids))
+    denominator = rule.denominator(len(batch.rids))
     if len(batch.rids) < 2:
         numerators = dict.fromkeys(batch.users, 0)
     else:
@@ -474,6 +471,21 @@ class Repricer:
             )
             self._users[user] = charges
         return charges
+
+
+def node_paths(tree: RadixTree, count: int) -> list[list[int]]:
+    """Each of the first `count` requests' node ids on the way from the root to its leaf: used
+    as prompts, they rebuild a tree of the same shape (what the ledger stores for refunds)."""
+    paths: list[list[int]] = []
+    for index in range(count):
+        path: list[int] = []
+        node = tree.parent[tree.leaf_of[index]]
+        while node not in (ROOT, NO_PARENT):
+            path.append(node)
+            node = tree.parent[node]
+        path.reverse()
+        paths.append(path)
+    return paths
 
 
 def largest_remainder(

@@ -19,10 +19,14 @@ from inference_auctions.server.auction.batch import (
     AuctionRequest,
     RadixTree,
     build_radix_tree,
-    node_paths,
     validate_batch,
 )
-from inference_auctions.server.auction.charges import AuctionOutcome, PricingRule, largest_remainder
+from inference_auctions.server.auction.charges import (
+    AuctionOutcome,
+    PricingRule,
+    largest_remainder,
+    node_paths,
+)
 
 __all__ = ["FixedPriceRepricer", "clear_fixed_price", "fixed_price_refund"]
 
