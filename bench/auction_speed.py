@@ -39,10 +39,14 @@ from rich.progress import Progress
 from rich.table import Table
 
 from inference_auctions.server.auction import AuctionRequest
-from inference_auctions.server.auction.payments import vcg_payment_numerators
-from inference_auctions.server.auction.request import TokenArray, validate_batch
+from inference_auctions.server.auction.batch import (
+    RadixTree,
+    TokenArray,
+    build_radix_tree,
+    validate_batch,
+)
+from inference_auctions.server.auction.charges import vcg_payment_numerators
 from inference_auctions.server.auction.schedule import average_bid_dfs
-from inference_auctions.server.auction.tree import RadixTree, build_radix_tree
 
 ARTICLE_TOKENS = 900
 QUESTION_TOKENS = 100

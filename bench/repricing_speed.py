@@ -32,8 +32,8 @@ from rich.table import Table
 
 from bench.auction_speed import standard_batch
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
+from inference_auctions.server.auction.charges import Repricer
 from inference_auctions.server.auction.reference import ResolvingRepricer
-from inference_auctions.server.auction.repricing import Repricer
 
 Shares = dict[str, int]
 

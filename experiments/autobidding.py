@@ -30,8 +30,8 @@ from inference_auctions.experiments.metrics import welfare, welfare_gain_percent
 from inference_auctions.experiments.workloads import Workload, trees
 from inference_auctions.sdk import Budget, PacingBidder
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
+from inference_auctions.server.auction.batch import build_radix_tree
 from inference_auctions.server.auction.schedule import subtree_sums
-from inference_auctions.server.auction.tree import build_radix_tree
 
 __all__ = [
     "AutobidRun",

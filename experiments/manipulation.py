@@ -42,7 +42,7 @@ import numpy as np
 from inference_auctions.billing.money import MICROS_PER_CREDIT
 from inference_auctions.experiments import workloads
 from inference_auctions.server.auction import AuctionRequest, run_auction
-from inference_auctions.server.auction.pricing import PricingRule
+from inference_auctions.server.auction.charges import PricingRule
 from inference_auctions.server.auction.reference import reference_order, reference_payments
 
 # The fee as a multiple of one slot's worth of the mean value, mean / (K - 1).

@@ -28,7 +28,7 @@ from inference_auctions.experiments.metrics import (
 from inference_auctions.experiments.orders import ScheduledBatch, queue_batches
 from inference_auctions.experiments.plan import Sweep, WorkloadSpec
 from inference_auctions.experiments.workloads import Query, Workload
-from inference_auctions.server.auction.tree import build_radix_tree
+from inference_auctions.server.auction.batch import build_radix_tree
 from inference_auctions.server.emulator.cost_model import CostModel
 from inference_auctions.server.emulator.simulator import (
     DEFAULT_CACHE_TOKENS,

@@ -14,7 +14,7 @@ from inference_auctions.billing import LedgerSettings, mask_database_url
 from inference_auctions.server.serving.tiers import TierMenu, parse_tiers
 
 if TYPE_CHECKING:  # the auction core (numpy) loads only where batches are cleared
-    from inference_auctions.server.auction.pricing import PricingRule
+    from inference_auctions.server.auction.charges import PricingRule
 
 
 class ServerSettings(LedgerSettings):
@@ -285,7 +285,7 @@ class ServerSettings(LedgerSettings):
 
     def auction_rule(self) -> PricingRule:
         """The rule every batch of this server is cleared under."""
-        from inference_auctions.server.auction.pricing import PricingRule  # noqa: PLC0415
+        from inference_auctions.server.auction.charges import PricingRule  # noqa: PLC0415
 
         if self.pricing != "auction":
             return PricingRule(mode=self.pricing)

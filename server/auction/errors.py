@@ -1,7 +1,8 @@
 """Errors raised by the auction core.
 
 ValueError
- └── AuctionInputError   a request of the batch is malformed (names the request and field)
+ └── AuctionInputError   a request of the batch is malformed (names the request and field),
+                         or the batch holds more requests than its rule's priority slots
 """
 
 from __future__ import annotations
@@ -15,3 +16,9 @@ class AuctionInputError(ValueError):
         self.field = field
         self.problem = problem
         super().__init__(f"request {rid!r}: {field} {problem}")
+
+    @classmethod
+    def too_many_requests(cls, size: int, slots: int) -> AuctionInputError:
+        """A batch of `size` requests under a rule of fewer priority `slots`."""
+        problem = f"is {size} requests, more than the rule's {slots} priority slots"
+        return cls("batch", "size", problem)

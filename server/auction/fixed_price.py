@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from inference_auctions.server.auction.mechanism import AuctionOutcome
-from inference_auctions.server.auction.pricing import PricingRule
-from inference_auctions.server.auction.repricing import largest_remainder
-from inference_auctions.server.auction.request import AuctionRequest, validate_batch
-from inference_auctions.server.auction.tree import (
+from inference_auctions.server.auction.batch import (
+    AuctionRequest,
     RadixTree,
     build_radix_tree,
+    validate_batch,
+)
+from inference_auctions.server.auction.charges import (
+    AuctionOutcome,
+    PricingRule,
+    largest_remainder,
     node_paths,
 )
 

@@ -24,11 +24,9 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from inference_auctions.server.auction.payments import user_payment_numerator
-from inference_auctions.server.auction.repricing import largest_remainder
-from inference_auctions.server.auction.request import AuctionRequest, validate_batch
+from inference_auctions.server.auction.batch import AuctionRequest, build_radix_tree, validate_batch
+from inference_auctions.server.auction.charges import largest_remainder, user_payment_numerator
 from inference_auctions.server.auction.schedule import average_bid_dfs
-from inference_auctions.server.auction.tree import build_radix_tree
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference_auctions.server.auction.tree import NO_PARENT, NOT_A_REQUEST, ROOT, RadixTree
+from inference_auctions.server.auction.batch import NO_PARENT, NOT_A_REQUEST, ROOT, RadixTree
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from inference_auctions.server.auction import (
     AuctionRequest,
     run_auction,
 )
-from inference_auctions.server.auction.pricing import PricingRule
+from inference_auctions.server.auction.charges import PricingRule
 from inference_auctions.server.cli.console import table_console
 from inference_auctions.server.cli.jsonlines import (
     RecordError,

@@ -51,14 +51,14 @@ from inference_auctions.billing import (
     RequestInput,
 )
 from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, run_auction
-from inference_auctions.server.auction.fixed_price import FixedPriceRepricer, clear_fixed_price
-from inference_auctions.server.auction.pricing import (
+from inference_auctions.server.auction.charges import (
     FIXED_PRICE_RULES,
     PAPER_RULE,
     Mode,
     PricingRule,
+    Repricer,
 )
-from inference_auctions.server.auction.repricing import Repricer
+from inference_auctions.server.auction.fixed_price import FixedPriceRepricer, clear_fixed_price
 from inference_auctions.server.errors import Conflict, ServiceError
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from inference_auctions.server.auction import AuctionOutcome
-from inference_auctions.server.auction.tree import NOT_A_REQUEST, RadixTree
+from inference_auctions.server.auction.batch import NOT_A_REQUEST, RadixTree
 
 __all__ = [
     "DEFAULT_MAX_HOLD_SECONDS",

@@ -12,8 +12,7 @@ from inference_auctions.billing.errors import InvalidBatch
 from inference_auctions.billing.inputs import BatchInput, RequestInput
 from inference_auctions.billing.models import AuctionBatch
 from inference_auctions.server.auction import AuctionRequest, run_auction
-from inference_auctions.server.auction.pricing import PricingRule
-from inference_auctions.server.auction.repricing import Repricer
+from inference_auctions.server.auction.charges import PricingRule, Repricer
 from inference_auctions.server.serving.clearing import refund_rule, settled_repricer
 
 # alice's two requests share a prefix with bob's: her failed one changes her charge.

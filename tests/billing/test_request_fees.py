@@ -27,8 +27,7 @@ from inference_auctions.billing import (
     migrate,
 )
 from inference_auctions.server.auction import AuctionRequest, run_auction
-from inference_auctions.server.auction.pricing import PricingRule
-from inference_auctions.server.auction.repricing import Repricer
+from inference_auctions.server.auction.charges import PricingRule, Repricer
 from tests.auction.strategies import batches
 from tests.billing.conftest import Clock
 from tests.billing.helpers import batch_of, entries_total, snapshot

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from inference_auctions.experiments import manipulation
-from inference_auctions.server.auction.pricing import PricingRule
+from inference_auctions.server.auction.charges import PricingRule
 
 
 def test_the_study_finds_dilution_on_the_paper_rule_only() -> None:

@@ -10,7 +10,7 @@ import pytest
 from inference_auctions.experiments.orders import ORDERS, batch_order, queue_order
 from inference_auctions.experiments.workloads import Query, Workload, chains, mixshare, trees
 from inference_auctions.server.auction import AuctionRequest, run_auction
-from inference_auctions.server.auction.tree import NOT_A_REQUEST, build_radix_tree
+from inference_auctions.server.auction.batch import NOT_A_REQUEST, build_radix_tree
 
 
 def _workloads() -> list[Workload]:

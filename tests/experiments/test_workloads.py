@@ -23,7 +23,7 @@ from inference_auctions.experiments.workloads import (
     one_cluster_bids,
     trees,
 )
-from inference_auctions.server.auction.tree import build_radix_tree
+from inference_auctions.server.auction.batch import build_radix_tree
 
 QUEUE = 1024
 

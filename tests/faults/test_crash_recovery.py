@@ -39,8 +39,7 @@ from sqlalchemy.engine import make_url
 
 from inference_auctions.billing import Ledger
 from inference_auctions.server.auction import AuctionRequest
-from inference_auctions.server.auction.pricing import PricingRule
-from inference_auctions.server.auction.repricing import Repricer
+from inference_auctions.server.auction.charges import PricingRule, Repricer
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.faults.faulty_sglang import FaultySGLang, token_ids

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from inference_auctions.server.auction.pricing import PricingRule
+from inference_auctions.server.auction.charges import PricingRule
 from inference_auctions.server.settings import ServerSettings
 
 

@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_auctions.server.auction import AuctionRequest, mechanism, run_auction
+from inference_auctions.server.auction import AuctionRequest, charges, run_auction
+from inference_auctions.server.auction.charges import Repricer, largest_remainder
 from inference_auctions.server.auction.reference import (
     ResolvingRepricer,
     reference_charge,
     reference_failure_refund,
     reference_shares,
 )
-from inference_auctions.server.auction.repricing import Repricer, largest_remainder
 from tests.auction.strategies import batches, long_batches, tied_batches
 
 
@@ -236,9 +236,9 @@ def test_repricing_a_cleared_batch_builds_no_tree_and_no_schedule(
     def rebuilt(*_: object) -> None:
         raise AssertionError("the batch was solved a second time")
 
-    monkeypatch.setattr(mechanism, "build_radix_tree", rebuilt)
-    monkeypatch.setattr(mechanism, "average_bid_dfs", rebuilt)
-    monkeypatch.setattr(mechanism, "validate_batch", rebuilt)
+    monkeypatch.setattr(charges, "build_radix_tree", rebuilt)
+    monkeypatch.setattr(charges, "average_bid_dfs", rebuilt)
+    monkeypatch.setattr(charges, "validate_batch", rebuilt)
     repricer = Repricer.from_outcome(outcome)
     slow = ResolvingRepricer(batch)
     for user, charge in outcome.payments.items():

@@ -10,7 +10,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from inference_auctions.server.auction import AuctionInputError, AuctionRequest, run_auction
-from inference_auctions.server.auction.pricing import PricingRule
+from inference_auctions.server.auction.charges import PricingRule, Repricer
 from inference_auctions.server.auction.reference import (
     ResolvingRepricer,
     all_dfs_orders,
@@ -20,7 +20,6 @@ from inference_auctions.server.auction.reference import (
     reference_shares,
     welfare,
 )
-from inference_auctions.server.auction.repricing import Repricer
 from tests.auction.strategies import batches, misreports
 
 _FEE = st.sampled_from([0, 1, 1_000, 250_000])

@@ -1,76 +1,19 @@
-"""Worked examples and input validation of `run_auction`."""
+"""The batch as the auction takes it (`server.auction.batch`): every request checked, naming the
+request and the field it refuses, token arrays of any integer dtype used as they are, and the
+radix tree of the prompts."""
 
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import pytest
 
 from inference_auctions.server.auction import AuctionInputError, AuctionRequest, run_auction
+from inference_auctions.server.auction.batch import validate_batch
 from inference_auctions.server.auction.reference import reference_payments
-from inference_auctions.server.auction.request import validate_batch
 from tests.auction.exact import exact_payments
-
-
-def test_worked_example_order_and_payments() -> None:
-    batch = [
-        AuctionRequest("r1", "alice", [1, 2, 3], 5),
-        AuctionRequest("r2", "bob", [1, 2, 4], 10),
-        AuctionRequest("r3", "carol", [9], 7),
-        AuctionRequest("r4", "bob", [1, 2], 1),
-    ]
-    outcome = run_auction(batch)
-    # Root: subtree [1, 2] averages 16/3 < 7, so carol's lone request goes first.
-    assert outcome.order == ["r3", "r2", "r1", "r4"]
-    # Without carol's bid the [1, 2] subtree would go first: 41/3 instead of 25/3 for the others.
-    assert exact_payments(batch) == {
-        "alice": Fraction(1, 3),
-        "bob": Fraction(5, 3),
-        "carol": Fraction(16, 3),
-    }
-    assert outcome.payments == {"alice": 0, "bob": 1, "carol": 5}
-    assert outcome.revenue == 6
-    assert outcome.welfare == Fraction(7 * 3 + 10 * 2 + 5 * 1, 3)
-    assert outcome.priorities == {"r3": 1.0, "r2": 2 / 3, "r1": 1 / 3, "r4": 0.0}
-    assert (outcome.tree.nodes, outcome.tree.depth) == (4, 2)
-    assert (outcome.tree.total_tokens, outcome.tree.unique_tokens, outcome.tree.shared_tokens) == (
-        9,
-        5,
-        4,
-    )
-
-
-def test_equal_bids_give_the_dfs_uniform_arrival_order() -> None:
-    prompts = [[5, 1], [7], [5, 2], [7, 1], [5, 1], [3]]
-    batch = [AuctionRequest(f"q{i}", f"u{i}", p, 1000) for i, p in enumerate(prompts)]
-    outcome = run_auction(batch)
-    # Subtrees in order of their earliest arrival; inside them, again by arrival.
-    assert outcome.order == ["q0", "q4", "q2", "q1", "q3", "q5"]
-
-
-def test_a_user_with_several_requests_pays_once() -> None:
-    batch = [
-        AuctionRequest("a1", "alice", [1], 9),
-        AuctionRequest("a2", "alice", [2], 8),
-        AuctionRequest("b1", "bob", [3], 1),
-    ]
-    outcome = run_auction(batch)
-    assert set(outcome.payments) == {"alice", "bob"}
-    assert outcome.order == ["a1", "a2", "b1"]
-    # Alice pushes bob from first to last: 1 * (1 - 0) = 1 micro-credit of externality.
-    assert exact_payments(batch)["alice"] == 1
-
-
-def test_single_request_and_empty_batches() -> None:
-    alone = run_auction([AuctionRequest("only", "alice", [1, 2], 42)])
-    assert alone.order == ["only"]
-    assert alone.payments == {"alice": 0}
-    assert alone.priority("only") == 1
-    empty = run_auction([])
-    assert (empty.order, empty.payments, empty.revenue) == ([], {}, 0)
 
 
 def test_numpy_token_arrays_and_empty_prompts_are_accepted() -> None:
