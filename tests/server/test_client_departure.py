@@ -75,7 +75,8 @@ async def _stream_until(
     return events
 
 
-def test_clients_that_leave_stop_their_work_and_pay_only_for_what_they_got(
+@pytest.mark.anyio
+async def test_clients_that_leave_stop_their_work_and_pay_only_for_what_they_got(
     ledger_db: MigratedDatabase, engine: dict[str, Any]
 ) -> None:
     with running_server(
@@ -115,7 +116,7 @@ def test_clients_that_leave_stop_their_work_and_pay_only_for_what_they_got(
 
                 await asyncio.gather(after_first_token(), before_first_token(), whole_answer())
 
-        asyncio.run(scenario())
+        await scenario()
         left = time.monotonic()
         while _engine_busy(server):
             assert time.monotonic() - left < 1.0, "the engine still works for clients that left"
