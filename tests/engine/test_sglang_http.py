@@ -87,6 +87,9 @@ async def test_a_streamed_batch_goes_out_in_one_turn_of_the_loop_when_connection
     async def run(url: str) -> None:
         async with started_engine(url) as engine:
             # Warm the pool: `count` streams running at once leave `count` idle connections.
+            # The emulator holds them until all have arrived, so that none ends before the
+            # last one has its own connection (on a busy machine one could, and leave its
+            # connection to the next).
             warm = engine.dispatch(
                 [_request(f"w{i}", i, max_new=200, stream=True) for i in range(count)]
             )
@@ -103,7 +106,7 @@ async def test_a_streamed_batch_goes_out_in_one_turn_of_the_loop_when_connection
             results = [await generation.result() for generation in batch]
             assert all(r.usage.completion_tokens == 2 for r in results)
 
-    with emulator() as (url, _):
+    with emulator(together=count) as (url, _):
         await run(url)
 
 
