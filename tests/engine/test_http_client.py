@@ -372,7 +372,9 @@ async def test_the_deadline_covers_the_whole_request_and_closes_the_connection()
         return loop.time() - start
 
     elapsed = await _run(hang, body)
-    assert 0.2 <= elapsed < 1.5
+    # Not before the deadline (the loop's clock); after it, as soon as a loaded machine runs
+    # the loop: without a deadline over the whole request the stream would hang for good.
+    assert 0.2 <= elapsed < 5.0
 
 
 @pytest.mark.anyio
