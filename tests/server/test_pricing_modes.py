@@ -133,38 +133,80 @@ def test_an_auction_server_refuses_a_tier_by_name(server: RunningServer) -> None
         assert client.get("/v1/market/tiers").status_code == 404
 
 
+class _HeldEngine(EmbeddedEngine):
+    """The embedded engine, holding back a request whose rid names it so (`hold`) until
+    `release()`, called from any thread: sent, it has no first token until then."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._held: list[Generation] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _send(self, generations: list[Generation]) -> None:
+        self._loop = asyncio.get_running_loop()
+        held = [g for g in generations if "/hold" in g.request.rid]
+        self._held.extend(held)
+        super()._send([g for g in generations if g not in held])
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def release(self) -> None:
+        assert self._loop is not None, "nothing was held"
+        self._loop.call_soon_threadsafe(EmbeddedEngine._send, self, self._held)
+
+
+async def _queue_length(client: httpx.AsyncClient) -> int:
+    text = (await client.get("/metrics")).text
+    line = next(x for x in text.splitlines() if x.startswith("inference_auction_queue_length "))
+    return int(float(line.split()[1]))
+
+
 @pytest.mark.anyio
 async def test_a_higher_tier_is_served_first_under_saturation(ledger_db: MigratedDatabase) -> None:
-    # The engine counts as saturated while one request sent to it has no first token: a long
-    # prompt's prefill (about 0.6 s at real time) holds every request sent after it in the
-    # pool, and each batch then takes the dearest tier's first, four at a time.
-    with running_server(
-        ledger_db,
-        **TIERS,
-        saturation_requests=1,
-        batch_size=4,
-        max_wait_ms=0,
-        emulator_time_scale=1.0,
-    ) as server:
-        key = server.create_user("dave", budget=BUDGET)
-
-        async def burst() -> list[dict[str, Any]]:
-            async with server.async_client(key) as client:
-                blocker = {"text": "blocker " * 6000, "sampling_params": {"max_new_tokens": 1}}
-                tasks = [asyncio.create_task(client.post("/generate", json=blocker))]
-                await asyncio.sleep(0.1)
-                for index, tier in enumerate(["flex"] * 4 + ["priority"] * 4):
-                    body = {
-                        "text": f"Independent prompt {index} " * 30,
-                        "service_tier": tier,
-                        "rid": f"{tier}-{index:02d}",
-                        "sampling_params": {"max_new_tokens": 8},
-                    }
-                    tasks.append(asyncio.create_task(client.post("/generate", json=body)))
-                    await asyncio.sleep(0.02)  # a known arrival order
-                return [(await task).json() for task in tasks[1:]]
-
-        bodies = await burst()
+    # The engine counts as saturated while one request sent to it has no first token: a
+    # blocker held at the engine holds every request sent after it in the pool, and each
+    # batch then takes the dearest tier's first, four at a time. The requests arrive one at a
+    # time (each waits in the pool before the next is sent), and the blocker starts once all
+    # of them wait, however slow the machine.
+    settings = ServerSettings(
+        database_url=ledger_db.url,
+        **{
+            **TEST_SETTINGS,
+            **TIERS,
+            "saturation_requests": 1,
+            "batch_size": 4,
+            "max_wait_ms": 0,
+            # Room for a whole batch whether or not the blocker has left the engine by then.
+            "max_inflight": 16,
+        },
+    )
+    engine = _HeldEngine(time_scale=1.0)
+    with serve_app(settings, engine=engine) as url:
+        key = Ledger(ledger_db.new_engine()).create_user("dave", budget_micros=BUDGET).api_key
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
+            blocker = {
+                "text": "blocker " * 6000,
+                "rid": "hold",
+                "sampling_params": {"max_new_tokens": 1},
+            }
+            tasks = [asyncio.create_task(client.post("/generate", json=blocker))]
+            while not engine.held:
+                await asyncio.sleep(0.005)
+            for index, tier in enumerate(["flex"] * 4 + ["priority"] * 4):
+                body = {
+                    "text": f"Independent prompt {index} " * 30,
+                    "service_tier": tier,
+                    "rid": f"{tier}-{index:02d}",
+                    "sampling_params": {"max_new_tokens": 8},
+                }
+                tasks.append(asyncio.create_task(client.post("/generate", json=body)))
+                while await _queue_length(client) < index + 1:  # a known arrival order
+                    await asyncio.sleep(0.005)
+            engine.release()
+            bodies = [(await task).json() for task in tasks[1:]]
     first_token = {
         b["meta_info"]["id"]: b["meta_info"]["request_received_ts"]
         + b["meta_info"]["first_token_latency"]
