@@ -52,9 +52,12 @@ class AuthenticationCache:
     its own (a busy key has dozens in flight).
     """
 
-    def __init__(self, ttl: float = 2.0, size: int = 10_000) -> None:
+    def __init__(
+        self, ttl: float = 2.0, size: int = 10_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._ttl = ttl
         self._size = size
+        self._clock = clock  # seconds, of any origin
         self._entries: dict[str, tuple[float, UserInfo]] = {}
         self._reading: dict[str, asyncio.Future[UserInfo | None]] = {}
 
@@ -79,7 +82,7 @@ class AuthenticationCache:
     def get(self, key: str) -> UserInfo | None:
         """The user of `key` if it was authenticated less than `ttl` seconds ago."""
         entry = self._entries.get(_digest(key))
-        if entry is None or entry[0] < time.monotonic():
+        if entry is None or entry[0] < self._clock():
             return None
         return entry[1]
 
@@ -87,7 +90,7 @@ class AuthenticationCache:
         """Remember that `key` belongs to `user`."""
         if len(self._entries) >= self._size:
             self._entries.clear()  # crude but bounded; a full cache only costs reads
-        self._entries[_digest(key)] = (time.monotonic() + self._ttl, user)
+        self._entries[_digest(key)] = (self._clock() + self._ttl, user)
 
 
 def _digest(key: str) -> str:

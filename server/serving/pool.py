@@ -140,10 +140,13 @@ class BatchPool(Generic[Item]):
         inflight: Callable[[], int],
         saturated: Callable[[], bool] = _never,
         select: Callable[[list[Item], int], list[int]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`select(waiting, room)`: the places of the waiting requests a batch takes now, at
-        most `room` (`server.serving.pool`); by default the oldest."""
+        most `room` (`EngineShares.select`); by default the oldest. `clock`: seconds, for the
+        collection window."""
         self._policy = policy
+        self._clock = clock
         self._select = select
         # Set when the waiting requests may not go now (`select` took none): the pool waits
         # for a wake-up (a request left the engine, or a new one came).
@@ -166,7 +169,7 @@ class BatchPool(Generic[Item]):
             raise PoolClosed("the server is shutting down and accepts no new requests")
         if len(self._waiting) >= self._policy.max_queue:
             raise QueueFull(f"{len(self._waiting)} requests are already waiting")
-        self._waiting.append(_Waiting(item))
+        self._waiting.append(_Waiting(item, self._clock()))
         self._idle.clear()
         self._blocked = False
         self._wake.set()
@@ -234,13 +237,13 @@ class BatchPool(Generic[Item]):
             return False
         if self._draining or len(self._waiting) >= self._policy.batch_size:
             return True
-        return time.monotonic() - self._waiting[0].arrived >= self._policy.max_wait
+        return self._clock() - self._waiting[0].arrived >= self._policy.max_wait
 
     def _seconds_until_due(self) -> float | None:
         """How long until the oldest request's window runs out; None: wait for a wake-up."""
         if not self._waiting or self._blocked or self._engine_busy():
             return None
-        return self._waiting[0].arrived + self._policy.max_wait - time.monotonic()
+        return self._waiting[0].arrived + self._policy.max_wait - self._clock()
 
     def _mark_idle(self) -> None:
         if not self._waiting:

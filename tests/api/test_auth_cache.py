@@ -7,6 +7,8 @@ import threading
 import time
 from datetime import UTC, datetime
 
+import pytest
+
 from inference_auctions.billing import Period, UserInfo
 from inference_auctions.server.api.deps import AuthenticationCache
 
@@ -36,37 +38,40 @@ class SlowLedger:
         return ALICE if key == "good" else None
 
 
-def test_concurrent_misses_share_one_read_and_the_answer_is_cached() -> None:
+@pytest.mark.anyio
+async def test_concurrent_misses_share_one_read_and_the_answer_is_cached() -> None:
     ledger = SlowLedger()
     cache = AuthenticationCache(ttl=60)
 
-    async def run() -> list[UserInfo | None]:
-        return await asyncio.gather(*(cache.lookup("good", ledger.authenticate) for _ in range(50)))
-
-    assert asyncio.run(run()) == [ALICE] * 50
+    lookups = (cache.lookup("good", ledger.authenticate) for _ in range(50))
+    assert await asyncio.gather(*lookups) == [ALICE] * 50
     assert ledger.reads == 1
-    assert asyncio.run(cache.lookup("good", ledger.authenticate)) == ALICE
+    assert await cache.lookup("good", ledger.authenticate) == ALICE
     assert ledger.reads == 1  # cached
 
 
-def test_an_unknown_key_is_shared_but_not_cached() -> None:
+@pytest.mark.anyio
+async def test_an_unknown_key_is_shared_but_not_cached() -> None:
     ledger = SlowLedger()
     cache = AuthenticationCache(ttl=60)
 
-    async def burst() -> list[UserInfo | None]:
-        return await asyncio.gather(*(cache.lookup("bad", ledger.authenticate) for _ in range(20)))
-
-    assert asyncio.run(burst()) == [None] * 20
+    lookups = (cache.lookup("bad", ledger.authenticate) for _ in range(20))
+    assert await asyncio.gather(*lookups) == [None] * 20
     assert ledger.reads == 1
     # A key that failed is read again next time (it may have been created meanwhile).
-    assert asyncio.run(cache.lookup("bad", ledger.authenticate)) is None
+    assert await cache.lookup("bad", ledger.authenticate) is None
     assert ledger.reads == 2
 
 
-def test_an_expired_entry_is_read_again() -> None:
+@pytest.mark.anyio
+async def test_an_expired_entry_is_read_again() -> None:
     ledger = SlowLedger()
-    cache = AuthenticationCache(ttl=0.01)
-    assert asyncio.run(cache.lookup("good", ledger.authenticate)) == ALICE
-    time.sleep(0.02)
-    assert asyncio.run(cache.lookup("good", ledger.authenticate)) == ALICE
+    now = [1000.0]
+    cache = AuthenticationCache(ttl=2.0, clock=lambda: now[0])
+    assert await cache.lookup("good", ledger.authenticate) == ALICE
+    now[0] += 2.0  # at the end of its time to live, it is still good
+    assert await cache.lookup("good", ledger.authenticate) == ALICE
+    assert ledger.reads == 1
+    now[0] += 0.001
+    assert await cache.lookup("good", ledger.authenticate) == ALICE
     assert ledger.reads == 2

@@ -3,7 +3,6 @@ indistinguishable from FastAPI's answers (status, headers, bodies) on every way 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -81,19 +80,19 @@ def _settings(db: MigratedDatabase) -> ServerSettings:
     return ServerSettings(database_url=db.url, replica_name="gpu-7", **{**TEST_SETTINGS, **limits})
 
 
-def test_the_generation_routes_never_reach_fastapis_router(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_the_generation_routes_never_reach_fastapis_router(
+    ledger_db: MigratedDatabase,
+) -> None:
     scopes: list[Scope] = []
     app = create_app(_settings(ledger_db), engine=_FaultyEngine(time_scale=0.002))
     app.add_middleware(_ScopeRecorder, scopes=scopes)
 
-    async def main() -> None:
-        async with _client(app) as client:
-            for path in GENERATION_PATHS:
-                assert (await client.post(path, json={})).status_code == 401
-            assert (await client.get("/v1/models")).status_code == 200
-            assert (await client.get("/generate")).status_code == 405
-
-    asyncio.run(main())
+    async with _client(app) as client:
+        for path in GENERATION_PATHS:
+            assert (await client.post(path, json={})).status_code == 401
+        assert (await client.get("/v1/models")).status_code == 200
+        assert (await client.get("/generate")).status_code == 405
     direct, models, wrong_method = scopes[:3], scopes[3], scopes[4]
     for scope in direct:
         assert "router" not in scope and "starlette.exception_handlers" not in scope
@@ -185,27 +184,24 @@ def _users(db: MigratedDatabase) -> dict[str, str]:
     return keys
 
 
-def test_direct_answers_are_fastapis_answers(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_direct_answers_are_fastapis_answers(ledger_db: MigratedDatabase) -> None:
     keys = _users(ledger_db)
     settings = _settings(ledger_db)
     direct = create_app(settings, engine=_FaultyEngine(time_scale=0.002))
     routed = _through_fastapi(create_app(settings, engine=_FaultyEngine(time_scale=0.002)))
 
-    async def main() -> list[tuple[Any, dict[str, Any], dict[str, Any]]]:
-        answers = []
-        async with AsyncExitStack() as stack:
-            ours = await stack.enter_async_context(_client(direct))
-            theirs = await stack.enter_async_context(_client(routed))
-            for method, path, headers, body in _requests(keys):
-                kind = {"content": body} if isinstance(body, bytes) else {"json": body}
-                options: dict[str, Any] = {"headers": headers, **(kind if body is not None else {})}
-                answer = await ours.request(method, path, **options)
-                reference = await theirs.request(method, path, **options)
-                request = (method, path, headers, body)
-                answers.append((request, _normalized(answer), _normalized(reference)))
-        return answers
-
-    answers = asyncio.run(main())
+    answers = []
+    async with AsyncExitStack() as stack:
+        ours = await stack.enter_async_context(_client(direct))
+        theirs = await stack.enter_async_context(_client(routed))
+        for method, path, headers, body in _requests(keys):
+            kind = {"content": body} if isinstance(body, bytes) else {"json": body}
+            options: dict[str, Any] = {"headers": headers, **(kind if body is not None else {})}
+            answer = await ours.request(method, path, **options)
+            reference = await theirs.request(method, path, **options)
+            request = (method, path, headers, body)
+            answers.append((request, _normalized(answer), _normalized(reference)))
     for request, answer, reference in answers:
         assert answer == reference, request
     statuses = {answer["status"] for _, answer, _ in answers}
@@ -287,10 +283,11 @@ def _raising_app(direct: bool) -> FastAPI:
     return app
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize(
     "kind", ["teapot", "forbidden", "derived", "sync", "unhandled", "silent", "late"]
 )
-def test_exceptions_are_rendered_by_the_same_handlers(kind: str) -> None:
+async def test_exceptions_are_rendered_by_the_same_handlers(kind: str) -> None:
     async def answer(app: FastAPI) -> tuple[int, str, list[tuple[str, str]]]:
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -300,9 +297,7 @@ def test_exceptions_are_rendered_by_the_same_handlers(kind: str) -> None:
                 return 0, f"{type(error).__name__}: {error} (from {error.__cause__!r})", []
             return response.status_code, response.text, response.headers.multi_items()
 
-    assert asyncio.run(answer(_raising_app(direct=True))) == asyncio.run(
-        answer(_raising_app(direct=False))
-    )
+    assert await answer(_raising_app(direct=True)) == await answer(_raising_app(direct=False))
 
 
 def test_a_route_that_needs_fastapi_is_refused() -> None:

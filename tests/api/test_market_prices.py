@@ -19,7 +19,7 @@ from tests.server.money_audit import audit_money_against_answers
 _USERS = ("u1", "u2", "u3")
 
 
-def _contested_batches(server: RunningServer, keys: dict[str, str], count: int) -> list[str]:
+async def _contested_batches(server: RunningServer, keys: dict[str, str], count: int) -> list[str]:
     """`count` batches of three users bidding 3, 2 and 1 credits (each on top in turn); their
     ledger rids."""
 
@@ -39,18 +39,19 @@ def _contested_batches(server: RunningServer, keys: dict[str, str], count: int) 
             assert [r.status_code for r in await asyncio.gather(*sent)] == [200] * 3
 
     for round_ in range(count):
-        asyncio.run(one(round_))
+        await one(round_)
     return [f"{name}/c{r}" for r in range(count) for name in _USERS]
 
 
-def test_lone_batches_do_not_drag_the_top_band_and_one_batch_reveals_nothing(
+@pytest.mark.anyio
+async def test_lone_batches_do_not_drag_the_top_band_and_one_batch_reveals_nothing(
     ledger_db: MigratedDatabase,
 ) -> None:
     # Before: a user's only request in a batch of one (priority 1, charge 0) counted in the top
     # band, so six lone requests made its median 0; and max_batches=1 showed one batch's users.
     with running_server(ledger_db, batch_size=3, max_wait_ms=300) as server:
         keys = {name: server.create_user(name) for name in (*_USERS, "lone")}
-        rids = _contested_batches(server, keys, 3)
+        rids = await _contested_batches(server, keys, 3)
         with server.client(keys["lone"]) as client:
             for i in range(6):
                 body = {"rid": f"l{i}", "text": f"alone {i}", "bid": "1"}
@@ -71,7 +72,8 @@ def test_lone_batches_do_not_drag_the_top_band_and_one_batch_reveals_nothing(
         audit_money_against_answers(server.ledger, outcomes)
 
 
-def test_a_flood_of_price_questions_costs_its_own_key(
+@pytest.mark.anyio
+async def test_a_flood_of_price_questions_costs_its_own_key(
     ledger_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A budget of computing time so small that one computed answer spends it.
@@ -79,7 +81,7 @@ def test_a_flood_of_price_questions_costs_its_own_key(
     monkeypatch.setattr(market_prices, "_COST_RATE", 1e-9)
     with running_server(ledger_db, batch_size=3, max_wait_ms=300) as server:
         keys = {name: server.create_user(name) for name in (*_USERS, "flood", "other")}
-        rids = _contested_batches(server, keys, 1)
+        rids = await _contested_batches(server, keys, 1)
         with server.client(keys["flood"]) as flood, server.client(keys["other"]) as other:
             statuses = [
                 flood.get("/v1/market/prices", params={"window_seconds": 60 * (i + 1)}).status_code

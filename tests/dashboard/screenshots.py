@@ -116,6 +116,7 @@ def main() -> None:
         root = server.create_user("root", admin=True)
         seconds = args.minutes * 60
         _sign_in(driver, server.url, root, "market")  # the live chart fills while traffic runs
+        # A script's own event loop, between blocking browser steps.
         asyncio.run(_traffic(server, keys, seconds))
         args.folder.mkdir(parents=True, exist_ok=True)
         time.sleep(3)

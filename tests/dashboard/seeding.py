@@ -176,5 +176,8 @@ async def _traffic(server: RunningServer, keys: dict[str, str], rounds: int) -> 
 
 
 def send_traffic(server: RunningServer, keys: dict[str, str], rounds: int = 4) -> None:
-    """Each user sends two concurrent requests per round, every user at once."""
+    """Each user sends two concurrent requests per round, every user at once.
+
+    Synchronous on purpose, with an event loop of its own (asyncio.run): sync fixtures and the
+    browser tests call it between blocking steps; an async test calls it in a thread."""
     asyncio.run(_traffic(server, keys, rounds))

@@ -50,7 +50,8 @@ def test_a_flood_of_account_views_costs_its_own_key(
         audit_money_against_answers(server.ledger, _served(server.ledger, list(keys)))
 
 
-def test_callers_of_one_account_share_one_read(
+@pytest.mark.anyio
+async def test_callers_of_one_account_share_one_read(
     ledger_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads = 0
@@ -65,7 +66,8 @@ def test_callers_of_one_account_share_one_read(
     monkeypatch.setattr(account_reads, "KEPT_SECONDS", 30.0)
     with running_server(ledger_db) as server:
         key = server.create_user("flood")
-        send_traffic(server, {"flood": key}, rounds=1)
+        # The helper drives its own event loop; a thread keeps it off this test's loop.
+        await asyncio.to_thread(send_traffic, server, {"flood": key}, rounds=1)
 
         async def flood() -> list[httpx.Response]:
             async with server.async_client(key) as client:
@@ -73,7 +75,7 @@ def test_callers_of_one_account_share_one_read(
                     *(client.get("/v1/dashboard/account") for _ in range(40))
                 )
 
-        answers = asyncio.run(flood())
+        answers = await flood()
         assert {a.status_code for a in answers} == {200}
         assert reads == 1, "40 concurrent calls of one account read it more than once"
         audit_money_against_answers(server.ledger, _served(server.ledger, ["flood"]))

@@ -445,42 +445,40 @@ def test_no_key_reaches_the_servers_logs(
     assert alice not in text and secret not in text and root not in text
 
 
-def test_the_market_view_flags_zero_bids_under_other_users_prefixes(
+@pytest.mark.anyio
+async def test_the_market_view_flags_zero_bids_under_other_users_prefixes(
     server: RunningServer,
 ) -> None:
     keys = {name: server.create_user(name) for name in ("alice", "bob")}
     mallory = server.create_user("mallory")
     root = server.create_user("root", admin=True)
 
-    async def rounds() -> None:
-        async def send(key: str, rid: str, text: str, bid: str) -> None:
-            async with server.async_client(key) as client:
-                body = {
-                    "text": text,
-                    "bid": bid,
-                    "rid": rid,
-                    "sampling_params": {"max_new_tokens": 2},
-                }
-                reply = await client.post("/generate", json=body)
-                assert reply.status_code == 200, reply.text
+    async def send(key: str, rid: str, text: str, bid: str) -> None:
+        async with server.async_client(key) as client:
+            body = {
+                "text": text,
+                "bid": bid,
+                "rid": rid,
+                "sampling_params": {"max_new_tokens": 2},
+            }
+            reply = await client.post("/generate", json=body)
+            assert reply.status_code == 200, reply.text
 
-        for index in range(4):
-            await asyncio.gather(
-                *(
-                    send(
-                        key,
-                        f"{name}-{index}",
-                        f"A long shared system prompt. {name} asks {index}.",
-                        "0.5",
-                    )
-                    for name, key in keys.items()
-                ),
-                # Zero-bid requests under the others' shared prefix, and one with a fresh prompt.
-                send(mallory, f"m-{index}", f"A long shared system prompt. decoy {index}.", "0"),
-                send(mallory, f"f-{index}", f"Nothing alike {index}.", "0"),
-            )
-
-    asyncio.run(rounds())
+    for index in range(4):
+        await asyncio.gather(
+            *(
+                send(
+                    key,
+                    f"{name}-{index}",
+                    f"A long shared system prompt. {name} asks {index}.",
+                    "0.5",
+                )
+                for name, key in keys.items()
+            ),
+            # Zero-bid requests under the others' shared prefix, and one with a fresh prompt.
+            send(mallory, f"m-{index}", f"A long shared system prompt. decoy {index}.", "0"),
+            send(mallory, f"f-{index}", f"Nothing alike {index}.", "0"),
+        )
     with _sign_in(server, root) as client:
         body = client.get("/v1/dashboard/market").json()
     flagged = body["prefix_squatters"]["accounts"]
@@ -522,7 +520,10 @@ def test_a_flood_of_sign_ins_cannot_sign_the_operator_out() -> None:
     assert session is not None and session.user == "root"
 
 
-def test_requests_whose_client_left_are_counted_by_outcome(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_requests_whose_client_left_are_counted_by_outcome(
+    ledger_db: MigratedDatabase,
+) -> None:
     # Before: the views counted served and failed only; an abandoned request (charged, its
     # client gone after its first token) was in the total and in neither count.
     long = {"max_new_tokens": 6_000, "ignore_eos": True}
@@ -552,7 +553,7 @@ def test_requests_whose_client_left_are_counted_by_outcome(ledger_db: MigratedDa
         async def both() -> None:
             await asyncio.gather(leave_after("al", "2", 1), leave_after("bo", "1", 0))
 
-        asyncio.run(both())
+        await both()
         deadline = time.monotonic() + 10
         while any(
             (found := server.ledger.find_request(f"{n}/r")) is None or found.status == "scheduled"

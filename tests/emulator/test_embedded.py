@@ -37,7 +37,8 @@ def _request(rid: str, prompt: list[int], max_new: int = 2, **more: Any) -> Engi
     return EngineRequest(rid, prompt, {"max_new_tokens": max_new}, **more)
 
 
-def test_a_batch_is_served_in_priority_order_with_cache_reuse() -> None:
+@pytest.mark.anyio
+async def test_a_batch_is_served_in_priority_order_with_cache_reuse() -> None:
     article = encode("An article about radix trees and auctions. " * 40)
 
     async def run() -> list[EngineResult]:
@@ -51,7 +52,7 @@ def test_a_batch_is_served_in_priority_order_with_cache_reuse() -> None:
             generations = engine.dispatch(batch)
             return [await g.result() for g in generations]
 
-    results = asyncio.run(run())
+    results = await run()
     by_first_token = sorted(results, key=lambda r: r.meta_info["prefill_finished_time"])
     assert [r.rid for r in by_first_token] == [f"q{p}" for p in range(6)]
     shared = len(article) + 1  # the article and " Question"
@@ -59,14 +60,15 @@ def test_a_batch_is_served_in_priority_order_with_cache_reuse() -> None:
     assert all(r.usage.prompt_tokens == len(article) + len(encode(" Question 0?")) for r in results)
 
 
-def test_generate_and_stream_agree() -> None:
+@pytest.mark.anyio
+async def test_generate_and_stream_agree() -> None:
     async def run() -> tuple[EngineResult, list[Any]]:
         async with _engine() as engine:
             result = await engine.generate(_request("a", [1, 2, 3], 5))
             chunks = [c async for c in engine.stream(_request("b", [1, 2, 3], 5, stream=True))]
             return result, chunks
 
-    result, chunks = asyncio.run(run())
+    result, chunks = await run()
     assert [c.meta_info["completion_tokens"] for c in chunks] == [1, 2, 3, 4, 5]
     assert chunks[-1].text == result.text
     assert result.usage.cached_tokens == 0
@@ -74,7 +76,8 @@ def test_generate_and_stream_agree() -> None:
     assert result.ttft is not None and result.e2e_latency is not None
 
 
-def test_bad_requests_are_rejected_per_generation() -> None:
+@pytest.mark.anyio
+async def test_bad_requests_are_rejected_per_generation() -> None:
     async def run() -> tuple[BaseException | EngineResult, ...]:
         async with _engine(cache_tokens=100) as engine:
             generations = engine.dispatch(
@@ -88,41 +91,36 @@ def test_bad_requests_are_rejected_per_generation() -> None:
                 await asyncio.gather(*(g.result() for g in generations), return_exceptions=True)
             )
 
-    unknown, too_long, fine = asyncio.run(run())
+    unknown, too_long, fine = await run()
     assert isinstance(unknown, EngineRejected) and "unknown field" in unknown.message
     assert isinstance(too_long, EngineRejected) and "context length" in too_long.message
     assert isinstance(fine, EngineResult)
 
 
-def test_close_fails_what_is_still_running() -> None:
-    async def run() -> BaseException | EngineResult:
-        engine = EmbeddedEngine(time_scale=1.0)
-        await engine.start()
-        assert await engine.health()
-        (generation,) = engine.dispatch([_request("slow", [1, 2, 3], 1000)])
-        await generation.admitted()
-        await engine.close()
-        assert not await engine.health()
-        (outcome,) = await asyncio.gather(generation.result(), return_exceptions=True)
-        return outcome
-
-    outcome = asyncio.run(run())
+@pytest.mark.anyio
+async def test_close_fails_what_is_still_running() -> None:
+    engine = EmbeddedEngine(time_scale=1.0)
+    await engine.start()
+    assert await engine.health()
+    (generation,) = engine.dispatch([_request("slow", [1, 2, 3], 1000)])
+    await generation.admitted()
+    await engine.close()
+    assert not await engine.health()
+    (outcome,) = await asyncio.gather(generation.result(), return_exceptions=True)
     assert isinstance(outcome, EngineUnavailable)
 
 
-def test_a_cancelled_generation_frees_the_engine() -> None:
-    async def run() -> None:
-        async with _engine() as engine:
-            (generation,) = engine.dispatch([_request("gone", [1, 2, 3], 10_000)])
-            await generation.admitted()
-            generation.cancel()
-            with pytest.raises(EngineUnavailable):
-                await generation.result()
-            async with asyncio.timeout(5):  # a request in its prefill step leaves at its end
-                while engine.live.simulator.num_running:
-                    await asyncio.sleep(0.001)
-
-    asyncio.run(run())
+@pytest.mark.anyio
+async def test_a_cancelled_generation_frees_the_engine() -> None:
+    async with _engine() as engine:
+        (generation,) = engine.dispatch([_request("gone", [1, 2, 3], 10_000)])
+        await generation.admitted()
+        generation.cancel()
+        with pytest.raises(EngineUnavailable):
+            await generation.result()
+        async with asyncio.timeout(5):  # a request in its prefill step leaves at its end
+            while engine.live.simulator.num_running:
+                await asyncio.sleep(0.001)
 
 
 def test_make_engine_picks_by_url() -> None:
@@ -145,7 +143,8 @@ class _FailingSimulator(EngineSimulator):
         return super().advance_to(time)
 
 
-def test_a_driver_failure_fails_what_is_in_flight() -> None:
+@pytest.mark.anyio
+async def test_a_driver_failure_fails_what_is_in_flight() -> None:
     async def run() -> BaseException | EngineResult:
         simulator = _FailingSimulator()
         engine = EmbeddedEngine(LiveSimulator(simulator, time_scale=0.01))
@@ -159,14 +158,15 @@ def test_a_driver_failure_fails_what_is_in_flight() -> None:
         finally:
             await engine.close()
 
-    outcome = asyncio.run(run())
+    outcome = await run()
     assert isinstance(outcome, EngineServerError)
     assert outcome.engine_status == 500
 
 
-def test_long_and_short_texts_tokenize_alike() -> None:
+@pytest.mark.anyio
+async def test_long_and_short_texts_tokenize_alike() -> None:
     # A long text is tokenized on a worker thread; the ids must not depend on where.
     engine = EmbeddedEngine(time_scale=0.001)
     long_text = "The quick brown fox jumps over the lazy dog. " * 2_000
-    assert asyncio.run(engine.tokenize(long_text)) == encode(long_text)
-    assert asyncio.run(engine.tokenize("short text")) == encode("short text")
+    assert await engine.tokenize(long_text) == encode(long_text)
+    assert await engine.tokenize("short text") == encode("short text")

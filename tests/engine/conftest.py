@@ -3,6 +3,7 @@ Hugging Face tokenizer.json, trained here, for the local tokenizer's tests."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -63,12 +64,35 @@ def serve(app: Any) -> Iterator[str]:
         assert not thread.is_alive(), "the test server did not stop"
 
 
+class _Together:
+    """ASGI middleware that holds the first `count` `/generate` requests until all of them have
+    arrived: they are then in flight at once, on `count` connections, however slow the client."""
+
+    def __init__(self, app: Any, count: int) -> None:
+        self.app = app
+        self.left = count
+        self.arrived: asyncio.Event | None = None  # made on the server's own event loop
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/generate" and self.left > 0:
+            if self.arrived is None:
+                self.arrived = asyncio.Event()
+            self.left -= 1
+            if self.left == 0:
+                self.arrived.set()
+            await self.arrived.wait()
+        await self.app(scope, receive, send)
+
+
 @contextmanager
-def emulator(time_scale: float = 0.01, **simulator: Any) -> Iterator[tuple[str, PathCounter]]:
-    """The SGLang emulator app on a free port, with its per-path request counts."""
+def emulator(
+    time_scale: float = 0.01, together: int = 0, **simulator: Any
+) -> Iterator[tuple[str, PathCounter]]:
+    """The SGLang emulator app on a free port, with its per-path request counts; the first
+    `together` generations wait for each other before any is served."""
     live = LiveSimulator(EngineSimulator(**simulator), time_scale=time_scale)
     app = PathCounter(create_sglang_app(live))
-    with serve(app) as url:
+    with serve(_Together(app, together) if together else app) as url:
         yield url, app
 
 

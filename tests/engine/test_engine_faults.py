@@ -56,24 +56,23 @@ async def _generate(handler: Handler, request: EngineRequest = REQUEST) -> Engin
     return caught.value
 
 
-def test_a_refused_connection_is_unavailable() -> None:
-    async def run() -> None:
-        engine = SGLangHTTPEngine(f"http://127.0.0.1:{free_port()}")
-        await engine.start()
-        try:
-            assert not await engine.health()
-            with pytest.raises(EngineUnavailable) as caught:
-                await engine.generate(REQUEST)
-            assert caught.value.http_status == 502
-            with pytest.raises(EngineUnavailable):
-                await engine.tokenize("hello")
-        finally:
-            await engine.close()
-
-    asyncio.run(run())
+@pytest.mark.anyio
+async def test_a_refused_connection_is_unavailable() -> None:
+    engine = SGLangHTTPEngine(f"http://127.0.0.1:{free_port()}")
+    await engine.start()
+    try:
+        assert not await engine.health()
+        with pytest.raises(EngineUnavailable) as caught:
+            await engine.generate(REQUEST)
+        assert caught.value.http_status == 502
+        with pytest.raises(EngineUnavailable):
+            await engine.tokenize("hello")
+    finally:
+        await engine.close()
 
 
-def test_an_engine_that_never_answers_times_out() -> None:
+@pytest.mark.anyio
+async def test_an_engine_that_never_answers_times_out() -> None:
     # The kernel completes the connection from the listen backlog; nobody ever reads it.
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
@@ -90,10 +89,11 @@ def test_an_engine_that_never_answers_times_out() -> None:
             finally:
                 await engine.close()
 
-        error = asyncio.run(run())
+        error = await run()
     assert error.http_status == 504
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize(
     ("status", "body", "kind", "text"),
     [
@@ -109,79 +109,88 @@ def test_an_engine_that_never_answers_times_out() -> None:
         (404, b'{"detail": "Not Found"}', EngineRejected, "Not Found"),
     ],
 )
-def test_error_statuses_map_to_engine_errors(
+async def test_error_statuses_map_to_engine_errors(
     status: int, body: bytes, kind: type[EngineError], text: str
 ) -> None:
-    error = asyncio.run(_generate(answer(response(status, body))))
+    error = await _generate(answer(response(status, body)))
     assert type(error) is kind
     assert error.engine_status == status
     assert text in error.message
 
 
-def test_a_body_that_is_not_json_is_a_protocol_error() -> None:
-    error = asyncio.run(_generate(answer(response(200, b"<html>"))))
+@pytest.mark.anyio
+async def test_a_body_that_is_not_json_is_a_protocol_error() -> None:
+    error = await _generate(answer(response(200, b"<html>")))
     assert isinstance(error, EngineProtocolError)
 
 
-def test_an_aborted_request_is_a_failure() -> None:
+@pytest.mark.anyio
+async def test_an_aborted_request_is_a_failure() -> None:
     reason = {"type": "abort", "message": "out of memory", "status_code": 500}
     body = {"text": "", "output_ids": [], "meta_info": _meta(reason, 0)}
-    error = asyncio.run(_generate(answer(response(200, json.dumps(body).encode()))))
+    error = await _generate(answer(response(200, json.dumps(body).encode())))
     assert isinstance(error, EngineServerError)
     assert "out of memory" in error.message
 
 
-def test_a_stream_cut_before_its_last_chunk_is_a_protocol_error() -> None:
+@pytest.mark.anyio
+async def test_a_stream_cut_before_its_last_chunk_is_a_protocol_error() -> None:
     first = event({"text": " a", "output_ids": [5], "meta_info": _meta(None)})
     # The connection closes in the middle of the chunked body.
-    error = asyncio.run(_generate(answer(chunked_head() + chunk(first), keep=False), STREAMED))
+    error = await _generate(answer(chunked_head() + chunk(first), keep=False), STREAMED)
     assert isinstance(error, EngineProtocolError)
     assert "broke" in error.message
     assert error.http_status == 502
 
 
-def test_a_stream_that_ends_unfinished_is_a_protocol_error() -> None:
+@pytest.mark.anyio
+async def test_a_stream_that_ends_unfinished_is_a_protocol_error() -> None:
     events = [
         event({"text": " a", "output_ids": [5], "meta_info": _meta(None)}),
         b"data: [DONE]\n\n",
     ]
-    error = asyncio.run(_generate(answer(streamed(events)), STREAMED))
+    error = await _generate(answer(streamed(events)), STREAMED)
     assert isinstance(error, EngineProtocolError)
     assert "before the request finished" in error.message
 
 
-def test_an_event_that_is_not_json_is_a_protocol_error() -> None:
-    error = asyncio.run(_generate(answer(streamed([b"data: {not json\n\n"])), STREAMED))
+@pytest.mark.anyio
+async def test_an_event_that_is_not_json_is_a_protocol_error() -> None:
+    error = await _generate(answer(streamed([b"data: {not json\n\n"])), STREAMED)
     assert isinstance(error, EngineProtocolError)
     assert "not JSON" in error.message
 
 
-def test_an_error_event_in_a_stream_keeps_its_code() -> None:
+@pytest.mark.anyio
+async def test_an_error_event_in_a_stream_keeps_its_code() -> None:
     events = [
         event({"text": " a", "output_ids": [5], "meta_info": _meta(None)}),
         event({"error": {"message": "scheduler crashed", "code": 500}}),
         b"data: [DONE]\n\n",
     ]
-    error = asyncio.run(_generate(answer(streamed(events)), STREAMED))
+    error = await _generate(answer(streamed(events)), STREAMED)
     assert isinstance(error, EngineServerError)
     assert "scheduler crashed" in error.message
 
 
-def test_an_error_status_on_a_streamed_request_keeps_its_mapping() -> None:
-    error = asyncio.run(_generate(answer(response(503, b'{"message": "busy"}')), STREAMED))
+@pytest.mark.anyio
+async def test_an_error_status_on_a_streamed_request_keeps_its_mapping() -> None:
+    error = await _generate(answer(response(503, b'{"message": "busy"}')), STREAMED)
     assert isinstance(error, EngineUnavailable)
     assert error.engine_status == 503 and "busy" in error.message
 
 
-def test_a_server_that_closes_without_answering_is_unavailable() -> None:
+@pytest.mark.anyio
+async def test_a_server_that_closes_without_answering_is_unavailable() -> None:
     async def hang_up(_: RawRequest, __: asyncio.StreamReader, ___: asyncio.StreamWriter) -> bool:
         return False
 
-    error = asyncio.run(_generate(hang_up))
+    error = await _generate(hang_up)
     assert isinstance(error, EngineUnavailable)
 
 
-def test_a_streamed_result_reads_sglang_events() -> None:
+@pytest.mark.anyio
+async def test_a_streamed_result_reads_sglang_events() -> None:
     final = _meta({"type": "length", "length": 2}, 2) | {"first_token_latency": 0.25}
     events = [
         b": keep-alive comment\n\n",
@@ -199,13 +208,14 @@ def test_a_streamed_result_reads_sglang_events() -> None:
             finally:
                 await engine.close()
 
-    chunks = asyncio.run(run())
+    chunks = await run()
     assert [c.text for c in chunks] == [" a", " a b"]
     assert chunks[-1].finished and not chunks[0].finished
     assert chunks[-1].meta_info["first_token_latency"] == 0.25
 
 
-def test_the_request_body_follows_the_mode() -> None:
+@pytest.mark.anyio
+async def test_the_request_body_follows_the_mode() -> None:
     async def handle(
         request: RawRequest, _: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
@@ -228,8 +238,8 @@ def test_the_request_body_follows_the_mode() -> None:
                 await engine.close()
         return server.requests
 
-    (priority,) = asyncio.run(run("priority"))
-    (ordered,) = asyncio.run(run("ordered"))
+    (priority,) = await run("priority")
+    (ordered,) = await run("ordered")
     assert (priority.method, priority.path) == ("POST", "/generate")
     assert priority.headers["authorization"] == "Bearer k-123"
     assert priority.json() == {

@@ -43,19 +43,17 @@ async def _drops_the_second_request_on_the_first_connection(
     return True
 
 
-def _run(handler: Handler, body: Callable[[RawServer, HTTPClient], Awaitable[Any]]) -> Any:
-    async def run() -> Any:
-        async with RawServer(handler) as server:
-            client = HTTPClient(server.url, connect_timeout=2)
-            try:
-                return await body(server, client)
-            finally:
-                await client.aclose()
-
-    return asyncio.run(run())
+async def _run(handler: Handler, body: Callable[[RawServer, HTTPClient], Awaitable[Any]]) -> Any:
+    async with RawServer(handler) as server:
+        client = HTTPClient(server.url, connect_timeout=2)
+        try:
+            return await body(server, client)
+        finally:
+            await client.aclose()
 
 
-def test_a_second_request_reuses_the_connection() -> None:
+@pytest.mark.anyio
+async def test_a_second_request_reuses_the_connection() -> None:
     async def body(server: RawServer, client: HTTPClient) -> None:
         first = await client.request("POST", "/generate", {"a": 1})
         second = await client.request("GET", "/health")
@@ -69,10 +67,11 @@ def test_a_second_request_reuses_the_connection() -> None:
             ("GET", "/health"),
         ]
 
-    _run(answer(OK), body)
+    await _run(answer(OK), body)
 
 
-def test_concurrent_requests_open_a_connection_each() -> None:
+@pytest.mark.anyio
+async def test_concurrent_requests_open_a_connection_each() -> None:
     release = asyncio.Event()
 
     async def slow(_: RawRequest, __: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -89,10 +88,11 @@ def test_concurrent_requests_open_a_connection_each() -> None:
         assert len(server.connections) == 5
         assert client.idle_connections == 5
 
-    _run(slow, body)
+    await _run(slow, body)
 
 
-def test_connection_close_is_honoured() -> None:
+@pytest.mark.anyio
+async def test_connection_close_is_honoured() -> None:
     async def body(server: RawServer, client: HTTPClient) -> None:
         for _ in range(2):
             assert (await client.request("GET", "/health")).status == 200
@@ -101,10 +101,11 @@ def test_connection_close_is_honoured() -> None:
         assert client.open_connections == 0
 
     # The server keeps its end open: the client must close on the header alone.
-    _run(answer(response(200, b"{}", [("Connection", "close")]), keep=True), body)
+    await _run(answer(response(200, b"{}", [("Connection", "close")]), keep=True), body)
 
 
-def test_a_cancelled_stream_closes_its_connection() -> None:
+@pytest.mark.anyio
+async def test_a_cancelled_stream_closes_its_connection() -> None:
     async def one_event_then_wait(
         _: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
@@ -129,10 +130,11 @@ def test_a_cancelled_stream_closes_its_connection() -> None:
         assert got == [b"1"]
         assert client.open_connections == 0
 
-    _run(one_event_then_wait, body)
+    await _run(one_event_then_wait, body)
 
 
-def test_a_stream_left_before_its_end_is_not_reused() -> None:
+@pytest.mark.anyio
+async def test_a_stream_left_before_its_end_is_not_reused() -> None:
     async def body(server: RawServer, client: HTTPClient) -> None:
         async with client.stream("POST", "/generate") as streamed:
             assert streamed.status == 200
@@ -149,10 +151,13 @@ def test_a_stream_left_before_its_end_is_not_reused() -> None:
         writer.write(chunked_head() + chunk(b"data: 1\n\n"))
         return await until_closed(reader)
 
-    _run(handle, body)
+    await _run(handle, body)
 
 
-def test_a_stream_written_ahead_is_read_when_entered_and_needs_no_connection_of_its_own() -> None:
+@pytest.mark.anyio
+async def test_a_stream_written_ahead_is_read_when_entered_and_needs_no_connection_of_its_own() -> (
+    None
+):
     async def body(server: RawServer, client: HTTPClient) -> None:
         await client.request("POST", "/generate", {"n": 1})  # one idle connection now
         sent: list[int] = []
@@ -167,10 +172,11 @@ def test_a_stream_written_ahead_is_read_when_entered_and_needs_no_connection_of_
         assert [r.json()["n"] for r in server.requests] == [1, 2, 3]
         assert [r.connection for r in server.requests] == [0, 0, 1]
 
-    _run(answer(OK), body)
+    await _run(answer(OK), body)
 
 
-def test_a_stream_written_ahead_on_a_stale_connection_is_sent_again_when_entered() -> None:
+@pytest.mark.anyio
+async def test_a_stream_written_ahead_on_a_stale_connection_is_sent_again_when_entered() -> None:
     # As for `request`: the idle connection the stream was written on turns out closed
     # before any byte of an answer, so entering the block sends it once more, on a fresh one.
     async def body(server: RawServer, client: HTTPClient) -> None:
@@ -182,10 +188,11 @@ def test_a_stream_written_ahead_on_a_stale_connection_is_sent_again_when_entered
         assert [r.json()["n"] for r in server.requests] == [1, 2, 2]
         assert [r.connection for r in server.requests] == [0, 0, 1]
 
-    _run(_drops_the_second_request_on_the_first_connection, body)
+    await _run(_drops_the_second_request_on_the_first_connection, body)
 
 
-def test_an_abandoned_stream_closes_its_connection() -> None:
+@pytest.mark.anyio
+async def test_an_abandoned_stream_closes_its_connection() -> None:
     async def one_event_then_wait(
         request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
@@ -206,10 +213,11 @@ def test_an_abandoned_stream_closes_its_connection() -> None:
         assert client.open_connections == 0
         streaming.abandon()  # a second time: nothing left to do
 
-    _run(one_event_then_wait, body)
+    await _run(one_event_then_wait, body)
 
 
-def test_events_are_split_on_blank_lines_across_any_segmentation() -> None:
+@pytest.mark.anyio
+async def test_events_are_split_on_blank_lines_across_any_segmentation() -> None:
     body_bytes = (
         b": a comment\n\n"
         b'data: {"a": 1}\n\n'
@@ -237,7 +245,7 @@ def test_events_are_split_on_blank_lines_across_any_segmentation() -> None:
         assert client.idle_connections == 1  # read to its end: reusable
         return payloads
 
-    assert _run(dribble, body) == [
+    assert await _run(dribble, body) == [
         b'{"a": 1}',
         b"first line\nsecond line",
         b"no space",
@@ -245,7 +253,8 @@ def test_events_are_split_on_blank_lines_across_any_segmentation() -> None:
     ]
 
 
-def test_content_length_and_chunked_bodies_are_read_whole() -> None:
+@pytest.mark.anyio
+async def test_content_length_and_chunked_bodies_are_read_whole() -> None:
     big = json.dumps({"tokens": list(range(50_000))}).encode()
 
     async def handle(
@@ -263,10 +272,11 @@ def test_content_length_and_chunked_bodies_are_read_whole() -> None:
             assert answer_.content == big
         assert len(server.connections) == 1
 
-    _run(handle, body)
+    await _run(handle, body)
 
 
-def test_an_idle_connection_the_server_closed_is_survived() -> None:
+@pytest.mark.anyio
+async def test_an_idle_connection_the_server_closed_is_survived() -> None:
     async def answer_then_close(
         _: RawRequest, __: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
@@ -281,10 +291,11 @@ def test_an_idle_connection_the_server_closed_is_survived() -> None:
         assert len(server.connections) == 3
         assert len(server.requests) == 3
 
-    _run(answer_then_close, body)
+    await _run(answer_then_close, body)
 
 
-def test_a_stale_connection_is_retried_once_on_a_fresh_one() -> None:
+@pytest.mark.anyio
+async def test_a_stale_connection_is_retried_once_on_a_fresh_one() -> None:
     # The close crosses the second request: the server drops it unanswered, on the reused
     # connection, before any byte of an answer. That one request is sent again.
     async def body(server: RawServer, client: HTTPClient) -> None:
@@ -298,10 +309,11 @@ def test_a_stale_connection_is_retried_once_on_a_fresh_one() -> None:
         assert [r.connection for r in server.requests] == [0, 0, 1]
         assert sent  # admitted
 
-    _run(_drops_the_second_request_on_the_first_connection, body)
+    await _run(_drops_the_second_request_on_the_first_connection, body)
 
 
-def test_no_retry_once_an_answer_started_or_on_a_fresh_connection() -> None:
+@pytest.mark.anyio
+async def test_no_retry_once_an_answer_started_or_on_a_fresh_connection() -> None:
     async def half_an_answer(
         request: RawRequest, _: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
@@ -319,27 +331,30 @@ def test_no_retry_once_an_answer_started_or_on_a_fresh_connection() -> None:
             await client.request("POST", "/generate", {})  # fresh: never retried
         assert len(server.requests) == 3
 
-    _run(half_an_answer, body)
+    await _run(half_an_answer, body)
 
 
-def test_a_body_cut_short_is_connection_lost() -> None:
+@pytest.mark.anyio
+async def test_a_body_cut_short_is_connection_lost() -> None:
     async def body(server: RawServer, client: HTTPClient) -> None:
         with pytest.raises(ConnectionLost):
             await client.request("GET", "/health")
         assert client.open_connections == 0
 
-    _run(answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345", keep=False), body)
+    await _run(answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345", keep=False), body)
 
 
-def test_garbage_is_connection_lost() -> None:
+@pytest.mark.anyio
+async def test_garbage_is_connection_lost() -> None:
     async def body(server: RawServer, client: HTTPClient) -> None:
         with pytest.raises(ConnectionLost, match="unreadable"):
             await client.request("GET", "/health")
 
-    _run(answer(b"SMTP ready\r\n\r\n", keep=True), body)
+    await _run(answer(b"SMTP ready\r\n\r\n", keep=True), body)
 
 
-def test_the_deadline_covers_the_whole_request_and_closes_the_connection() -> None:
+@pytest.mark.anyio
+async def test_the_deadline_covers_the_whole_request_and_closes_the_connection() -> None:
     async def hang(
         _: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
@@ -356,78 +371,73 @@ def test_the_deadline_covers_the_whole_request_and_closes_the_connection() -> No
         await wait_for_disconnect(server.connections[0])
         return loop.time() - start
 
-    elapsed = _run(hang, body)
-    assert 0.2 <= elapsed < 1.5
+    elapsed = await _run(hang, body)
+    # Not before the deadline (the loop's clock); after it, as soon as a loaded machine runs
+    # the loop: without a deadline over the whole request the stream would hang for good.
+    assert 0.2 <= elapsed < 5.0
 
 
-def test_a_refused_connection_is_a_connect_error() -> None:
-    async def run() -> None:
-        client = HTTPClient(f"http://127.0.0.1:{free_port()}")
-        with pytest.raises(ConnectError):
-            await client.request("GET", "/health")
-
-    asyncio.run(run())
+@pytest.mark.anyio
+async def test_a_refused_connection_is_a_connect_error() -> None:
+    client = HTTPClient(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ConnectError):
+        await client.request("GET", "/health")
 
 
-def test_on_sent_waits_until_the_kernel_has_the_whole_body() -> None:
+@pytest.mark.anyio
+async def test_on_sent_waits_until_the_kernel_has_the_whole_body() -> None:
     # 32 MB is far beyond what loopback socket buffers hold, so the server must read before
     # the client may say that the request is sent.
     big = {"input_ids": np.arange(4_000_000, dtype=np.int64)}
 
-    async def run() -> None:
-        reading, served = asyncio.Event(), asyncio.Event()
-        received: list[bytes] = []
+    reading, served = asyncio.Event(), asyncio.Event()
+    received: list[bytes] = []
 
-        async def gated(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                await reading.wait()  # nothing is read from the socket before this
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
-                received.append(await reader.readexactly(length))
-                writer.write(OK)
-                await writer.drain()
-                await reader.read()
-            finally:
-                writer.close()
-                await writer.wait_closed()
-                served.set()
-
-        server = await asyncio.start_server(gated, "127.0.0.1", 0)
-        client = HTTPClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
-        sent: list[bool] = []
+    async def gated(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            task = asyncio.create_task(
-                client.request("POST", "/generate", big, on_sent=lambda: sent.append(True))
-            )
-            await asyncio.sleep(0.3)
-            assert not sent  # most of the body still waits in the client
-            reading.set()
-            assert (await task).status == 200
-            assert sent == [True]
+            await reading.wait()  # nothing is read from the socket before this
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            received.append(await reader.readexactly(length))
+            writer.write(OK)
+            await writer.drain()
+            await reader.read()
+        finally:
+            writer.close()
+            await writer.wait_closed()
+            served.set()
+
+    server = await asyncio.start_server(gated, "127.0.0.1", 0)
+    client = HTTPClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    sent: list[bool] = []
+    try:
+        task = asyncio.create_task(
+            client.request("POST", "/generate", big, on_sent=lambda: sent.append(True))
+        )
+        await asyncio.sleep(0.3)
+        assert not sent  # most of the body still waits in the client
+        reading.set()
+        assert (await task).status == 200
+        assert sent == [True]
+    finally:
+        await client.aclose()
+        await asyncio.wait_for(served.wait(), 5)
+        server.close()
+        await server.wait_closed()
+    assert json.loads(received[0])["input_ids"][-2:] == [3_999_998, 3_999_999]
+
+
+@pytest.mark.anyio
+async def test_numpy_arrays_and_authorization_go_out() -> None:
+    async with RawServer(answer(OK)) as server:
+        client = HTTPClient(server.url + "/prefix/", authorization="Bearer s3cret")
+        try:
+            ids = np.array([1, 2, 2**31 - 1], dtype=np.int32)
+            ids.flags.writeable = False
+            await client.request("POST", "/tokenize", {"ids": ids})
         finally:
             await client.aclose()
-            await asyncio.wait_for(served.wait(), 5)
-            server.close()
-            await server.wait_closed()
-        assert json.loads(received[0])["input_ids"][-2:] == [3_999_998, 3_999_999]
-
-    asyncio.run(run())
-
-
-def test_numpy_arrays_and_authorization_go_out() -> None:
-    async def run() -> RawRequest:
-        async with RawServer(answer(OK)) as server:
-            client = HTTPClient(server.url + "/prefix/", authorization="Bearer s3cret")
-            try:
-                ids = np.array([1, 2, 2**31 - 1], dtype=np.int32)
-                ids.flags.writeable = False
-                await client.request("POST", "/tokenize", {"ids": ids})
-            finally:
-                await client.aclose()
-        (request,) = server.requests
-        return request
-
-    request = asyncio.run(run())
+    (request,) = server.requests
     assert request.path == "/prefix/tokenize"
     assert request.headers["authorization"] == "Bearer s3cret"
     assert request.headers["content-type"] == "application/json"

@@ -94,7 +94,8 @@ def test_a_tokenizer_setting_that_names_nothing_loadable_is_refused(tmp_path: Pa
         load_tokenizer(str(tmp_path / "tokenizer.json"))
 
 
-def test_builtin_is_exactly_the_emulators_tokenize_with_and_without_special_tokens() -> None:
+@pytest.mark.anyio
+async def test_builtin_is_exactly_the_emulators_tokenize_with_and_without_special_tokens() -> None:
     texts = [*PROBE_TEXTS, *_PROMPTS, "", "x" * 50]
 
     async def run(url: str) -> None:
@@ -107,10 +108,11 @@ def test_builtin_is_exactly_the_emulators_tokenize_with_and_without_special_toke
                     assert expected == encode(text)
 
     with emulator() as (url, _):
-        asyncio.run(run(url))
+        await run(url)
 
 
-def test_builtin_in_front_of_the_emulator_sends_no_tokenize_after_the_check() -> None:
+@pytest.mark.anyio
+async def test_builtin_in_front_of_the_emulator_sends_no_tokenize_after_the_check() -> None:
     async def run(url: str, counts: PathCounter) -> None:
         async with started_engine(url) as asking:
             expected = [await asking.tokenize_array(text) for text in _PROMPTS]
@@ -126,10 +128,11 @@ def test_builtin_in_front_of_the_emulator_sends_no_tokenize_after_the_check() ->
             assert np.array_equal(mine, theirs)
 
     with emulator() as (url, counts):
-        asyncio.run(run(url, counts))
+        await run(url, counts)
 
 
-def test_a_tokenizer_json_agrees_with_a_server_tokenizing_with_the_same_file(
+@pytest.mark.anyio
+async def test_a_tokenizer_json_agrees_with_a_server_tokenizing_with_the_same_file(
     model_folder: Path,
 ) -> None:
     async def run(url: str, counts: PathCounter) -> None:
@@ -143,10 +146,11 @@ def test_a_tokenizer_json_agrees_with_a_server_tokenizing_with_the_same_file(
         assert counts.paths["/tokenize"] == asked + len(PROBE_TEXTS)
 
     with _huggingface_sglang(model_folder / "tokenizer.json") as (url, counts):
-        asyncio.run(run(url, counts))
+        await run(url, counts)
 
 
-def test_a_disagreeing_tokenizer_fails_the_start_and_says_what_to_change(
+@pytest.mark.anyio
+async def test_a_disagreeing_tokenizer_fails_the_start_and_says_what_to_change(
     model_folder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The engine's tokenizer adds no BOS; the local copy does: every prompt would be off by one.
@@ -161,7 +165,7 @@ def test_a_disagreeing_tokenizer_fails_the_start_and_says_what_to_change(
         return str(refused.value)
 
     with caplog.at_level(logging.ERROR), _huggingface_sglang(engine_file) as (url, _):
-        message = asyncio.run(run(url))
+        message = await run(url)
     assert f"disagrees with the engine at {url}" in message
     assert "on 'a'" in message and "the local tokenizer gives [" in message
     assert "--tokenizer" in message and "INFERENCE_AUCTION_TOKENIZER" in message
@@ -184,7 +188,8 @@ class _Starting:
         await self.app(scope, receive, send)
 
 
-def test_an_engine_not_ready_at_start_is_checked_before_the_first_prompt(
+@pytest.mark.anyio
+async def test_an_engine_not_ready_at_start_is_checked_before_the_first_prompt(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def run(url: str, gate: _Starting, counts: PathCounter) -> None:
@@ -200,7 +205,7 @@ def test_an_engine_not_ready_at_start_is_checked_before_the_first_prompt(
     counts = PathCounter(create_sglang_app(LiveSimulator(EngineSimulator(), time_scale=0.01)))
     gate = _Starting(counts)
     with caplog.at_level(logging.WARNING), serve(gate) as url:
-        asyncio.run(run(url, gate, counts))
+        await run(url, gate, counts)
     assert "compared with it before the first prompt is tokenized" in caplog.text
 
 
@@ -215,7 +220,8 @@ class _ThreadRecordingTokenizer(BuiltinTokenizer):
         return super().encode(text, add_special_tokens=add_special_tokens)
 
 
-def test_a_long_prompt_is_tokenized_off_the_event_loop_once_for_concurrent_callers() -> None:
+@pytest.mark.anyio
+async def test_a_long_prompt_is_tokenized_off_the_event_loop_once_for_concurrent_callers() -> None:
     short = "a short prompt"
     long = "word " * (INLINE_TOKENIZE_CHARS // 5 + 1)
     assert len(long) > INLINE_TOKENIZE_CHARS
@@ -235,4 +241,4 @@ def test_a_long_prompt_is_tokenized_off_the_event_loop_once_for_concurrent_calle
         assert length == len(long) and thread != loop_thread
 
     with emulator() as (url, _):
-        asyncio.run(run(url))
+        await run(url)

@@ -31,7 +31,8 @@ def _first_token_order(results: list[EngineResult]) -> list[str]:
     return [r.rid for r in sorted(results, key=lambda r: r.meta_info["prefill_finished_time"])]
 
 
-def test_priority_mode_serves_a_batch_in_priority_order() -> None:
+@pytest.mark.anyio
+async def test_priority_mode_serves_a_batch_in_priority_order() -> None:
     priorities = [7, 3, 9, 1, 5, 2]
 
     async def run(url: str) -> list[EngineResult]:
@@ -45,13 +46,14 @@ def test_priority_mode_serves_a_batch_in_priority_order() -> None:
             return [await generation.result() for generation in generations]
 
     with emulator(time_scale=0.05, max_running_requests=1) as (url, _):
-        results = asyncio.run(run(url))
+        results = await run(url)
     expected = ["blocker"] + [f"r{p}" for p in sorted(priorities)]
     assert _first_token_order(results) == expected
     assert all(r.meta_info["queue_time"] > 0 for r in results[1:])  # they did wait
 
 
-def test_priority_mode_admits_a_request_once_it_is_sent() -> None:
+@pytest.mark.anyio
+async def test_priority_mode_admits_a_request_once_it_is_sent() -> None:
     async def run(url: str) -> None:
         async with started_engine(url) as engine:
             (generation,) = engine.dispatch([_request("long", 1, max_new=5000)])
@@ -60,7 +62,7 @@ def test_priority_mode_admits_a_request_once_it_is_sent() -> None:
             generation.cancel()
 
     with emulator() as (url, _):
-        asyncio.run(run(url))
+        await run(url)
 
 
 async def _turns(count: int) -> None:
@@ -76,12 +78,18 @@ async def _loads(url: str) -> dict[str, Any]:
         return loads
 
 
-def test_a_streamed_batch_goes_out_in_one_turn_of_the_loop_when_connections_are_idle() -> None:
+@pytest.mark.anyio
+async def test_a_streamed_batch_goes_out_in_one_turn_of_the_loop_when_connections_are_idle() -> (
+    None
+):
     count = 6
 
     async def run(url: str) -> None:
         async with started_engine(url) as engine:
             # Warm the pool: `count` streams running at once leave `count` idle connections.
+            # The emulator holds them until all have arrived, so that none ends before the
+            # last one has its own connection (on a busy machine one could, and leave its
+            # connection to the next).
             warm = engine.dispatch(
                 [_request(f"w{i}", i, max_new=200, stream=True) for i in range(count)]
             )
@@ -98,11 +106,12 @@ def test_a_streamed_batch_goes_out_in_one_turn_of_the_loop_when_connections_are_
             results = [await generation.result() for generation in batch]
             assert all(r.usage.completion_tokens == 2 for r in results)
 
-    with emulator() as (url, _):
-        asyncio.run(run(url))
+    with emulator(together=count) as (url, _):
+        await run(url)
 
 
-def test_a_request_written_ahead_whose_reader_never_ran_is_aborted() -> None:
+@pytest.mark.anyio
+async def test_a_request_written_ahead_whose_reader_never_ran_is_aborted() -> None:
     async def run(url: str) -> None:
         async with started_engine(url) as engine:
             (warm,) = engine.dispatch([_request("warm", 1, stream=True)])
@@ -123,10 +132,11 @@ def test_a_request_written_ahead_whose_reader_never_ran_is_aborted() -> None:
             assert loads["num_running_reqs"] == 0 and loads["num_waiting_reqs"] == 0
 
     with emulator() as (url, _):
-        asyncio.run(run(url))
+        await run(url)
 
 
-def test_ordered_mode_sends_each_request_after_the_previous_one_started() -> None:
+@pytest.mark.anyio
+async def test_ordered_mode_sends_each_request_after_the_previous_one_started() -> None:
     async def run(url: str) -> list[EngineResult]:
         async with started_engine(url, mode="ordered") as engine:
             batch = [_request(f"r{p}", p, priority=p, max_new=3) for p in (7, 3, 9, 1)]
@@ -134,7 +144,7 @@ def test_ordered_mode_sends_each_request_after_the_previous_one_started() -> Non
             return [await generation.result() for generation in generations]
 
     with emulator(time_scale=0.02, priority_scheduling=False) as (url, _):
-        results = asyncio.run(run(url))
+        results = await run(url)
     assert _first_token_order(results) == ["r7", "r3", "r9", "r1"]
     for earlier, later in pairwise(results):
         received = later.meta_info["request_received_ts"]
@@ -144,7 +154,8 @@ def test_ordered_mode_sends_each_request_after_the_previous_one_started() -> Non
     assert all(r.usage.completion_tokens == 3 for r in results)
 
 
-def test_streaming_yields_cumulative_chunks_ending_with_the_result() -> None:
+@pytest.mark.anyio
+async def test_streaming_yields_cumulative_chunks_ending_with_the_result() -> None:
     async def run(url: str) -> tuple[list[Any], EngineResult]:
         async with started_engine(url) as engine:
             streamed = [c async for c in engine.stream(_request("s", 1, max_new=6, stream=True))]
@@ -152,7 +163,7 @@ def test_streaming_yields_cumulative_chunks_ending_with_the_result() -> None:
             return streamed, plain
 
     with emulator() as (url, _):
-        chunks, plain = asyncio.run(run(url))
+        chunks, plain = await run(url)
     assert [c.meta_info["completion_tokens"] for c in chunks] == [1, 2, 3, 4, 5, 6]
     assert all(not c.finished for c in chunks[:-1]) and chunks[-1].finished
     assert all(later.text.startswith(earlier.text) for earlier, later in pairwise(chunks))
@@ -161,7 +172,8 @@ def test_streaming_yields_cumulative_chunks_ending_with_the_result() -> None:
     assert plain.finish_reason == {"type": "length", "length": 6}
 
 
-def test_results_report_usage_cache_hits_and_ttft() -> None:
+@pytest.mark.anyio
+async def test_results_report_usage_cache_hits_and_ttft() -> None:
     async def run(url: str) -> tuple[EngineResult, EngineResult]:
         async with started_engine(url) as engine:
             first = await engine.generate(_request("a", 5, tokens=300))
@@ -169,7 +181,7 @@ def test_results_report_usage_cache_hits_and_ttft() -> None:
             return first, again
 
     with emulator() as (url, _):
-        first, again = asyncio.run(run(url))
+        first, again = await run(url)
     assert (first.usage.prompt_tokens, first.usage.cached_tokens) == (300, 0)
     assert again.usage.cached_tokens == 299
     assert first.usage.completion_tokens == 2
@@ -185,7 +197,8 @@ def _tokenize_cache(engine: SGLangHTTPEngine) -> dict[str, int]:
     return {"hits": engine.tokenize_hits, "misses": engine.tokenize_misses, "size": size}
 
 
-def test_tokenize_is_cached_per_prompt_and_shared_between_concurrent_callers() -> None:
+@pytest.mark.anyio
+async def test_tokenize_is_cached_per_prompt_and_shared_between_concurrent_callers() -> None:
     async def run(url: str) -> list[list[int]]:
         async with started_engine(url) as engine:
             texts = ["Hello world", "Hello world", "An article. Question?"]
@@ -195,13 +208,14 @@ def test_tokenize_is_cached_per_prompt_and_shared_between_concurrent_callers() -
             return [*concurrent, again]
 
     with emulator() as (url, counts):
-        tokens = asyncio.run(run(url))
+        tokens = await run(url)
         assert counts.paths["/tokenize"] == 2
     assert tokens[0] == tokens[1] == tokens[3] == encode("Hello world")
     assert tokens[2] == encode("An article. Question?")
 
 
-def test_the_tokenize_cache_is_bounded() -> None:
+@pytest.mark.anyio
+async def test_the_tokenize_cache_is_bounded() -> None:
     async def run(url: str) -> None:
         async with started_engine(url, tokenize_cache_size=2) as engine:
             for text in ("a", "b", "c", "a"):
@@ -209,11 +223,12 @@ def test_the_tokenize_cache_is_bounded() -> None:
             assert _tokenize_cache(engine) == {"hits": 0, "misses": 4, "size": 2}
 
     with emulator() as (url, _):
-        asyncio.run(run(url))
+        await run(url)
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("stream", [False, True])
-def test_an_unknown_sampling_parameter_is_rejected(stream: bool) -> None:
+async def test_an_unknown_sampling_parameter_is_rejected(stream: bool) -> None:
     async def run(url: str) -> EngineRejected:
         async with started_engine(url) as engine:
             request = _request("x", 1, stream=stream, params={"temperatur": 0.5})
@@ -222,14 +237,15 @@ def test_an_unknown_sampling_parameter_is_rejected(stream: bool) -> None:
             return caught.value
 
     with emulator() as (url, _):
-        error = asyncio.run(run(url))
+        error = await run(url)
     assert error.engine_status == 400
     assert error.http_status == 502
     assert "unknown field `temperatur`" in error.message
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_duplicate_rid_in_flight_is_rejected(stream: bool) -> None:
+async def test_a_duplicate_rid_in_flight_is_rejected(stream: bool) -> None:
     async def run(url: str) -> EngineResult | BaseException:
         async with started_engine(url) as engine:
             (first,) = engine.dispatch([_request("same", 1, max_new=5000, stream=True)])
@@ -242,13 +258,14 @@ def test_a_duplicate_rid_in_flight_is_rejected(stream: bool) -> None:
             return outcome
 
     with emulator() as (url, _):
-        error = asyncio.run(run(url))
+        error = await run(url)
     assert isinstance(error, EngineRejected)
     assert "Duplicate request ID" in error.message
     assert error.engine_status == 400
 
 
-def test_health_and_a_closedstarted_engine() -> None:
+@pytest.mark.anyio
+async def test_health_and_a_closedstarted_engine() -> None:
     async def run(url: str) -> None:
         engine = SGLangHTTPEngine(url)
         assert not await engine.health()  # not started
@@ -259,10 +276,11 @@ def test_health_and_a_closedstarted_engine() -> None:
             await engine.generate(_request("late", 1))
 
     with emulator() as (url, _):
-        asyncio.run(run(url))
+        await run(url)
 
 
-def test_tokenize_hands_out_the_cached_array_read_only() -> None:
+@pytest.mark.anyio
+async def test_tokenize_hands_out_the_cached_array_read_only() -> None:
     async def run(url: str) -> None:
         async with started_engine(url) as engine:
             first = await engine.tokenize_array("Hello world")
@@ -278,5 +296,5 @@ def test_tokenize_hands_out_the_cached_array_read_only() -> None:
             assert first.tolist() == encode("Hello world")
 
     with emulator() as (url, counts):
-        asyncio.run(run(url))
+        await run(url)
         assert counts.paths["/tokenize"] == 1

@@ -92,7 +92,7 @@ async def _stream_events(client: httpx.AsyncClient, body: dict[str, Any]) -> lis
     return events
 
 
-def _contest(server: RunningServer, keys: dict[str, str], tag: str) -> Outcome:
+async def _contest(server: RunningServer, keys: dict[str, str], tag: str) -> Outcome:
     """alice and bob, one request each, arriving together: one batch of two."""
 
     async def both() -> Outcome:
@@ -119,7 +119,7 @@ def _contest(server: RunningServer, keys: dict[str, str], tag: str) -> Outcome:
             )
         return Outcome(reply, events)
 
-    return asyncio.run(both())
+    return await both()
 
 
 def _assert_refunded(server: RunningServer, users: tuple[str, ...] = USERS) -> int:
@@ -137,8 +137,9 @@ def _assert_refunded(server: RunningServer, users: tuple[str, ...] = USERS) -> i
     return total
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("mode", list(FAULTS))
-def test_an_engine_fault_is_a_clear_error_and_refunds_the_batch(
+async def test_an_engine_fault_is_a_clear_error_and_refunds_the_batch(
     engine_server: tuple[RunningServer, FaultySGLang], mode: Mode
 ) -> None:
     server, faulty = engine_server
@@ -146,7 +147,7 @@ def test_an_engine_fault_is_a_clear_error_and_refunds_the_batch(
     keys = {user: server.create_user(user, budget=GRANT) for user in USERS}
     faulty.mode = mode
     started = time.monotonic()
-    outcome = _contest(server, keys, mode)
+    outcome = await _contest(server, keys, mode)
     elapsed = time.monotonic() - started
 
     # alice waited for the whole answer: an error response that says what happened.
@@ -182,7 +183,8 @@ def test_an_engine_fault_is_a_clear_error_and_refunds_the_batch(
     assert _assert_refunded(server) > 0, "VCG charged someone, so a refund was needed"
 
 
-def test_an_engine_that_goes_away_and_comes_back(
+@pytest.mark.anyio
+async def test_an_engine_that_goes_away_and_comes_back(
     ledger_db: MigratedDatabase, faulty: FaultySGLang
 ) -> None:
     port = free_port()
@@ -190,7 +192,7 @@ def test_an_engine_that_goes_away_and_comes_back(
     with running_server(ledger_db, engine_url=url, batch_size=2, max_wait_ms=5_000) as server:
         keys = {user: server.create_user(user, budget=GRANT) for user in USERS}
         with faulty.serve(port):
-            served = _contest(server, keys, "before")
+            served = await _contest(server, keys, "before")
         assert served.reply.status_code == 200
         assert served.events[-1] == "[DONE]" and "error" not in served.events[-2]
         paid = {user: GRANT - server.ledger.balance(user).balance_micros for user in USERS}
@@ -200,7 +202,7 @@ def test_an_engine_that_goes_away_and_comes_back(
         with httpx.Client(base_url=server.url, timeout=10) as client:
             health = client.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "engine unavailable"
-        refused = _contest(server, keys, "refused")
+        refused = await _contest(server, keys, "refused")
         assert refused.reply.status_code == 502
         assert "unreachable" in refused.reply.json()["error"]["message"]
         assert refused.events[-2]["error"]["type"] == "engine_error"
@@ -212,7 +214,7 @@ def test_an_engine_that_goes_away_and_comes_back(
 
         # SGLang is back on the same address: the next batch is served and charged again.
         with faulty.serve(port):
-            again = _contest(server, keys, "after")
+            again = await _contest(server, keys, "after")
         assert again.reply.status_code == 200 and "error" not in again.events[-2]
         for user, suffix in (("alice", "a"), ("bob", "b")):
             refused_request = server.ledger.find_request(f"{user}/refused-{suffix}")

@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase
@@ -44,7 +45,8 @@ async def _round(
     return dict(zip(bodies, replies, strict=True))
 
 
-def test_an_overlong_zero_bid_poison_is_refused_before_any_money_moves(
+@pytest.mark.anyio
+async def test_an_overlong_zero_bid_poison_is_refused_before_any_money_moves(
     ledger_db: MigratedDatabase,
 ) -> None:
     # The emulator's context is its KV capacity (300 tokens here); the poison is longer than
@@ -75,7 +77,7 @@ def test_an_overlong_zero_bid_poison_is_refused_before_any_money_moves(
                     "sampling_params": {"max_new_tokens": 4},
                 },
             }
-            replies = asyncio.run(_round(server, keys, bodies))
+            replies = await _round(server, keys, bodies)
             poison = replies["mallory-poison"]
             assert poison.status_code == 400, poison.text
             assert "longer than the model's context length (300 tokens)" in poison.text
@@ -107,7 +109,8 @@ def test_an_overlong_zero_bid_poison_is_refused_before_any_money_moves(
         assert server.ledger.reconcile().ok
 
 
-def test_a_stalling_zero_bid_poison_refunds_nothing(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_a_stalling_zero_bid_poison_refunds_nothing(ledger_db: MigratedDatabase) -> None:
     faulty = FaultySGLang()
     with (
         faulty.serve() as engine_url,
@@ -143,7 +146,7 @@ def test_a_stalling_zero_bid_poison_refunds_nothing(ledger_db: MigratedDatabase)
                     "sampling_params": {"max_new_tokens": 4},
                 },
             }
-            replies = asyncio.run(_round(server, keys, bodies))
+            replies = await _round(server, keys, bodies)
             assert replies["mallory-poison"].status_code == 504, replies["mallory-poison"].text
             for name, user in (("mallory-real", "mallory"), ("bob-real", "bob")):
                 assert replies[name].status_code == 200, replies[name].text

@@ -31,8 +31,11 @@ def postgres_db(tmp_path: Path) -> Iterator[MigratedDatabase]:
         yield db
 
 
+@pytest.mark.anyio
 @pytest.mark.postgres
-def test_one_rid_sent_to_two_replicas_fails_nobody_else(postgres_db: MigratedDatabase) -> None:
+async def test_one_rid_sent_to_two_replicas_fails_nobody_else(
+    postgres_db: MigratedDatabase,
+) -> None:
     settings = ServerSettings(
         database_url=postgres_db.url, **{**TEST_SETTINGS, "batch_size": 4, "max_wait_ms": 30}
     )
@@ -63,7 +66,7 @@ def test_one_rid_sent_to_two_replicas_fails_nobody_else(postgres_db: MigratedDat
 
         charged = 0
         for k in range(ROUNDS):
-            dup, others = asyncio.run(round_(k))
+            dup, others = await round_(k)
             assert [r.status_code for r in others] == [200] * len(others), [
                 r.text for r in others if r.status_code != 200
             ]

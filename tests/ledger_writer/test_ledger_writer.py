@@ -59,7 +59,8 @@ async def _hold_all(writer: LedgerWriter) -> list[HoldView | BaseException]:
     return await asyncio.gather(*calls, return_exceptions=True)
 
 
-def test_concurrent_holds_never_overspend_and_nothing_is_lost(ledger: Ledger) -> None:
+@pytest.mark.anyio
+async def test_concurrent_holds_never_overspend_and_nothing_is_lost(ledger: Ledger) -> None:
     for user in USERS:
         ledger.create_user(user, budget_micros=BUDGET)
 
@@ -72,7 +73,7 @@ def test_concurrent_holds_never_overspend_and_nothing_is_lost(ledger: Ledger) ->
         finally:
             await writer.close()
 
-    results = asyncio.run(run())
+    results = await run()
     placed = [r for r in results if isinstance(r, HoldView)]
     refused = [r for r in results if isinstance(r, BaseException)]
     assert all(isinstance(r, InsufficientFunds) for r in refused), refused[:3]
@@ -93,7 +94,8 @@ def test_concurrent_holds_never_overspend_and_nothing_is_lost(ledger: Ledger) ->
     assert ledger.reconcile().ok
 
 
-def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger) -> None:
+@pytest.mark.anyio
+async def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger) -> None:
     clock_now = datetime.now(UTC)
     for user in USERS:
         ledger.create_user(user, budget_micros=BUDGET)
@@ -131,7 +133,7 @@ def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger)
         finally:
             await writer.close()
 
-    outcomes, _ = asyncio.run(run())
+    outcomes, _ = await run()
     assert not [o for o in outcomes if isinstance(o, BaseException)]
     first, again = outcomes[: len(tickets)], outcomes[len(tickets) :]
     assert not any(again), "a request was recorded served twice"
@@ -144,8 +146,9 @@ def test_served_records_race_recovery_and_each_request_ends_once(ledger: Ledger)
     assert ledger.reconcile().ok
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("group", [1, 7])
-def test_a_bounded_group_still_takes_every_hold(ledger: Ledger, group: int) -> None:
+async def test_a_bounded_group_still_takes_every_hold(ledger: Ledger, group: int) -> None:
     ledger.create_user("bounded", budget_micros=BUDGET)
 
     sizes: list[int] = []
@@ -162,13 +165,14 @@ def test_a_bounded_group_still_takes_every_hold(ledger: Ledger, group: int) -> N
         finally:
             await writer.close()
 
-    views = asyncio.run(run())
+    views = await run()
     assert len({v.rid for v in views}) == 40
     assert sum(sizes) == 40 and max(sizes) <= group  # every hold counted, in bounded groups
     assert ledger.balance("bounded").held_micros == 40_000
 
 
-def test_the_writer_knows_what_each_user_can_afford_between_commits(ledger: Ledger) -> None:
+@pytest.mark.anyio
+async def test_the_writer_knows_what_each_user_can_afford_between_commits(ledger: Ledger) -> None:
     ledger.create_user("ada", budget_micros=100_000)
     ledger.create_user("capped", budget_micros=100_000, batch_cap_micros=50_000)
 
@@ -189,11 +193,12 @@ def test_the_writer_knows_what_each_user_can_afford_between_commits(ledger: Ledg
         await writer.close()
         return seen
 
-    assert asyncio.run(run()) == [False, True, True, False, True, False]
+    assert await run() == [False, True, True, False, True, False]
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("served_apart", [True, False])
-def test_served_records_have_a_lane_of_their_own_where_asked(
+async def test_served_records_have_a_lane_of_their_own_where_asked(
     ledger: Ledger, served_apart: bool
 ) -> None:
     """With a lane of their own, `served` records commit while the main lane is busy (a slow
@@ -225,7 +230,7 @@ def test_served_records_have_a_lane_of_their_own_where_asked(
             release.set()
             await writer.close()
 
-    recorded_while_busy, outcomes = asyncio.run(run())
+    recorded_while_busy, outcomes = await run()
     assert recorded_while_busy is served_apart
     assert outcomes == [True, True, True]
     for ticket in tickets:
@@ -234,7 +239,8 @@ def test_served_records_have_a_lane_of_their_own_where_asked(
     assert ledger.reconcile().ok
 
 
-def test_the_served_lane_is_the_default_on_a_database_server_only(ledger: Ledger) -> None:
+@pytest.mark.anyio
+async def test_the_served_lane_is_the_default_on_a_database_server_only(ledger: Ledger) -> None:
     async def lanes() -> bool:
         writer = LedgerWriter(ledger)
         try:
@@ -242,4 +248,4 @@ def test_the_served_lane_is_the_default_on_a_database_server_only(ledger: Ledger
         finally:
             await writer.close()
 
-    assert asyncio.run(lanes()) is (ledger.engine.dialect.name == "postgresql")
+    assert await lanes() is (ledger.engine.dialect.name == "postgresql")

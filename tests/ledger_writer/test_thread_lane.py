@@ -29,7 +29,8 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
         yield Ledger(db.engine)
 
 
-def test_calls_run_one_at_a_time_in_order_off_the_event_loop(ledger: Ledger) -> None:
+@pytest.mark.anyio
+async def test_calls_run_one_at_a_time_in_order_off_the_event_loop(ledger: Ledger) -> None:
     ran: list[tuple[int, int]] = []
     running = 0
 
@@ -49,30 +50,28 @@ def test_calls_run_one_at_a_time_in_order_off_the_event_loop(ledger: Ledger) -> 
         finally:
             await lane.close()
 
-    results = asyncio.run(main())
+    results = await main()
     assert results == [index * index for index in range(40)]
     assert [index for index, _ in ran] == list(range(40))
     threads = {thread for _, thread in ran}
     assert len(threads) == 1 and threading.get_ident() not in threads
 
 
-def test_a_group_commit_runs_on_the_ledger_and_its_refusal_comes_back_as_raised(
+@pytest.mark.anyio
+async def test_a_group_commit_runs_on_the_ledger_and_its_refusal_comes_back_as_raised(
     ledger: Ledger,
 ) -> None:
     ledger.create_user("lane-user", budget_micros=1_000)
 
-    async def main() -> None:
-        lane = ThreadLane(ledger, "test-lane")
-        try:
-            outcome = await lane.commit([HoldInput("lane-user", "r1", 600)], [], [])
-            assert [view.amount_micros for view in outcome.placed] == [600]  # type: ignore[union-attr]
-            assert outcome.available == {"lane-user": 400}
-            with pytest.raises(ValueError, match="not a rid"):
-                await lane.call(_raise, ValueError("not a rid"))
-        finally:
-            await lane.close()
-
-    asyncio.run(main())
+    lane = ThreadLane(ledger, "test-lane")
+    try:
+        outcome = await lane.commit([HoldInput("lane-user", "r1", 600)], [], [])
+        assert [view.amount_micros for view in outcome.placed] == [600]  # type: ignore[union-attr]
+        assert outcome.available == {"lane-user": 400}
+        with pytest.raises(ValueError, match="not a rid"):
+            await lane.call(_raise, ValueError("not a rid"))
+    finally:
+        await lane.close()
     assert ledger.balance("lane-user").held_micros == 600
 
 
@@ -80,20 +79,19 @@ def _raise(error: Exception) -> None:
     raise error
 
 
-def test_a_stop_iteration_reaches_its_caller_as_a_runtime_error(ledger: Ledger) -> None:
-    async def main() -> None:
-        lane = ThreadLane(ledger, "test-lane")
-        try:
-            with pytest.raises(RuntimeError, match="StopIteration") as raised:
-                await asyncio.wait_for(lane.call(_raise, StopIteration("empty")), 5)
-            assert isinstance(raised.value.__cause__, StopIteration)
-        finally:
-            await lane.close()
-
-    asyncio.run(main())
+@pytest.mark.anyio
+async def test_a_stop_iteration_reaches_its_caller_as_a_runtime_error(ledger: Ledger) -> None:
+    lane = ThreadLane(ledger, "test-lane")
+    try:
+        with pytest.raises(RuntimeError, match="StopIteration") as raised:
+            await asyncio.wait_for(lane.call(_raise, StopIteration("empty")), 5)
+        assert isinstance(raised.value.__cause__, StopIteration)
+    finally:
+        await lane.close()
 
 
-def test_a_caller_cancelled_before_its_call_started_gets_nothing_run(ledger: Ledger) -> None:
+@pytest.mark.anyio
+async def test_a_caller_cancelled_before_its_call_started_gets_nothing_run(ledger: Ledger) -> None:
     release = threading.Event()
     ran: list[str] = []
 
@@ -101,27 +99,27 @@ def test_a_caller_cancelled_before_its_call_started_gets_nothing_run(ledger: Led
         release.wait(5)
         ran.append("first")
 
-    async def main() -> None:
-        lane = ThreadLane(ledger, "test-lane")
-        try:
-            first = asyncio.ensure_future(lane.call(blocking))
-            second = asyncio.ensure_future(lane.call(ran.append, "second"))
-            third = asyncio.ensure_future(lane.call(ran.append, "third"))
-            await asyncio.sleep(0.01)  # the first is running, the others wait behind it
-            second.cancel()
-            release.set()
-            await first
-            await third
-            with pytest.raises(asyncio.CancelledError):
-                await second
-        finally:
-            await lane.close()
-
-    asyncio.run(main())
+    lane = ThreadLane(ledger, "test-lane")
+    try:
+        first = asyncio.ensure_future(lane.call(blocking))
+        second = asyncio.ensure_future(lane.call(ran.append, "second"))
+        third = asyncio.ensure_future(lane.call(ran.append, "third"))
+        await asyncio.sleep(0.01)  # the first is running, the others wait behind it
+        second.cancel()
+        release.set()
+        await first
+        await third
+        with pytest.raises(asyncio.CancelledError):
+            await second
+    finally:
+        await lane.close()
     assert ran == ["first", "third"]
 
 
-def test_a_call_whose_caller_left_while_it_ran_ends_and_the_lane_goes_on(ledger: Ledger) -> None:
+@pytest.mark.anyio
+async def test_a_call_whose_caller_left_while_it_ran_ends_and_the_lane_goes_on(
+    ledger: Ledger,
+) -> None:
     started = threading.Event()
     release = threading.Event()
     ran: list[str] = []
@@ -144,21 +142,19 @@ def test_a_call_whose_caller_left_while_it_ran_ends_and_the_lane_goes_on(ledger:
         finally:
             await lane.close()
 
-    assert asyncio.run(main()) == "next"
+    assert await main() == "next"
     assert ran == ["slow"]
 
 
-def test_closing_finishes_what_was_sent_and_refuses_what_comes_after(ledger: Ledger) -> None:
+@pytest.mark.anyio
+async def test_closing_finishes_what_was_sent_and_refuses_what_comes_after(ledger: Ledger) -> None:
     ran: list[int] = []
 
-    async def main() -> None:
-        lane = ThreadLane(ledger, "test-lane")
-        sent = [asyncio.ensure_future(lane.call(ran.append, index)) for index in range(5)]
-        await asyncio.sleep(0)  # every call is queued before the lane closes
-        await lane.close()
-        await asyncio.gather(*sent)
-        with pytest.raises(RuntimeError, match="'test-lane' is closed"):
-            await lane.call(ran.append, 99)
-
-    asyncio.run(main())
+    lane = ThreadLane(ledger, "test-lane")
+    sent = [asyncio.ensure_future(lane.call(ran.append, index)) for index in range(5)]
+    await asyncio.sleep(0)  # every call is queued before the lane closes
+    await lane.close()
+    await asyncio.gather(*sent)
+    with pytest.raises(RuntimeError, match="'test-lane' is closed"):
+        await lane.call(ran.append, 99)
     assert ran == [0, 1, 2, 3, 4]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import time
@@ -329,31 +328,29 @@ def test_an_injected_http_client_is_used_and_left_open(server: FakeServer) -> No
         )
 
 
-def test_async_client_generate_retry_and_errors(server: FakeServer) -> None:
+@pytest.mark.anyio
+async def test_async_client_generate_retry_and_errors(server: FakeServer) -> None:
     server.queue("/generate", DROP, httpx.ConnectError("refused"))
 
-    async def main() -> None:
-        async with AsyncAuctionClient(
-            BASE_URL,
-            API_KEY,
-            budget=Budget(total="50", auctions=1000),
-            transport=async_transport(server),
-        ) as client:
-            r = await client.generate("hello", value="0.25", max_new_tokens=8)
-            assert r.text == "echo: hello"
-            assert set(server.rids()) == {r.rid}
-            assert server.total_charged == client.bidder.spent_micros == 250_000
-            server.queue("/generate", error_response(402, "insufficient_funds"))
-            with pytest.raises(sdk.InsufficientFundsError):
-                await client.generate("hello", value="0.25")
-            chat = await client.chat([{"role": "user", "content": "Hi"}], value="0.1")
-            assert chat.auction is not None
-            assert (await client.ledger.balance()).user == "alice"
-            assert len([e async for e in client.ledger.iter_entries()]) == 2
-            assert (await client.ledger.summary()).by == "day"
-            assert client.bidder.in_flight_micros == 0
-
-    asyncio.run(main())
+    async with AsyncAuctionClient(
+        BASE_URL,
+        API_KEY,
+        budget=Budget(total="50", auctions=1000),
+        transport=async_transport(server),
+    ) as client:
+        r = await client.generate("hello", value="0.25", max_new_tokens=8)
+        assert r.text == "echo: hello"
+        assert set(server.rids()) == {r.rid}
+        assert server.total_charged == client.bidder.spent_micros == 250_000
+        server.queue("/generate", error_response(402, "insufficient_funds"))
+        with pytest.raises(sdk.InsufficientFundsError):
+            await client.generate("hello", value="0.25")
+        chat = await client.chat([{"role": "user", "content": "Hi"}], value="0.1")
+        assert chat.auction is not None
+        assert (await client.ledger.balance()).user == "alice"
+        assert len([e async for e in client.ledger.iter_entries()]) == 2
+        assert (await client.ledger.summary()).by == "day"
+        assert client.bidder.in_flight_micros == 0
     assert len(server.attempts_on("/v1/spend")) == 1  # the sync on start
     assert len(server.attempts_on("/v1/ledger/entries")) == 1  # the listing
 
@@ -380,16 +377,14 @@ def test_a_body_off_contract_is_a_validation_error(server: FakeServer) -> None:
         assert client.bidder.spent_micros == 100_000
 
 
-def test_an_async_client_built_outside_the_event_loop(server: FakeServer) -> None:
+@pytest.mark.anyio
+async def test_an_async_client_built_outside_the_event_loop(server: FakeServer) -> None:
     client = AsyncAuctionClient(
         BASE_URL, API_KEY, budget=Budget(total="1", auctions=10), transport=async_transport(server)
     )
 
-    async def main() -> None:
-        async with client:
-            await client.generate("hello", value="0.1")
-
-    asyncio.run(main())
+    async with client:
+        await client.generate("hello", value="0.1")
     assert client.bidder.spent_micros == 100_000
 
 

@@ -99,29 +99,26 @@ def test_threads_sharing_a_client(share: Fraction) -> None:
     assert max(len(b.bids) for b in server.batches) == 4
 
 
-def test_tasks_sharing_an_async_client() -> None:
+@pytest.mark.anyio
+async def test_tasks_sharing_an_async_client() -> None:
     server = FakeServer(batch_size=4, wait=0.05)
     budget = Budget(total="2", auctions=40)
 
-    async def main() -> AsyncAuctionClient:
-        async with AsyncAuctionClient(
-            BASE_URL,
-            API_KEY,
-            budget=budget,
-            transport=async_transport(server),
-            sync_interval=None,
-            on_budget_exhausted="bid_zero",
-        ) as client:
+    async with AsyncAuctionClient(
+        BASE_URL,
+        API_KEY,
+        budget=budget,
+        transport=async_transport(server),
+        sync_interval=None,
+        on_budget_exhausted="bid_zero",
+    ) as client:
 
-            async def user(seed: int) -> None:
-                rng = random.Random(seed)
-                for _ in range(5):
-                    await client.generate("prompt", value=f"0.{rng.randrange(10, 99)}")
+        async def user(seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(5):
+                await client.generate("prompt", value=f"0.{rng.randrange(10, 99)}")
 
-            await asyncio.gather(*(user(seed) for seed in range(32)))
-        return client
-
-    client = asyncio.run(main())
+        await asyncio.gather(*(user(seed) for seed in range(32)))
     assert len(server.attempts_on("/generate")) == 160
     assert len(server.attempts_on("/v1/spend")) == 1
     assert server.max_committed <= budget.total_micros

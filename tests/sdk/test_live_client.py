@@ -8,7 +8,6 @@ out, and recent clearing prices.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -220,7 +219,8 @@ def test_models_and_completions(live: LiveServer) -> None:
         assert client.bidder.in_flight_micros == 0
 
 
-def test_a_closed_client_says_so(live: LiveServer) -> None:
+@pytest.mark.anyio
+async def test_a_closed_client_says_so(live: LiveServer) -> None:
     _, key = live.new_user()
     client = _client(live, key)
     client.generate("hi", value="0.01", max_new_tokens=2)
@@ -231,16 +231,13 @@ def test_a_closed_client_says_so(live: LiveServer) -> None:
     with pytest.raises(sdk.ClientClosedError):
         client.ledger.balance()
 
-    async def main() -> None:
-        async with AsyncAuctionClient(live.url, key, budget=PLAN) as aclient:
-            assert (await aclient.generate("hi", value="0.01", max_new_tokens=2)).text
-            raw = await aclient.with_raw_response.generate("hi", value="0.01", max_new_tokens=2)
-            assert raw.request_id is not None
-            assert (await aclient.models.list()).data
-        with pytest.raises(sdk.ClientClosedError):
-            await aclient.generate("hi", value="0.01")
-
-    asyncio.run(main())
+    async with AsyncAuctionClient(live.url, key, budget=PLAN) as aclient:
+        assert (await aclient.generate("hi", value="0.01", max_new_tokens=2)).text
+        raw = await aclient.with_raw_response.generate("hi", value="0.01", max_new_tokens=2)
+        assert raw.request_id is not None
+        assert (await aclient.models.list()).data
+    with pytest.raises(sdk.ClientClosedError):
+        await aclient.generate("hi", value="0.01")
 
 
 def test_retries_are_logged_at_info() -> None:

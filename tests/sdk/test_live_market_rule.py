@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import httpx
+import pytest
 
 from inference_auctions.sdk import AsyncAuctionClient, AuctionClient, MarketRule
 
 from .live_server import LiveServer, live_server
 
 
-def test_the_rule_is_published_as_the_settings_give_it(live: LiveServer) -> None:
+@pytest.mark.anyio
+async def test_the_rule_is_published_as_the_settings_give_it(live: LiveServer) -> None:
     _, key = live.new_user()
     with AuctionClient(live.url, key) as client:
         rule = client.market.rule()
@@ -29,7 +30,7 @@ def test_the_rule_is_published_as_the_settings_give_it(live: LiveServer) -> None
         async with AsyncAuctionClient(live.url, key) as client:
             return await client.market.rule()
 
-    assert asyncio.run(read()).model_dump() == rule.model_dump()
+    assert (await read()).model_dump() == rule.model_dump()
     assert httpx.get(live.url + "/v1/market/rule").status_code == 401
 
 

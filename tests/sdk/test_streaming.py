@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
@@ -136,24 +135,22 @@ def test_chat_stream(server: FakeServer) -> None:
         assert client.bidder.spent_micros == 100_000
 
 
-def test_async_streams(server: FakeServer) -> None:
-    async def main() -> None:
-        async with AsyncAuctionClient(
-            BASE_URL,
-            API_KEY,
-            budget=Budget(total="50", auctions=1000),
-            transport=async_transport(server),
-            sync_on_start=False,
-        ) as client:
-            async with await client.generate("hi", value="0.2", stream=True) as stream:
-                items = [item async for item in stream]
-            assert isinstance(items[0], sdk.Auction)
-            assert "".join(str(i) for i in items[1:]) == "echo: hi"
-            assert (await stream.get_final()).text == "echo: hi"
-            chat = await client.chat([{"role": "user", "content": "Hi"}], value="0.1", stream=True)
-            assert (await chat.get_final()).text == "Hello there"
-            await chat.close()
-            assert client.bidder.spent_micros == server.total_charged
-            assert client.bidder.in_flight_micros == 0
-
-    asyncio.run(main())
+@pytest.mark.anyio
+async def test_async_streams(server: FakeServer) -> None:
+    async with AsyncAuctionClient(
+        BASE_URL,
+        API_KEY,
+        budget=Budget(total="50", auctions=1000),
+        transport=async_transport(server),
+        sync_on_start=False,
+    ) as client:
+        async with await client.generate("hi", value="0.2", stream=True) as stream:
+            items = [item async for item in stream]
+        assert isinstance(items[0], sdk.Auction)
+        assert "".join(str(i) for i in items[1:]) == "echo: hi"
+        assert (await stream.get_final()).text == "echo: hi"
+        chat = await client.chat([{"role": "user", "content": "Hi"}], value="0.1", stream=True)
+        assert (await chat.get_final()).text == "Hello there"
+        await chat.close()
+        assert client.bidder.spent_micros == server.total_charged
+        assert client.bidder.in_flight_micros == 0

@@ -10,6 +10,7 @@ import inspect
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from inference_auctions.billing import apikeys
@@ -293,7 +294,8 @@ def test_keys_are_compared_in_constant_time(server: RunningServer) -> None:
     assert user is not None and user.name == "alice"
 
 
-def test_rate_limits_are_per_key(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_rate_limits_are_per_key(ledger_db: MigratedDatabase) -> None:
     with running_server(ledger_db, rate_limit_per_second=1, rate_limit_burst=2) as server:
         alice = server.create_user("alice")
         bob = server.create_user("bob")
@@ -323,5 +325,5 @@ def test_rate_limits_are_per_key(ledger_db: MigratedDatabase) -> None:
             return [reply.status_code for reply in replies]
 
         carol = server.create_user("carol")
-        statuses = asyncio.run(burst(carol, 6))
+        statuses = await burst(carol, 6)
         assert statuses.count(200) == 2 and statuses.count(429) == 4

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from inference_auctions.billing import Ledger
 from tests.db_fixtures import MigratedDatabase
@@ -69,7 +70,8 @@ async def _read_stream(client: httpx.AsyncClient, body: dict[str, object]) -> in
     return int(json.loads(last[6:])["meta_info"]["completion_tokens"])
 
 
-def test_long_free_answers_cost_memory_linear_in_their_length(
+@pytest.mark.anyio
+async def test_long_free_answers_cost_memory_linear_in_their_length(
     ledger_db: MigratedDatabase, tmp_path: Path
 ) -> None:
     # Before: every streamed chunk's cumulative text and ids stayed with the request, so 4
@@ -96,11 +98,12 @@ def test_long_free_answers_cost_memory_linear_in_their_length(
                 assert grown < 40, f"the server grew by {grown:.0f} MiB for 4 answers"
                 return tokens
 
-        assert asyncio.run(attack()) == [4_000] * 4  # whole answers
+        assert await attack() == [4_000] * 4  # whole answers
     audit_money_against_answers(ledger, {f"free/r{i}": "served" for i in range(4)})
 
 
-def test_answers_beyond_the_memory_budget_wait_their_turn_as_503s(
+@pytest.mark.anyio
+async def test_answers_beyond_the_memory_budget_wait_their_turn_as_503s(
     ledger_db: MigratedDatabase,
 ) -> None:
     # A budget of 1 MiB: four answers of 2,000 tokens at most (128 bytes a token reserved).
@@ -124,7 +127,7 @@ def test_answers_beyond_the_memory_budget_wait_their_turn_as_503s(
                     )
                 )
 
-        responses = asyncio.run(flood())
+        responses = await flood()
         statuses = sorted(r.status_code for r in responses)
         assert set(statuses) == {200, 503}, statuses
         assert statuses.count(200) <= 4

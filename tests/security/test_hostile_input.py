@@ -328,7 +328,8 @@ def test_a_streamed_body_over_the_limit_is_cut_off(sqlite_server: RunningServer)
     assert MAX_BODY_BYTES < read < 2 * MAX_BODY_BYTES, error["message"]
 
 
-def test_deeply_repeated_prefixes_clear_settle_and_reconcile(server: RunningServer) -> None:
+@pytest.mark.anyio
+async def test_deeply_repeated_prefixes_clear_settle_and_reconcile(server: RunningServer) -> None:
     keys = {name: server.create_user(name) for name in ("ann", "ben", "cat")}
     names = list(keys)
     # Each prompt is a prefix of the next: one chain of nested prompts, up to ~12k tokens.
@@ -354,7 +355,7 @@ def test_deeply_repeated_prefixes_clear_settle_and_reconcile(server: RunningServ
             for client in clients.values():
                 await client.aclose()
 
-    replies = asyncio.run(send())
+    replies = await send()
     assert [r.status_code for r in replies] == [200] * len(requests), [r.text for r in replies]
     bids: Counter[tuple[str, str]] = Counter()
     charges: dict[tuple[str, str], int] = {}
@@ -632,7 +633,10 @@ def test_sampling_parameters_reach_the_engine_as_plain_json() -> None:
             SamplingParams.model_validate(bad)
 
 
-def test_one_rid_in_flight_with_different_payloads_gets_one_hold(server: RunningServer) -> None:
+@pytest.mark.anyio
+async def test_one_rid_in_flight_with_different_payloads_gets_one_hold(
+    server: RunningServer,
+) -> None:
     key = server.create_user("dora")
     bodies = [
         {
@@ -648,7 +652,7 @@ def test_one_rid_in_flight_with_different_payloads_gets_one_hold(server: Running
         async with server.async_client(key) as client:
             return list(await asyncio.gather(*(client.post("/generate", json=b) for b in bodies)))
 
-    replies = asyncio.run(race())
+    replies = await race()
     statuses = sorted(r.status_code for r in replies)
     assert statuses == [200] + [409] * 5, [r.text[:200] for r in replies]
     winner = next(r for r in replies if r.status_code == 200).json()["meta_info"]["auction"]

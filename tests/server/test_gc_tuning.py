@@ -3,7 +3,6 @@ the young generation less often (`server.gc_tuning`); a request still serves aft
 
 from __future__ import annotations
 
-import asyncio
 import gc
 from collections.abc import Iterator
 
@@ -29,8 +28,9 @@ def collector_as_python_sets_it() -> Iterator[None]:
     gc.set_threshold(*saved)
 
 
+@pytest.mark.anyio
 @pytest.mark.usefixtures("collector_as_python_sets_it")
-def test_a_started_server_freezes_its_heap_and_collects_less_often(
+async def test_a_started_server_freezes_its_heap_and_collects_less_often(
     ledger_db: MigratedDatabase,
 ) -> None:
     app = create_app(
@@ -39,14 +39,11 @@ def test_a_started_server_freezes_its_heap_and_collects_less_often(
     )
     assert gc.get_freeze_count() == 0
 
-    async def main() -> None:
-        async with app.router.lifespan_context(app):
-            # Everything the startup built (the modules, the app, the engine) is frozen.
-            assert gc.get_freeze_count() > 10_000
-            assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                reply = await client.get("/health")
-                assert reply.status_code == 200
-
-    asyncio.run(main())
+    async with app.router.lifespan_context(app):
+        # Everything the startup built (the modules, the app, the engine) is frozen.
+        assert gc.get_freeze_count() > 10_000
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            reply = await client.get("/health")
+            assert reply.status_code == 200

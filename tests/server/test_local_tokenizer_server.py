@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from inference_auctions.server.emulator.live import LiveSimulator
 from inference_auctions.server.emulator.sglang_app import create_sglang_app
 from inference_auctions.server.emulator.simulator import EngineSimulator
@@ -57,7 +59,7 @@ def _emulator() -> Iterator[tuple[str, PathCounter, _GenerateBodies]]:
         yield url, counts, bodies
 
 
-def _sent_ids(db: MigratedDatabase, tokenizer: str) -> tuple[list[list[int]], int]:
+async def _sent_ids(db: MigratedDatabase, tokenizer: str) -> tuple[list[list[int]], int]:
     """The ids the emulator received for `_PROMPTS`, and how many `/tokenize` it answered."""
     with (
         _emulator() as (url, counts, bodies),
@@ -82,15 +84,16 @@ def _sent_ids(db: MigratedDatabase, tokenizer: str) -> tuple[list[list[int]], in
                 )
             assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
 
-        asyncio.run(send())
+        await send()
         return bodies.input_ids, counts.paths["/tokenize"]
 
 
-def test_builtin_sends_the_engines_own_ids_without_asking_its_tokenize(
+@pytest.mark.anyio
+async def test_builtin_sends_the_engines_own_ids_without_asking_its_tokenize(
     ledger_db: MigratedDatabase,
 ) -> None:
-    by_engine, engine_asked = _sent_ids(ledger_db, "engine")
-    by_builtin, builtin_asked = _sent_ids(ledger_db, "builtin")
+    by_engine, engine_asked = await _sent_ids(ledger_db, "engine")
+    by_builtin, builtin_asked = await _sent_ids(ledger_db, "builtin")
     assert sorted(by_builtin) == sorted(by_engine) and len(by_engine) == len(_PROMPTS)
     assert engine_asked >= len(_PROMPTS)  # one round trip per new prompt
     assert builtin_asked == len(PROBE_TEXTS)  # only the check, at start

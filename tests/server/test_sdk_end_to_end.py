@@ -25,7 +25,8 @@ def server(ledger_db: MigratedDatabase) -> Iterator[RunningServer]:
         yield running
 
 
-def test_autobidders_with_different_budgets_never_overspend(server: RunningServer) -> None:
+@pytest.mark.anyio
+async def test_autobidders_with_different_budgets_never_overspend(server: RunningServer) -> None:
     budgets = {"tight": "0.4", "medium": "2", "loose": "50"}
     keys = {name: server.create_user(name, budget=100_000_000) for name in budgets}
     article = "Shared article: " + " ".join(f"fact{i}" for i in range(200))
@@ -55,10 +56,7 @@ def test_autobidders_with_different_budgets_never_overspend(server: RunningServe
         for start in range(0, 40, 8):  # waves of concurrent requests, as a busy client sends
             await asyncio.gather(*(one(i, start) for i in range(start, start + 8)))
 
-    async def everyone() -> list[tuple[int, float]]:
-        return list(await asyncio.gather(*(run(name) for name in budgets)))
-
-    views = asyncio.run(everyone())
+    views = list(await asyncio.gather(*(run(name) for name in budgets)))
     for name, (client_spend, _) in zip(budgets, views, strict=True):
         entries = server.ledger.entries(name, limit=1000).entries
         ledger_spend = sum(-e.amount_micros for e in entries if e.kind in ("charge", "refund"))

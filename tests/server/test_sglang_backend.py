@@ -26,7 +26,7 @@ def sglang_url() -> Iterator[str]:
         yield url
 
 
-def _burst(url: str, key: str, count: int) -> list[dict[str, Any]]:
+async def _burst(url: str, key: str, count: int) -> list[dict[str, Any]]:
     async def send() -> list[dict[str, Any]]:
         headers = {"Authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
@@ -46,16 +46,17 @@ def _burst(url: str, key: str, count: int) -> list[dict[str, Any]]:
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
         return [r.json() for r in replies]
 
-    return asyncio.run(send())
+    return await send()
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["priority", "ordered"])
-def test_batches_reach_sglang_in_auction_order(
+async def test_batches_reach_sglang_in_auction_order(
     ledger_db: MigratedDatabase, sglang_url: str, mode: str
 ) -> None:
     with running_server(ledger_db, engine_url=sglang_url, engine_mode=mode) as server:
         key = server.create_user("alice", budget=100_000_000)
-        responses = _burst(server.url, key, 24)
+        responses = await _burst(server.url, key, 24)
         charged = {}
         by_batch: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for body in responses:
@@ -96,7 +97,8 @@ def test_batches_reach_sglang_in_auction_order(
         assert flushed.status_code == 200, flushed.text
 
 
-def test_an_unreachable_engine_is_502_and_refunds(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_an_unreachable_engine_is_502_and_refunds(ledger_db: MigratedDatabase) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: connections are refused
     with running_server(ledger_db, engine_url=dead) as server:
         keys = [server.create_user(name, budget=5_000_000) for name in ("ann", "ben")]
@@ -116,7 +118,7 @@ def test_an_unreachable_engine_is_502_and_refunds(ledger_db: MigratedDatabase) -
                     )
                 )
 
-        replies = asyncio.run(both())
+        replies = await both()
         with httpx.Client(base_url=server.url, timeout=60) as client:
             text = client.post(
                 "/generate",

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from inference_auctions.billing import HoldInput, HoldState
 from inference_auctions.server.errors import Conflict, PaymentRequired, ServiceError
 from inference_auctions.server.serving.admission import ledger_rid
@@ -31,8 +33,11 @@ def _commits_and_writes(service: AuctionService) -> list[float]:
     return [count, total]
 
 
-def test_a_lone_request_is_held_and_settled_in_one_commit(ledger_db: MigratedDatabase) -> None:
-    asyncio.run(_lone_request(ledger_db))
+@pytest.mark.anyio
+async def test_a_lone_request_is_held_and_settled_in_one_commit(
+    ledger_db: MigratedDatabase,
+) -> None:
+    await _lone_request(ledger_db)
 
 
 async def _lone_request(ledger_db: MigratedDatabase) -> None:
@@ -48,10 +53,11 @@ async def _lone_request(ledger_db: MigratedDatabase) -> None:
         assert service.ledger.reconcile().ok
 
 
-def test_a_request_refused_in_its_batchs_commit_leaves_the_others_served(
+@pytest.mark.anyio
+async def test_a_request_refused_in_its_batchs_commit_leaves_the_others_served(
     ledger_db: MigratedDatabase,
 ) -> None:
-    asyncio.run(_refused_in_the_same_commit(ledger_db))
+    await _refused_in_the_same_commit(ledger_db)
 
 
 async def _refused_in_the_same_commit(ledger_db: MigratedDatabase) -> None:
@@ -81,10 +87,11 @@ async def _refused_in_the_same_commit(ledger_db: MigratedDatabase) -> None:
         assert ledger.reconcile().ok
 
 
-def test_a_rid_held_for_another_payload_is_not_claimed_for_this_one(
+@pytest.mark.anyio
+async def test_a_rid_held_for_another_payload_is_not_claimed_for_this_one(
     ledger_db: MigratedDatabase,
 ) -> None:
-    asyncio.run(_held_for_another_payload(ledger_db))
+    await _held_for_another_payload(ledger_db)
 
 
 async def _held_for_another_payload(ledger_db: MigratedDatabase) -> None:

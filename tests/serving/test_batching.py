@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -33,42 +32,46 @@ def _pool(
     async def clear(items: list[int]) -> None:
         batches.append(items)
 
-    return BatchPool(policy, clear, lambda: engine.inflight, lambda: engine.saturated)
+    # The loop's clock: the collection window runs on the same (virtual) time as the timers.
+    clock = asyncio.get_running_loop().time
+    return BatchPool(policy, clear, lambda: engine.inflight, lambda: engine.saturated, clock=clock)
 
 
-def _run(test: Callable[[BatchPool[int], _Engine, list[list[int]]], Awaitable[None]]) -> None:
-    async def main() -> None:
-        engine, batches = _Engine(), []
-        pool = _pool(engine, batches)
-        runner = asyncio.create_task(pool.run())
-        try:
-            await test(pool, engine, batches)
-        finally:
-            runner.cancel()
-
-    asyncio.run(main())
+async def _run(test: Callable[[BatchPool[int], _Engine, list[list[int]]], Awaitable[None]]) -> None:
+    engine, batches = _Engine(), []
+    pool = _pool(engine, batches)
+    runner = asyncio.create_task(pool.run())
+    try:
+        await test(pool, engine, batches)
+    finally:
+        runner.cancel()
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 2.0) -> float:
-    """Seconds until `condition` holds; fails after `timeout`."""
-    start = time.monotonic()
+    """Seconds (of the loop's clock) until `condition` holds; fails after `timeout`."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
     while not condition():
-        assert time.monotonic() - start < timeout, "the pool never closed the batch"
+        assert loop.time() - start < timeout, "the pool never closed the batch"
         await asyncio.sleep(0.001)
-    return time.monotonic() - start
+    return loop.time() - start
 
 
-def test_a_lone_request_goes_straight_through() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_a_lone_request_goes_straight_through() -> None:
     async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
         pool.submit(1)
         waited = await _until(lambda: bool(batches))
         assert batches == [[1]]
         assert waited < 0.02  # no collection window by default
 
-    _run(test)
+    await _run(test)
 
 
-def test_a_saturated_engine_holds_requests_and_the_next_batch_takes_the_backlog() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_a_saturated_engine_holds_requests_and_the_next_batch_takes_the_backlog() -> None:
     async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
         engine.saturated = True
         for item in range(5):
@@ -83,10 +86,12 @@ def test_a_saturated_engine_holds_requests_and_the_next_batch_takes_the_backlog(
         # engine's count never grows, so the one left over goes next.
         assert batches[0] == [0, 1, 2, 3]
 
-    _run(test)
+    await _run(test)
 
 
-def test_the_pool_waits_for_a_wake_up_not_a_timer() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_the_pool_waits_for_a_wake_up_not_a_timer() -> None:
     async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
         engine.saturated = True
         pool.submit(1)
@@ -98,10 +103,12 @@ def test_the_pool_waits_for_a_wake_up_not_a_timer() -> None:
         await _until(lambda: bool(batches))
         assert batches == [[1]]
 
-    _run(test)
+    await _run(test)
 
 
-def test_max_inflight_still_caps() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_max_inflight_still_caps() -> None:
     async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
         engine.inflight = 4  # at the cap, though not saturated
         pool.submit(1)
@@ -113,44 +120,44 @@ def test_max_inflight_still_caps() -> None:
         await _until(lambda: bool(batches))
         assert batches[0] == [1]  # a hard cap: one request's room left, one request taken
 
-    _run(test)
+    await _run(test)
 
 
-def test_a_batch_takes_at_most_batch_size() -> None:
-    async def main() -> None:
-        engine, batches = _Engine(), []
-        pool = _pool(engine, batches, size=2)
-        engine.saturated = True
-        for item in range(5):
-            pool.submit(item)
-        runner = asyncio.create_task(pool.run())
-        await asyncio.sleep(0.01)
-        engine.saturated = False
-        pool.wake()
-        await _until(lambda: len(batches) == 3)
-        runner.cancel()
-        assert batches == [[0, 1], [2, 3], [4]]
-
-    asyncio.run(main())
-
-
-def test_the_collection_window_collects_while_the_engine_is_free() -> None:
-    async def main() -> None:
-        engine, batches = _Engine(), []
-        pool = _pool(engine, batches, max_wait=0.1)
-        runner = asyncio.create_task(pool.run())
-        pool.submit(1)
-        await asyncio.sleep(0.02)
-        pool.submit(2)
-        waited = await _until(lambda: bool(batches))
-        runner.cancel()
-        assert batches == [[1, 2]]
-        assert waited >= 0.05
-
-    asyncio.run(main())
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_a_batch_takes_at_most_batch_size() -> None:
+    engine, batches = _Engine(), []
+    pool = _pool(engine, batches, size=2)
+    engine.saturated = True
+    for item in range(5):
+        pool.submit(item)
+    runner = asyncio.create_task(pool.run())
+    await asyncio.sleep(0.01)
+    engine.saturated = False
+    pool.wake()
+    await _until(lambda: len(batches) == 3)
+    runner.cancel()
+    assert batches == [[0, 1], [2, 3], [4]]
 
 
-def test_drain_clears_the_backlog_once_the_engine_takes_it() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_the_collection_window_collects_while_the_engine_is_free() -> None:
+    engine, batches = _Engine(), []
+    pool = _pool(engine, batches, max_wait=0.1)
+    runner = asyncio.create_task(pool.run())
+    pool.submit(1)
+    await asyncio.sleep(0.02)
+    pool.submit(2)
+    waited = await _until(lambda: bool(batches))
+    runner.cancel()
+    assert batches == [[1, 2]]
+    assert waited >= 0.05
+
+
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_drain_clears_the_backlog_once_the_engine_takes_it() -> None:
     async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
         engine.saturated = True
         pool.submit(1)
@@ -164,10 +171,12 @@ def test_drain_clears_the_backlog_once_the_engine_takes_it() -> None:
         await asyncio.wait_for(drained, 2)
         assert batches == [[1]]
 
-    _run(test)
+    await _run(test)
 
 
-def test_a_withdrawn_request_leaves_the_backlog() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_a_withdrawn_request_leaves_the_backlog() -> None:
     async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
         engine.saturated = True
         pool.submit(1)
@@ -179,25 +188,24 @@ def test_a_withdrawn_request_leaves_the_backlog() -> None:
         assert batches == [[2]]
         assert not pool.withdraw(2)
 
-    _run(test)
+    await _run(test)
 
 
-def test_a_pool_drained_and_cancelled_during_a_collection_window_stops() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_a_pool_drained_and_cancelled_during_a_collection_window_stops() -> None:
     """A request withdrawn inside its window leaves the pool waiting on a timer; the drain's
     wake-up and the cancel then land in one turn of the loop, and the pool must still stop
     (`asyncio.wait_for` on Python 3.11 returned the finished wait and dropped the cancel)."""
 
-    async def main() -> None:
-        engine, batches = _Engine(), []
-        pool = _pool(engine, batches, max_wait=5.0)
-        runner = asyncio.create_task(pool.run())
-        pool.submit(1)
-        await asyncio.sleep(0.01)  # the pool now waits out the window of request 1
-        assert pool.withdraw(1)  # refused: say its hold was
-        await pool.drain()
-        runner.cancel()
-        done, _ = await asyncio.wait({runner}, timeout=1.0)
-        assert done == {runner} and runner.cancelled()
-        assert batches == []
-
-    asyncio.run(main())
+    engine, batches = _Engine(), []
+    pool = _pool(engine, batches, max_wait=5.0)
+    runner = asyncio.create_task(pool.run())
+    pool.submit(1)
+    await asyncio.sleep(0.01)  # the pool now waits out the window of request 1
+    assert pool.withdraw(1)  # refused: say its hold was
+    await pool.drain()
+    runner.cancel()
+    done, _ = await asyncio.wait({runner}, timeout=1.0)
+    assert done == {runner} and runner.cancelled()
+    assert batches == []

@@ -77,7 +77,7 @@ def _first_token_at(body: dict[str, Any]) -> float:
     return float(meta["request_received_ts"] + meta["first_token_latency"])
 
 
-def _contest(
+async def _contest(
     server_url: str, sglang_url: str, key: str, base: int, work_conserving: bool
 ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """Saturate the engine, send the low bidders, then the high bidder; return the bodies."""
@@ -123,11 +123,12 @@ def _contest(
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
         return busy_reply.json(), high.json(), [r.json() for r in replies]
 
-    return asyncio.run(run())
+    return await run()
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("work_conserving", [True, False], ids=["work-conserving", "engine-fed"])
-def test_a_late_high_bidder_overtakes_waiting_low_bidders(
+async def test_a_late_high_bidder_overtakes_waiting_low_bidders(
     ledger_db: MigratedDatabase, sglang_url: str, work_conserving: bool
 ) -> None:
     base = 1_000 if work_conserving else 500_000  # no prefix of one run is cached for the other
@@ -135,7 +136,7 @@ def test_a_late_high_bidder_overtakes_waiting_low_bidders(
     settings = {"batch_size": 64, "max_inflight": 256, "deferral": False, **policy}
     with running_server(ledger_db, engine_url=sglang_url, **settings) as server:
         key = server.create_user("alice", budget=100_000_000)
-        busy, high, lows = _contest(server.url, sglang_url, key, base, work_conserving)
+        busy, high, lows = await _contest(server.url, sglang_url, key, base, work_conserving)
     high_first = _first_token_at(high)
     low_firsts = sorted(_first_token_at(low) for low in lows)
     if work_conserving:

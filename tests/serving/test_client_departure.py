@@ -3,7 +3,7 @@ got (docs/SPEC.md, "A client that leaves").
 
 Three users share one batch of long generations and each client leaves at another moment:
 after its first token (streamed), before its first token (streamed), and in the middle of a
-whole answer it waits for. The engine stops all three within a second, the one that left
+whole answer it waits for. The engine stops all three within seconds, the one that left
 before its first token is refunded (its request fee too), the others keep their charge and
 fee, and none is `served`.
 """
@@ -75,7 +75,8 @@ async def _stream_until(
     return events
 
 
-def test_clients_that_leave_stop_their_work_and_pay_only_for_what_they_got(
+@pytest.mark.anyio
+async def test_clients_that_leave_stop_their_work_and_pay_only_for_what_they_got(
     ledger_db: MigratedDatabase, engine: dict[str, Any]
 ) -> None:
     with running_server(
@@ -115,10 +116,12 @@ def test_clients_that_leave_stop_their_work_and_pay_only_for_what_they_got(
 
                 await asyncio.gather(after_first_token(), before_first_token(), whole_answer())
 
-        asyncio.run(scenario())
+        await scenario()
+        # Left running, the three generations would take minutes (6,000 tokens at 60x): a
+        # bound of seconds tells them apart from stopped ones on a machine however loaded.
         left = time.monotonic()
         while _engine_busy(server):
-            assert time.monotonic() - left < 1.0, "the engine still works for clients that left"
+            assert time.monotonic() - left < 5.0, "the engine still works for clients that left"
             time.sleep(0.05)
 
         def settled() -> bool:

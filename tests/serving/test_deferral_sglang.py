@@ -47,7 +47,9 @@ def _wait_until_running(sglang_url: str) -> None:
     raise AssertionError("the emulator never started the long request")
 
 
-def _serve_siblings(server_url: str, key: str, sglang_url: str, base: int) -> list[dict[str, Any]]:
+async def _serve_siblings(
+    server_url: str, key: str, sglang_url: str, base: int
+) -> list[dict[str, Any]]:
     """Keep the engine busy with one long prefill, then send a batch of siblings."""
     prefix = list(range(base, base + PREFIX_TOKENS))
     busy_prompt = list(range(base + 10_000, base + 10_000 + BUSY_TOKENS))
@@ -79,7 +81,7 @@ def _serve_siblings(server_url: str, key: str, sglang_url: str, base: int) -> li
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
         return [r.json() for r in replies]
 
-    bodies = asyncio.run(run())
+    bodies = await run()
     batches = {body["meta_info"]["auction"]["batch_id"] for body in bodies}
     assert len(batches) == 1, "the siblings must clear as one batch"
     return sorted(bodies, key=lambda body: body["meta_info"]["auction"]["position"])
@@ -110,8 +112,9 @@ def _in_order(times: list[float]) -> bool:
     return all(later >= earlier - _SAME_INSTANT for earlier, later in pairwise(times))
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("deferral", [True, False], ids=["deferral", "no-deferral"])
-def test_siblings_compute_their_shared_prefix_once_with_the_rule(
+async def test_siblings_compute_their_shared_prefix_once_with_the_rule(
     ledger_db: MigratedDatabase, sglang_url: str, deferral: bool
 ) -> None:
     base = 1_000 if deferral else 500_000  # no prefix of one run is cached for the other
@@ -126,7 +129,7 @@ def test_siblings_compute_their_shared_prefix_once_with_the_rule(
     }
     with running_server(ledger_db, engine_url=sglang_url, deferral=deferral, **settings) as server:
         key = server.create_user("alice", budget=100_000_000)
-        bodies = _serve_siblings(server.url, key, sglang_url, base)
+        bodies = await _serve_siblings(server.url, key, sglang_url, base)
         cached = [body["meta_info"]["cached_tokens"] for body in bodies]
         # Bids are distinct, so the auction puts the highest bidder first.
         bids = [body["meta_info"]["auction"]["bid_micros"] for body in bodies]

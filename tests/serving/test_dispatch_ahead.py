@@ -121,10 +121,11 @@ class _Commits:
         monkeypatch.setattr(ledger, "commit_group", commit_group)
 
 
-def test_a_batch_is_at_the_engine_before_its_commit_ends_and_answered_after_it(
+@pytest.mark.anyio
+async def test_a_batch_is_at_the_engine_before_its_commit_ends_and_answered_after_it(
     ledger_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    asyncio.run(_ahead_of_the_commit(ledger_db, monkeypatch))
+    await _ahead_of_the_commit(ledger_db, monkeypatch)
 
 
 async def _ahead_of_the_commit(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,10 +162,11 @@ async def _ahead_of_the_commit(db: MigratedDatabase, monkeypatch: pytest.MonkeyP
         assert ledger.reconcile().ok
 
 
-def test_a_batch_its_commit_cannot_settle_whole_is_cancelled_and_cleared_again(
+@pytest.mark.anyio
+async def test_a_batch_its_commit_cannot_settle_whole_is_cancelled_and_cleared_again(
     ledger_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    asyncio.run(_voided(ledger_db, monkeypatch))
+    await _voided(ledger_db, monkeypatch)
 
 
 async def _voided(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,10 +219,11 @@ async def _voided(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None
         assert _count(service.metrics.batches_ahead) == 2
 
 
-def test_a_failed_commit_leaves_a_batch_sent_ahead_uncharged_and_stopped(
+@pytest.mark.anyio
+async def test_a_failed_commit_leaves_a_batch_sent_ahead_uncharged_and_stopped(
     ledger_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    asyncio.run(_failed_commit(ledger_db, monkeypatch))
+    await _failed_commit(ledger_db, monkeypatch)
 
 
 async def _failed_commit(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,10 +251,11 @@ async def _failed_commit(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) 
         assert ledger.reconcile().ok
 
 
-def test_a_user_whose_request_could_not_be_claimed_waits_for_commits(
+@pytest.mark.anyio
+async def test_a_user_whose_request_could_not_be_claimed_waits_for_commits(
     ledger_db: MigratedDatabase,
 ) -> None:
-    asyncio.run(_distrusted(ledger_db))
+    await _distrusted(ledger_db)
 
 
 async def _distrusted(db: MigratedDatabase) -> None:
@@ -281,10 +285,11 @@ async def _distrusted(db: MigratedDatabase) -> None:
         assert ledger.reconcile().ok
 
 
-def test_a_void_batch_drops_what_the_prefix_deferral_still_held_back(
+@pytest.mark.anyio
+async def test_a_void_batch_drops_what_the_prefix_deferral_still_held_back(
     ledger_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    asyncio.run(_voided_with_deferral(ledger_db, monkeypatch))
+    await _voided_with_deferral(ledger_db, monkeypatch)
 
 
 async def _voided_with_deferral(db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,118 +90,108 @@ async def _started(capacity: EngineCapacity) -> EngineCapacity:
     return capacity
 
 
-def test_a_one_request_engine_takes_one_at_a_time() -> None:
+@pytest.mark.anyio
+async def test_a_one_request_engine_takes_one_at_a_time() -> None:
     capacity, woken = _capacity(_Engine(REAL_SERVER_INFO))
 
-    async def check() -> None:
-        await capacity.start()
-        try:
-            assert woken, "learning new limits wakes the pool"
-            # (unstarted tokens, unstarted requests, inflight)
-            assert not capacity.saturated(0, 0, 0)  # a lone request on an idle engine goes
-            assert capacity.saturated(10, 1, 1)  # sent, no first token yet
-            assert capacity.saturated(0, 0, 1)  # running: its one slot is taken
-            assert capacity.token_budget() == 4096
-        finally:
-            await capacity.close()
-
-    asyncio.run(check())
+    await capacity.start()
+    try:
+        assert woken, "learning new limits wakes the pool"
+        # (unstarted tokens, unstarted requests, inflight)
+        assert not capacity.saturated(0, 0, 0)  # a lone request on an idle engine goes
+        assert capacity.saturated(10, 1, 1)  # sent, no first token yet
+        assert capacity.saturated(0, 0, 1)  # running: its one slot is taken
+        assert capacity.token_budget() == 4096
+    finally:
+        await capacity.close()
 
 
-def test_a_prefill_step_of_tokens_saturates_a_large_engine() -> None:
+@pytest.mark.anyio
+async def test_a_prefill_step_of_tokens_saturates_a_large_engine() -> None:
     info = {
         "chunked_prefill_size": 4096,
         "internal_states": [{"effective_max_running_requests_per_dp": 512}],
     }
     capacity, _ = _capacity(_Engine(info))
 
-    async def check() -> None:
-        await capacity.start()
-        await capacity.close()
-
-    asyncio.run(check())
+    await capacity.start()
+    await capacity.close()
     assert not capacity.saturated(4095, 100, 300)
     assert capacity.saturated(4096, 1, 1)
     assert not capacity.saturated(10, 211, 511)  # 300 running: room for 212
     assert capacity.saturated(10, 212, 512)
 
 
-def test_settings_override_what_the_engine_says_and_fallbacks_apply_without_facts() -> None:
+@pytest.mark.anyio
+async def test_settings_override_what_the_engine_says_and_fallbacks_apply_without_facts() -> None:
     capacity, _ = _capacity(_Engine(REAL_SERVER_INFO), tokens=100, requests=3)
-    asyncio.run(_started(capacity))
+    await _started(capacity)
     assert not capacity.saturated(99, 2, 5)
     assert capacity.saturated(100, 0, 1) and capacity.saturated(0, 3, 3)
     silent, _ = _capacity(_Engine(None))
-    asyncio.run(_started(silent))
+    await _started(silent)
     assert silent.token_budget() == FALLBACK_PREFILL_TOKENS
     assert silent.request_budget(0) == FALLBACK_UNSTARTED_REQUESTS
 
 
-def test_a_waiting_queue_at_the_engine_beyond_its_own_saturates_and_is_followed() -> None:
+@pytest.mark.anyio
+async def test_a_waiting_queue_at_the_engine_beyond_its_own_saturates_and_is_followed() -> None:
     engine = _Engine({"internal_states": [{"effective_max_running_requests_per_dp": 64}]}, 3)
     capacity, _ = _capacity(engine, unstarted=1)
 
-    async def check() -> None:
-        await capacity.start()
-        try:
-            capacity.saturated(0, 1, 1)  # requests outstanding: poll at the fast pace
-            for _ in range(200):
-                if capacity.excess_waiting:
-                    break
-                await asyncio.sleep(0.01)
-            assert capacity.excess_waiting == 2  # three wait there, one of them is ours
-            assert capacity.saturated(0, 0, 0)
-            engine.waiting = 0
-            for _ in range(200):
-                if not capacity.excess_waiting:
-                    break
-                await asyncio.sleep(0.01)
-            assert not capacity.saturated(0, 0, 0)
-        finally:
-            await capacity.close()
-
-    asyncio.run(check())
+    await capacity.start()
+    try:
+        capacity.saturated(0, 1, 1)  # requests outstanding: poll at the fast pace
+        for _ in range(200):
+            if capacity.excess_waiting:
+                break
+            await asyncio.sleep(0.01)
+        assert capacity.excess_waiting == 2  # three wait there, one of them is ours
+        assert capacity.saturated(0, 0, 0)
+        engine.waiting = 0
+        for _ in range(200):
+            if not capacity.excess_waiting:
+                break
+            await asyncio.sleep(0.01)
+        assert not capacity.saturated(0, 0, 0)
+    finally:
+        await capacity.close()
 
 
-def test_the_limits_are_read_again_once_a_restarted_engine_answers() -> None:
+@pytest.mark.anyio
+async def test_the_limits_are_read_again_once_a_restarted_engine_answers() -> None:
     engine = _Engine(REAL_SERVER_INFO)
     capacity, _ = _capacity(engine)
 
-    async def check() -> None:
-        await capacity.start()
-        try:
-            assert capacity.limits.max_running_requests == 1
-            engine.down = True
+    await capacity.start()
+    try:
+        assert capacity.limits.max_running_requests == 1
+        engine.down = True
+        capacity.saturated(0, 0, 1)
+        await asyncio.sleep(0.05)
+        engine.info = {"internal_states": [{"effective_max_running_requests_per_dp": 4}]}
+        engine.down = False
+        for _ in range(300):
+            if capacity.limits.max_running_requests == 4:
+                break
             capacity.saturated(0, 0, 1)
-            await asyncio.sleep(0.05)
-            engine.info = {"internal_states": [{"effective_max_running_requests_per_dp": 4}]}
-            engine.down = False
-            for _ in range(300):
-                if capacity.limits.max_running_requests == 4:
-                    break
-                capacity.saturated(0, 0, 1)
-                await asyncio.sleep(0.01)
-            assert capacity.limits.max_running_requests == 4
-        finally:
-            await capacity.close()
-
-    asyncio.run(check())
+            await asyncio.sleep(0.01)
+        assert capacity.limits.max_running_requests == 4
+    finally:
+        await capacity.close()
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("limit", [None, 2])
-def test_the_emulator_states_its_limits_as_sglang_does(limit: int | None) -> None:
+async def test_the_emulator_states_its_limits_as_sglang_does(limit: int | None) -> None:
     simulator = EngineSimulator(max_running_requests=limit)
     engine = EmbeddedEngine(LiveSimulator(simulator))
 
-    async def facts() -> tuple[dict[str, Any], dict[str, Any]]:
-        await engine.start()
-        try:
-            info, loads = await engine.server_info(), await engine.loads()
-        finally:
-            await engine.close()
-        return info, loads
-
-    info, loads = asyncio.run(facts())
+    await engine.start()
+    try:
+        info, loads = await engine.server_info(), await engine.loads()
+    finally:
+        await engine.close()
     limits = EngineLimits.from_server_info(info)
     assert limits.max_running_requests == limit
     assert limits.chunked_prefill_size == simulator.chunked_prefill_size

@@ -11,6 +11,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from tests.db_fixtures import MigratedDatabase
 from tests.server.harness import RunningServer, running_server
@@ -45,7 +46,10 @@ class _Watch:
         return self.most
 
 
-def test_max_inflight_is_a_hard_cap_whatever_the_batch_size(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_max_inflight_is_a_hard_cap_whatever_the_batch_size(
+    ledger_db: MigratedDatabase,
+) -> None:
     # Before: a batch closed while fewer than 10 were out took up to 64, whatever room was left.
     with running_server(
         ledger_db, max_inflight=10, batch_size=64, emulator_time_scale=0.2, max_wait_ms=50
@@ -65,7 +69,7 @@ def test_max_inflight_is_a_hard_cap_whatever_the_batch_size(ledger_db: MigratedD
                     )
                 )
 
-        responses = asyncio.run(burst())
+        responses = await burst()
         most = watch.stop()
         assert [r.status_code for r in responses] == [200] * 40
         assert 1 <= most <= 10, f"{most:g} requests were at the engine at once"
@@ -80,7 +84,10 @@ async def _timed_post(
     return response
 
 
-def test_free_traffic_cannot_fill_the_engine_ahead_of_a_bidder(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_free_traffic_cannot_fill_the_engine_ahead_of_a_bidder(
+    ledger_db: MigratedDatabase,
+) -> None:
     # Before: four free requests of seconds each took all four slots, and a bidder who came a
     # moment later waited for one of them to end.
     with running_server(
@@ -107,7 +114,7 @@ def test_free_traffic_cannot_fill_the_engine_ahead_of_a_bidder(ledger_db: Migrat
                 paid = await _timed_post(p, bid, done)
                 return [paid, *await asyncio.gather(*flood)]
 
-        responses = asyncio.run(attack())
+        responses = await attack()
         assert [r.status_code for r in responses] == [200] * 5
         first_free = min(t for rid, t in done.items() if rid.startswith("f"))
         assert done["p"] < first_free, "the bidder waited for free requests to end"
@@ -122,7 +129,8 @@ def test_free_traffic_cannot_fill_the_engine_ahead_of_a_bidder(ledger_db: Migrat
         audit_money_against_answers(server.ledger, outcomes)
 
 
-def test_one_user_cannot_keep_the_engine_from_another(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_one_user_cannot_keep_the_engine_from_another(ledger_db: MigratedDatabase) -> None:
     # Before: the pool was first come, first served, so B waited behind all of A's backlog.
     with running_server(
         ledger_db, max_inflight=4, user_share=0.5, emulator_time_scale=0.5, batch_size=8
@@ -160,7 +168,7 @@ def test_one_user_cannot_keep_the_engine_from_another(ledger_db: MigratedDatabas
                 ]
                 return list(await asyncio.gather(*mine, *backlog))
 
-        responses = asyncio.run(contest())
+        responses = await contest()
         assert [r.status_code for r in responses] == [200] * 10
         last_a = sorted(t for rid, t in done.items() if rid.startswith("a"))
         assert max(done["b0"], done["b1"]) < last_a[-2], "b waited behind a's whole backlog"

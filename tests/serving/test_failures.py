@@ -22,7 +22,8 @@ def _wait_until(condition: object, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_long_generation_is_not_a_stall_and_the_total_cap_serves_it_partly(
+@pytest.mark.anyio
+async def test_a_long_generation_is_not_a_stall_and_the_total_cap_serves_it_partly(
     ledger_db: MigratedDatabase,
 ) -> None:
     # Real time and a long generation (400 tokens: seconds) that streams a token every few
@@ -56,7 +57,7 @@ def test_a_long_generation_is_not_a_stall_and_the_total_cap_serves_it_partly(
                     )
                 )
 
-        responses = asyncio.run(contest())
+        responses = await contest()
         assert [r.status_code for r in responses] == [200, 200], responses[0].text
         for response in responses:
             meta = response.json()["meta_info"]
@@ -74,7 +75,8 @@ def test_a_long_generation_is_not_a_stall_and_the_total_cap_serves_it_partly(
         assert server.ledger.reconcile().ok
 
 
-def test_a_client_that_leaves_before_its_batch_closes_gets_its_hold_back(
+@pytest.mark.anyio
+async def test_a_client_that_leaves_before_its_batch_closes_gets_its_hold_back(
     ledger_db: MigratedDatabase,
 ) -> None:
     # One request at a time at the engine: the second one waits in the pool.
@@ -102,7 +104,7 @@ def test_a_client_that_leaves_before_its_batch_closes_gets_its_hold_back(
                     )
                 assert (await busy).status_code == 200
 
-        asyncio.run(scenario())
+        await scenario()
         _wait_until(lambda: get_hold(server.ledger, "zoe/leaver") is not None)
         _wait_until(lambda: str(get_hold(server.ledger, "zoe/leaver").state) != "open")  # type: ignore[union-attr]
         assert server.ledger.find_request("zoe/leaver") is None  # never settled, never charged
@@ -128,6 +130,8 @@ def test_shutdown_drains_waiting_requests(ledger_db: MigratedDatabase) -> None:
 
         import threading
 
+        # The requests run on an event loop of their own in a thread (asyncio.run there):
+        # this thread blocks in the server's shutdown while they wait in the pool.
         sender = threading.Thread(target=lambda: asyncio.run(send()))
         sender.start()
         _wait_until(lambda: server.ledger.balance("yan").held_micros == 30_000)

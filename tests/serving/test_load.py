@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.db_fixtures import MigratedDatabase
 from tests.server.harness import running_server
@@ -18,7 +19,10 @@ USERS = 20
 SECONDS = 4.0
 
 
-def test_two_hundred_clients_and_the_ledger_reconciles_exactly(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_two_hundred_clients_and_the_ledger_reconciles_exactly(
+    ledger_db: MigratedDatabase,
+) -> None:
     settings = {"batch_size": 32, "max_inflight": 64, "emulator_time_scale": 0.001}
     with running_server(ledger_db, **settings) as server:
         keys = {
@@ -61,7 +65,7 @@ def test_two_hundred_clients_and_the_ledger_reconciles_exactly(ledger_db: Migrat
             limits = httpx.Limits(max_connections=1)
             await asyncio.gather(*(client(i, limits) for i in range(CLIENTS)))
 
-        asyncio.run(everyone())
+        await everyone()
 
         assert set(statuses) == {200}, statuses
         assert statuses[200] >= CLIENTS  # every client got through at least once

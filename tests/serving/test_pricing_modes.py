@@ -133,37 +133,80 @@ def test_an_auction_server_refuses_a_tier_by_name(server: RunningServer) -> None
         assert client.get("/v1/market/tiers").status_code == 404
 
 
-def test_a_higher_tier_is_served_first_under_saturation(ledger_db: MigratedDatabase) -> None:
-    # The engine counts as saturated while one request sent to it has no first token: a long
-    # prompt's prefill (about 0.6 s at real time) holds every request sent after it in the
-    # pool, and each batch then takes the dearest tier's first, four at a time.
-    with running_server(
-        ledger_db,
-        **TIERS,
-        saturation_requests=1,
-        batch_size=4,
-        max_wait_ms=0,
-        emulator_time_scale=1.0,
-    ) as server:
-        key = server.create_user("dave", budget=BUDGET)
+class _HeldEngine(EmbeddedEngine):
+    """The embedded engine, holding back a request whose rid names it so (`hold`) until
+    `release()`, called from any thread: sent, it has no first token until then."""
 
-        async def burst() -> list[dict[str, Any]]:
-            async with server.async_client(key) as client:
-                blocker = {"text": "blocker " * 6000, "sampling_params": {"max_new_tokens": 1}}
-                tasks = [asyncio.create_task(client.post("/generate", json=blocker))]
-                await asyncio.sleep(0.1)
-                for index, tier in enumerate(["flex"] * 4 + ["priority"] * 4):
-                    body = {
-                        "text": f"Independent prompt {index} " * 30,
-                        "service_tier": tier,
-                        "rid": f"{tier}-{index:02d}",
-                        "sampling_params": {"max_new_tokens": 8},
-                    }
-                    tasks.append(asyncio.create_task(client.post("/generate", json=body)))
-                    await asyncio.sleep(0.02)  # a known arrival order
-                return [(await task).json() for task in tasks[1:]]
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._held: list[Generation] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-        bodies = asyncio.run(burst())
+    def _send(self, generations: list[Generation]) -> None:
+        self._loop = asyncio.get_running_loop()
+        held = [g for g in generations if "/hold" in g.request.rid]
+        self._held.extend(held)
+        super()._send([g for g in generations if g not in held])
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def release(self) -> None:
+        assert self._loop is not None, "nothing was held"
+        self._loop.call_soon_threadsafe(EmbeddedEngine._send, self, self._held)
+
+
+async def _queue_length(client: httpx.AsyncClient) -> int:
+    text = (await client.get("/metrics")).text
+    line = next(x for x in text.splitlines() if x.startswith("inference_auction_queue_length "))
+    return int(float(line.split()[1]))
+
+
+@pytest.mark.anyio
+async def test_a_higher_tier_is_served_first_under_saturation(ledger_db: MigratedDatabase) -> None:
+    # The engine counts as saturated while one request sent to it has no first token: a
+    # blocker held at the engine holds every request sent after it in the pool, and each
+    # batch then takes the dearest tier's first, four at a time. The requests arrive one at a
+    # time (each waits in the pool before the next is sent), and the blocker starts once all
+    # of them wait, however slow the machine.
+    settings = ServerSettings(
+        database_url=ledger_db.url,
+        **{
+            **TEST_SETTINGS,
+            **TIERS,
+            "saturation_requests": 1,
+            "batch_size": 4,
+            "max_wait_ms": 0,
+            # Room for a whole batch whether or not the blocker has left the engine by then.
+            "max_inflight": 16,
+        },
+    )
+    engine = _HeldEngine(time_scale=1.0)
+    with serve_app(settings, engine=engine) as url:
+        key = Ledger(ledger_db.new_engine()).create_user("dave", budget_micros=BUDGET).api_key
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
+            blocker = {
+                "text": "blocker " * 6000,
+                "rid": "hold",
+                "sampling_params": {"max_new_tokens": 1},
+            }
+            tasks = [asyncio.create_task(client.post("/generate", json=blocker))]
+            while not engine.held:
+                await asyncio.sleep(0.005)
+            for index, tier in enumerate(["flex"] * 4 + ["priority"] * 4):
+                body = {
+                    "text": f"Independent prompt {index} " * 30,
+                    "service_tier": tier,
+                    "rid": f"{tier}-{index:02d}",
+                    "sampling_params": {"max_new_tokens": 8},
+                }
+                tasks.append(asyncio.create_task(client.post("/generate", json=body)))
+                while await _queue_length(client) < index + 1:  # a known arrival order
+                    await asyncio.sleep(0.005)
+            engine.release()
+            bodies = [(await task).json() for task in tasks[1:]]
     first_token = {
         b["meta_info"]["id"]: b["meta_info"]["request_received_ts"]
         + b["meta_info"]["first_token_latency"]
@@ -190,7 +233,8 @@ class _FailingEngine(EmbeddedEngine):
         super()._send([g for g in generations if g not in failing])
 
 
-def test_a_failed_tier_request_refunds_its_price_and_recovery_prices_the_same(
+@pytest.mark.anyio
+async def test_a_failed_tier_request_refunds_its_price_and_recovery_prices_the_same(
     ledger_db: MigratedDatabase,
 ) -> None:
     settings = ServerSettings(
@@ -214,7 +258,7 @@ def test_a_failed_tier_request_refunds_its_price_and_recovery_prices_the_same(
                 ]
                 return list(await asyncio.gather(*posts))
 
-        ok, failed = asyncio.run(pair())
+        ok, failed = await pair()
         assert ok.status_code == 200 and failed.status_code >= 500
         entries = ledger.entries("erin").entries
         charged = sum(-e.amount_micros for e in entries if e.kind == "charge")
@@ -247,7 +291,8 @@ def test_a_failed_tier_request_refunds_its_price_and_recovery_prices_the_same(
         assert ledger.reconcile().ok
 
 
-def test_fcfs_charges_nothing_and_keeps_arrival_order(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_fcfs_charges_nothing_and_keeps_arrival_order(ledger_db: MigratedDatabase) -> None:
     with running_server(ledger_db, pricing="fcfs", max_wait_ms=300, batch_size=8) as server:
         key = server.create_user("frank", budget=BUDGET)
 
@@ -265,7 +310,7 @@ def test_fcfs_charges_nothing_and_keeps_arrival_order(ledger_db: MigratedDatabas
                     await asyncio.sleep(0.01)
                 return [(await task).json() for task in tasks]
 
-        bodies = asyncio.run(burst())
+        bodies = await burst()
         with server.client(key) as client:
             tier = _post(client, {"text": "x", "service_tier": "priority"})
             rule = client.get("/v1/market/rule").json()
@@ -280,20 +325,17 @@ def test_fcfs_charges_nothing_and_keeps_arrival_order(ledger_db: MigratedDatabas
         assert server.ledger.reconcile().ok
 
 
-def test_replicas_of_different_pricing_on_one_ledger_refuse_to_run(
+@pytest.mark.anyio
+async def test_replicas_of_different_pricing_on_one_ledger_refuse_to_run(
     ledger_db: MigratedDatabase,
 ) -> None:
     base = {**TEST_SETTINGS, "database_url": ledger_db.url}
     ledger = Ledger(ledger_db.new_engine())
 
-    def join(**settings: Any) -> None:
+    async def join(**settings: Any) -> None:
         agreement = RuleAgreement(ledger, ServerSettings(**base, **settings))
-
-        async def start_and_stop() -> None:
-            await agreement.start()
-            await agreement.stop()
-
-        asyncio.run(start_and_stop())
+        await agreement.start()
+        await agreement.stop()
 
     with serve_app(ServerSettings(**base, **TIERS, replica_name="a")):
         # The real command refuses to start, naming the replica it disagrees with.
@@ -304,12 +346,12 @@ def test_replicas_of_different_pricing_on_one_ledger_refuse_to_run(
         assert refused.returncode != 0
         assert "replica 'a' on this ledger clears under tiers (priority=10000" in refused.stderr
         with pytest.raises(RuleDisagreement, match="under fcfs"):
-            join(pricing="fcfs", replica_name="b")
+            await join(pricing="fcfs", replica_name="b")
         with pytest.raises(RuleDisagreement, match="priority=20000"):
-            join(**{**TIERS, "tiers": "flex=0,priority=0.02"}, replica_name="c")
-        join(**TIERS, replica_name="d")  # the same pricing runs beside it
+            await join(**{**TIERS, "tiers": "flex=0,priority=0.02"}, replica_name="c")
+        await join(**TIERS, replica_name="d")  # the same pricing runs beside it
     # Once it stopped, its row is gone: another mode may run.
-    join(pricing="fcfs", replica_name="e")
+    await join(pricing="fcfs", replica_name="e")
 
 
 def test_the_settings_refuse_tiers_that_cannot_be_sold_and_a_fee_outside_the_auction() -> None:

@@ -37,17 +37,18 @@ def _spent(server: RunningServer, name: str) -> dict[str, int]:
     return dict(totals)
 
 
-def test_every_served_request_pays_the_fee_once_and_no_more_than_bid_plus_fee(
+@pytest.mark.anyio
+async def test_every_served_request_pays_the_fee_once_and_no_more_than_bid_plus_fee(
     ledger_db: MigratedDatabase,
 ) -> None:
     # A batch closes once its 3 requests wait: they share one auction.
     with running_server(
         ledger_db, request_fee_micros=FEE, batch_size=3, max_wait_ms=5_000
     ) as server:
-        _one_batch_with_fees(server)
+        await _one_batch_with_fees(server)
 
 
-def _one_batch_with_fees(server: RunningServer) -> None:
+async def _one_batch_with_fees(server: RunningServer) -> None:
     keys = {name: server.create_user(name, budget=1_000_000) for name in ("alice", "bob")}
     sent = [("alice", "a1", "0.2"), ("bob", "b1", "0.1"), ("alice", "a0", "0")]
 
@@ -69,7 +70,7 @@ def _one_batch_with_fees(server: RunningServer) -> None:
             for client in clients.values():
                 await client.aclose()
 
-    responses = asyncio.run(batch())
+    responses = await batch()
     assert [r.status_code for r in responses] == [200, 200, 200], responses[0].text
     auctions = [r.json()["meta_info"]["auction"] for r in responses]
     assert len({a["batch_id"] for a in auctions}) == 1
@@ -135,7 +136,10 @@ def test_a_budget_short_of_bid_plus_fee_is_refused_naming_the_fee(server: Runnin
     assert server.ledger.reconcile().ok
 
 
-def test_replicas_that_disagree_on_the_fee_refuse_to_start(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.anyio
+async def test_replicas_that_disagree_on_the_fee_refuse_to_start(
+    ledger_db: MigratedDatabase,
+) -> None:
     def settings(name: str, fee: int) -> ServerSettings:
         return ServerSettings(
             database_url=ledger_db.url,
@@ -150,9 +154,9 @@ def test_replicas_that_disagree_on_the_fee_refuse_to_start(ledger_db: MigratedDa
 
     with serve_app(settings("r0", FEE)):
         with pytest.raises(RuleDisagreement, match=r"'r0'.*request fee of 5000"):
-            asyncio.run(start("r1", 0))
-        asyncio.run(start("r1", FEE))  # the same fee: it joins
-    asyncio.run(start("r1", 0))  # every replica stopped: the fee may change
+            await start("r1", 0)
+        await start("r1", FEE)  # the same fee: it joins
+    await start("r1", 0)  # every replica stopped: the fee may change
 
 
 def test_the_sdk_guard_never_overspends_with_a_fee(server: RunningServer) -> None:

@@ -11,6 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.server.harness import RunningServer
 
@@ -30,7 +31,10 @@ def _ledger_net_charges(server: RunningServer, user: str) -> int:
     return sum(-e.amount_micros for e in entries if e.kind in ("charge", "refund"))
 
 
-def test_concurrent_users_are_charged_exactly_what_they_were_told(server: RunningServer) -> None:
+@pytest.mark.anyio
+async def test_concurrent_users_are_charged_exactly_what_they_were_told(
+    server: RunningServer,
+) -> None:
     users = {f"user{i}": server.create_user(f"user{i}", budget=50_000_000) for i in range(5)}
     article = "Article: " + " ".join(f"word{i}" for i in range(300)) + "."
     rng = random.Random(7)
@@ -48,11 +52,8 @@ def test_concurrent_users_are_charged_exactly_what_they_were_told(server: Runnin
         assert body["meta_info"]["auction"]["bid_micros"] == round(float(bid) * 1_000_000)
         return {**body, "user": user}
 
-    async def everyone() -> list[dict[str, Any]]:
-        jobs = [one(u, k, i) for i in range(8) for u, k in users.items()]
-        return await asyncio.gather(*jobs)
-
-    responses = asyncio.run(everyone())
+    jobs = [one(u, k, i) for i in range(8) for u, k in users.items()]
+    responses = await asyncio.gather(*jobs)
     charges = _charges_by_batch(responses)
     for user in users:
         reported = sum(v for (u, _), v in charges.items() if u == user)
@@ -72,7 +73,8 @@ def test_concurrent_users_are_charged_exactly_what_they_were_told(server: Runnin
     assert max(sizes) > 1
 
 
-def test_the_engine_serves_each_batch_in_the_auctions_order(server: RunningServer) -> None:
+@pytest.mark.anyio
+async def test_the_engine_serves_each_batch_in_the_auctions_order(server: RunningServer) -> None:
     key = server.create_user("alice", budget=100_000_000)
 
     async def burst() -> list[dict[str, Any]]:
@@ -91,7 +93,7 @@ def test_the_engine_serves_each_batch_in_the_auctions_order(server: RunningServe
             return [r.json() for r in await asyncio.gather(*requests)]
 
     by_batch: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for body in asyncio.run(burst()):
+    for body in await burst():
         by_batch[body["meta_info"]["auction"]["batch_id"]].append(body)
     multi = [batch for batch in by_batch.values() if len(batch) > 1]
     assert multi, "expected some batches with several requests"
@@ -188,7 +190,10 @@ def test_bad_input_is_a_4xx_that_names_the_problem_and_changes_nothing(
     assert server.ledger.balance("dave").held_micros == 0
 
 
-def test_a_retried_rid_is_charged_once_and_a_conflicting_one_is_409(server: RunningServer) -> None:
+@pytest.mark.anyio
+async def test_a_retried_rid_is_charged_once_and_a_conflicting_one_is_409(
+    server: RunningServer,
+) -> None:
     key = server.create_user("erin")
     body = {
         "text": "Same request",
@@ -203,7 +208,7 @@ def test_a_retried_rid_is_charged_once_and_a_conflicting_one_is_409(server: Runn
                 await asyncio.gather(*(client.post("/generate", json=body) for _ in range(3)))
             )
 
-    first, *retries = asyncio.run(twice())
+    first, *retries = await twice()
     assert first.status_code == 200
     assert all(r.status_code == 200 and r.json() == first.json() for r in retries)
     with server.client(key) as client:
@@ -297,7 +302,10 @@ def test_health_and_metrics(server: RunningServer) -> None:
     assert "inference_auction_batches_total 1.0" in metrics
 
 
-def test_concurrent_retries_of_a_refused_request_all_get_the_refusal(server: RunningServer) -> None:
+@pytest.mark.anyio
+async def test_concurrent_retries_of_a_refused_request_all_get_the_refusal(
+    server: RunningServer,
+) -> None:
     key = server.create_user("pat", budget=100_000)
     body = {"text": "too expensive", "bid": "5", "rid": "pat-1"}
 
@@ -307,7 +315,7 @@ def test_concurrent_retries_of_a_refused_request_all_get_the_refusal(server: Run
                 await asyncio.gather(*(client.post("/generate", json=body) for _ in range(4)))
             )
 
-    assert [r.status_code for r in asyncio.run(together())] == [402] * 4
+    assert [r.status_code for r in await together()] == [402] * 4
     assert server.ledger.balance("pat").held_micros == 0
 
 

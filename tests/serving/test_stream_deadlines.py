@@ -63,96 +63,109 @@ async def _follow(serving: Follower, engine: _Engine, rid: str = "r") -> _Stream
     return await serving._stream(ticket, engine)  # type: ignore[arg-type]
 
 
-def _stream(engine: _Engine, stall: float, cap: float | None = None) -> _Streamed:
-    return asyncio.run(_follow(_serving(stall, cap), engine))
+async def _stream(engine: _Engine, stall: float, cap: float | None = None) -> _Streamed:
+    return await _follow(_serving(stall, cap), engine)
 
 
-def test_a_stream_longer_than_the_stall_deadline_is_not_a_stall() -> None:
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_a_stream_longer_than_the_stall_deadline_is_not_a_stall() -> None:
     # 12 chunks 0.05 s apart: 0.6 s in all, four times the stall deadline of 0.15 s.
-    streamed = _stream(_Engine(every=0.05, count=12), stall=0.15)
+    streamed = await _stream(_Engine(every=0.05, count=12), stall=0.15)
     assert streamed.final is not None and streamed.final.text == "x" * 12
     assert streamed.ttft is not None
 
 
-def test_no_chunk_within_the_stall_deadline_is_a_stall() -> None:
-    started = time.monotonic()
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_no_chunk_within_the_stall_deadline_is_a_stall() -> None:
+    started = _now()
     with pytest.raises(_Stalled):
-        _stream(_Engine(every=0.02, count=3, first=1.0), stall=0.1)
-    assert time.monotonic() - started < 0.5
+        await _stream(_Engine(every=0.02, count=3, first=1.0), stall=0.1)
+    assert _now() - started == pytest.approx(0.1)
 
 
-def test_a_stall_after_some_chunks_counts_from_the_last_one() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_a_stall_after_some_chunks_counts_from_the_last_one() -> None:
     engine = _Engine(every=0.05, count=6, hang=True)
-    started = time.monotonic()
+    started = _now()
     with pytest.raises(_Stalled):
-        _stream(engine, stall=0.2)
+        await _stream(engine, stall=0.2)
     # Six chunks (0.3 s), then 0.2 s without one; the total cap is not set.
-    assert 0.45 < time.monotonic() - started < 1.5
+    assert _now() - started == pytest.approx(0.5)
     assert engine.cancelled == []
 
 
-def test_the_total_cap_ends_a_steady_stream_served_with_its_output_so_far() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_the_total_cap_ends_a_steady_stream_served_with_its_output_so_far() -> None:
     engine = _Engine(every=0.03, count=1000)
-    started = time.monotonic()
-    streamed = _stream(engine, stall=1.0, cap=0.3)
-    assert 0.25 < time.monotonic() - started < 1.0
+    started = _now()
+    streamed = await _stream(engine, stall=1.0, cap=0.3)
+    assert _now() - started == pytest.approx(0.3)
     assert streamed.final is not None and streamed.streamed
     assert streamed.final.meta_info["finish_reason"]["type"] == "abort"
     assert engine.cancelled == ["the operator's total-time cap passed"]
 
 
-def test_the_total_cap_before_any_chunk_is_a_stall() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_the_total_cap_before_any_chunk_is_a_stall() -> None:
     with pytest.raises(_Stalled):
-        _stream(_Engine(every=0.02, count=3, first=1.0), stall=5.0, cap=0.1)
+        await _stream(_Engine(every=0.02, count=3, first=1.0), stall=5.0, cap=0.1)
 
 
-def test_many_streams_share_the_deadlines_and_only_the_stalled_one_fails() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_many_streams_share_the_deadlines_and_only_the_stalled_one_fails() -> None:
     # Five steady streams (a chunk every 0.03 s, 0.45 s in all) and one that stalls after two
     # chunks, all on one server with a 0.15 s stall deadline; then a second wave, so the one
     # timer is armed again after it has run dry.
     serving = _serving(stall=0.15)
 
     async def wave() -> tuple[list[_Streamed | BaseException], float]:
-        started = time.monotonic()
+        started = _now()
         stalled_at: list[float] = []
 
         async def stalling() -> _Streamed:
             try:
                 return await _follow(serving, _Engine(every=0.03, count=2, hang=True), "stall")
             finally:
-                stalled_at.append(time.monotonic() - started)
+                stalled_at.append(_now() - started)
 
         steady = [_follow(serving, _Engine(every=0.03, count=15), f"s{i}") for i in range(5)]
         results = await asyncio.gather(stalling(), *steady, return_exceptions=True)
         return list(results), stalled_at[0]
 
-    async def run() -> None:
-        for _ in range(2):
-            # Bounded: a timer that never fired again would leave the stalled stream hanging.
-            results, stalled_after = await asyncio.wait_for(wave(), timeout=5)
-            assert isinstance(results[0], _Stalled)
-            assert 0.2 < stalled_after < 0.45  # two chunks (0.06 s), then 0.15 s without one
-            for streamed in results[1:]:
-                assert isinstance(streamed, _Streamed)
-                assert streamed.final is not None and streamed.final.text == "x" * 15
-            assert len(serving._deadlines) == 0  # every stream let go of its deadlines
-
-    asyncio.run(run())
+    for _ in range(2):
+        # Bounded: a timer that never fired again would leave the stalled stream hanging.
+        results, stalled_after = await asyncio.wait_for(wave(), timeout=5)
+        assert isinstance(results[0], _Stalled)
+        # Two chunks (0.06 s), then 0.15 s without one.
+        assert stalled_after == pytest.approx(0.21)
+        for streamed in results[1:]:
+            assert isinstance(streamed, _Streamed)
+            assert streamed.final is not None and streamed.final.text == "x" * 15
+        assert len(serving._deadlines) == 0  # every stream let go of its deadlines
 
 
-def test_a_capped_stream_and_a_stalled_one_are_told_apart_on_one_timer() -> None:
+@pytest.mark.anyio
+@pytest.mark.virtual_time
+async def test_a_capped_stream_and_a_stalled_one_are_told_apart_on_one_timer() -> None:
     serving = _serving(stall=0.2, cap=0.3)
 
-    async def run() -> list[_Streamed | BaseException]:
-        return list(
-            await asyncio.gather(
-                _follow(serving, _Engine(every=0.03, count=1000), "steady"),
-                _follow(serving, _Engine(every=0.03, count=1, first=1.0), "silent"),
-                return_exceptions=True,
-            )
+    steady, silent = list(
+        await asyncio.gather(
+            _follow(serving, _Engine(every=0.03, count=1000), "steady"),
+            _follow(serving, _Engine(every=0.03, count=1, first=1.0), "silent"),
+            return_exceptions=True,
         )
-
-    steady, silent = asyncio.run(run())
+    )
     assert isinstance(steady, _Streamed) and steady.final is not None
     assert steady.final.meta_info["finish_reason"]["type"] == "abort"  # capped, served
     assert isinstance(silent, _Stalled)  # nothing within the stall deadline

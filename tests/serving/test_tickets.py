@@ -30,7 +30,8 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-def test_follow_yields_every_chunk_in_order_from_the_first() -> None:
+@pytest.mark.anyio
+async def test_follow_yields_every_chunk_in_order_from_the_first() -> None:
     # A reader a few chunks behind reads each; one far behind skips to the latest, which holds
     # all it missed (chunks are cumulative: memory linear in the answer, not quadratic).
     async def scenario() -> list[str]:
@@ -52,68 +53,62 @@ def test_follow_yields_every_chunk_in_order_from_the_first() -> None:
         await asyncio.wait_for(task, 1)
         return seen
 
-    assert asyncio.run(scenario()) == ["a", "ab", "abc", "abcd"]
+    assert await scenario() == ["a", "ab", "abc", "abcd"]
 
 
-def test_result_is_the_last_chunk_or_the_error_or_no_output() -> None:
-    async def scenario() -> None:
-        served = _ticket()
-        waiting = asyncio.create_task(served.result())
-        await _settle()
-        await served.push(_chunk("a"))
-        await _settle()
-        assert not waiting.done()  # a chunk is not the end
-        await served.push(_chunk("ab"))
-        await served.finish()
-        assert (await asyncio.wait_for(waiting, 1)).text == "ab"
+@pytest.mark.anyio
+async def test_result_is_the_last_chunk_or_the_error_or_no_output() -> None:
+    served = _ticket()
+    waiting = asyncio.create_task(served.result())
+    await _settle()
+    await served.push(_chunk("a"))
+    await _settle()
+    assert not waiting.done()  # a chunk is not the end
+    await served.push(_chunk("ab"))
+    await served.finish()
+    assert (await asyncio.wait_for(waiting, 1)).text == "ab"
 
-        failed = _ticket()
-        await failed.push(_chunk("a"))
-        await failed.finish(ServiceError("engine down"))
-        with pytest.raises(ServiceError, match="engine down"):
-            await failed.result()
+    failed = _ticket()
+    await failed.push(_chunk("a"))
+    await failed.finish(ServiceError("engine down"))
+    with pytest.raises(ServiceError, match="engine down"):
+        await failed.result()
 
-        empty = _ticket()
-        await empty.finish()
-        with pytest.raises(ServiceError, match="no output"):
-            await empty.result()
-
-    asyncio.run(scenario())
+    empty = _ticket()
+    await empty.finish()
+    with pytest.raises(ServiceError, match="no output"):
+        await empty.result()
 
 
-def test_a_cancelled_reader_leaves_the_others_waiting_and_woken() -> None:
-    async def scenario() -> None:
-        ticket = _ticket()
-        quitter = asyncio.create_task(ticket.wait_cleared())
-        stayer = asyncio.create_task(ticket.wait_cleared())
-        ended = asyncio.create_task(ticket.result())
-        await _settle()
-        quitter.cancel()
-        await _settle()
-        assert not stayer.done() and not ended.done()
-        await ticket.clear(CLEARANCE)
-        assert await asyncio.wait_for(stayer, 1) == CLEARANCE
-        assert not ended.done()
-        await ticket.finish(ServiceError("gone"))
-        with pytest.raises(ServiceError):
-            await asyncio.wait_for(ended, 1)
-        assert quitter.cancelled()
-        # A reader that comes after the clearance gets it at once.
-        assert await asyncio.wait_for(ticket.wait_cleared(), 1) == CLEARANCE
-
-    asyncio.run(scenario())
+@pytest.mark.anyio
+async def test_a_cancelled_reader_leaves_the_others_waiting_and_woken() -> None:
+    ticket = _ticket()
+    quitter = asyncio.create_task(ticket.wait_cleared())
+    stayer = asyncio.create_task(ticket.wait_cleared())
+    ended = asyncio.create_task(ticket.result())
+    await _settle()
+    quitter.cancel()
+    await _settle()
+    assert not stayer.done() and not ended.done()
+    await ticket.clear(CLEARANCE)
+    assert await asyncio.wait_for(stayer, 1) == CLEARANCE
+    assert not ended.done()
+    await ticket.finish(ServiceError("gone"))
+    with pytest.raises(ServiceError):
+        await asyncio.wait_for(ended, 1)
+    assert quitter.cancelled()
+    # A reader that comes after the clearance gets it at once.
+    assert await asyncio.wait_for(ticket.wait_cleared(), 1) == CLEARANCE
 
 
-def test_wait_cleared_raises_the_error_of_a_request_that_ended_uncleared() -> None:
-    async def scenario() -> None:
-        ticket = _ticket()
-        waiting = asyncio.create_task(ticket.wait_cleared())
-        await _settle()
-        await ticket.finish(Unavailable("not queued"))
-        with pytest.raises(Unavailable, match="not queued"):
-            await asyncio.wait_for(waiting, 1)
-
-    asyncio.run(scenario())
+@pytest.mark.anyio
+async def test_wait_cleared_raises_the_error_of_a_request_that_ended_uncleared() -> None:
+    ticket = _ticket()
+    waiting = asyncio.create_task(ticket.wait_cleared())
+    await _settle()
+    await ticket.finish(Unavailable("not queued"))
+    with pytest.raises(Unavailable, match="not queued"):
+        await asyncio.wait_for(waiting, 1)
 
 
 class _Connection:
@@ -137,71 +132,65 @@ class _Service:
         self.abandoned.append(ticket)
 
 
-def test_a_client_that_leaves_before_clearance_abandons_its_ticket() -> None:
-    async def scenario() -> None:
-        ticket, connection, service = _ticket(), _Connection(), _Service()
-        handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
-        await _settle()
-        assert connection.receiving == 1
-        connection.left.set()
-        with pytest.raises(Unavailable, match="disconnected before its batch closed"):
-            await asyncio.wait_for(handler, 1)
-        assert service.abandoned == [ticket]
-        assert ticket.waiters == 0
-
-    asyncio.run(scenario())
+@pytest.mark.anyio
+async def test_a_client_that_leaves_before_clearance_abandons_its_ticket() -> None:
+    ticket, connection, service = _ticket(), _Connection(), _Service()
+    handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
+    await _settle()
+    assert connection.receiving == 1
+    connection.left.set()
+    with pytest.raises(Unavailable, match="disconnected before its batch closed"):
+        await asyncio.wait_for(handler, 1)
+    assert service.abandoned == [ticket]
+    assert ticket.waiters == 0
 
 
-def test_a_client_that_stays_gets_its_answer_and_its_watch_ends() -> None:
-    async def scenario() -> None:
-        ticket, connection, service = _ticket(), _Connection(), _Service()
-        handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
-        await _settle()
-        await ticket.clear(CLEARANCE)
-        await ticket.push(_chunk("done"))
-        await ticket.finish()
-        clearance, final = await asyncio.wait_for(handler, 1)
-        assert (clearance, final.text) == (CLEARANCE, "done")
-        await _settle()
-        assert asyncio.all_tasks() == {asyncio.current_task()}  # its watch ended too
-        connection.left.set()  # leaving afterwards changes nothing
-        await _settle()
-        assert service.abandoned == []
-
-    asyncio.run(scenario())
-
-
-def test_a_retry_that_leaves_does_not_abandon_the_request_another_handler_waits_for() -> None:
-    async def scenario() -> None:
-        ticket, service = _ticket(), _Service()
-        first, retry = _Connection(), _Connection()
-        staying = asyncio.create_task(complete(first, service, ticket))  # type: ignore[arg-type]
-        leaving = asyncio.create_task(complete(retry, service, ticket))  # type: ignore[arg-type]
-        await _settle()
-        retry.left.set()
-        with pytest.raises(Unavailable):
-            await asyncio.wait_for(leaving, 1)
-        assert service.abandoned == []
-        await ticket.clear(CLEARANCE)
-        await ticket.push(_chunk("x"))
-        await ticket.finish()
-        assert (await asyncio.wait_for(staying, 1))[1].text == "x"
-
-    asyncio.run(scenario())
+@pytest.mark.anyio
+async def test_a_client_that_stays_gets_its_answer_and_its_watch_ends() -> None:
+    runner = asyncio.all_tasks() - {asyncio.current_task()}  # the test runner's own
+    ticket, connection, service = _ticket(), _Connection(), _Service()
+    handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
+    await _settle()
+    await ticket.clear(CLEARANCE)
+    await ticket.push(_chunk("done"))
+    await ticket.finish()
+    clearance, final = await asyncio.wait_for(handler, 1)
+    assert (clearance, final.text) == (CLEARANCE, "done")
+    await _settle()
+    assert asyncio.all_tasks() - runner == {asyncio.current_task()}  # its watch ended too
+    connection.left.set()  # leaving afterwards changes nothing
+    await _settle()
+    assert service.abandoned == []
 
 
-def test_a_cancelled_handler_abandons_nothing_and_stops_watching() -> None:
-    async def scenario() -> None:
-        ticket, connection, service = _ticket(), _Connection(), _Service()
-        handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
-        await _settle()
-        handler.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await handler
-        await _settle()
-        assert asyncio.all_tasks() == {asyncio.current_task()}  # nothing left waiting
-        assert service.abandoned == [] and ticket.waiters == 0
-        await ticket.clear(CLEARANCE)  # later readers are unaffected
-        assert await asyncio.wait_for(ticket.wait_cleared(), 1) == CLEARANCE
+@pytest.mark.anyio
+async def test_a_retry_that_leaves_does_not_abandon_the_request_another_handler_waits_for() -> None:
+    ticket, service = _ticket(), _Service()
+    first, retry = _Connection(), _Connection()
+    staying = asyncio.create_task(complete(first, service, ticket))  # type: ignore[arg-type]
+    leaving = asyncio.create_task(complete(retry, service, ticket))  # type: ignore[arg-type]
+    await _settle()
+    retry.left.set()
+    with pytest.raises(Unavailable):
+        await asyncio.wait_for(leaving, 1)
+    assert service.abandoned == []
+    await ticket.clear(CLEARANCE)
+    await ticket.push(_chunk("x"))
+    await ticket.finish()
+    assert (await asyncio.wait_for(staying, 1))[1].text == "x"
 
-    asyncio.run(scenario())
+
+@pytest.mark.anyio
+async def test_a_cancelled_handler_abandons_nothing_and_stops_watching() -> None:
+    runner = asyncio.all_tasks() - {asyncio.current_task()}  # the test runner's own
+    ticket, connection, service = _ticket(), _Connection(), _Service()
+    handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
+    await _settle()
+    handler.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+    await _settle()
+    assert asyncio.all_tasks() - runner == {asyncio.current_task()}  # nothing left waiting
+    assert service.abandoned == [] and ticket.waiters == 0
+    await ticket.clear(CLEARANCE)  # later readers are unaffected
+    assert await asyncio.wait_for(ticket.wait_cleared(), 1) == CLEARANCE

@@ -69,8 +69,9 @@ def _body(tag: str, bid: str, new_tokens: int = 3) -> dict[str, Any]:
     }
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["priority", "ordered"])
-def test_waiting_bidders_are_auctioned_and_served_in_auction_order(
+async def test_waiting_bidders_are_auctioned_and_served_in_auction_order(
     sqlite_db: MigratedDatabase, sglang_url: str, mode: str
 ) -> None:
     with running_server(
@@ -139,7 +140,7 @@ def test_waiting_bidders_are_auctioned_and_served_in_auction_order(
                     list(await asyncio.gather(*second)),
                 )
 
-        busy, first, late, second = asyncio.run(run())
+        busy, first, late, second = await run()
         batch = [late, *first]
         batch_ids = {b["meta_info"]["auction"]["batch_id"] for b in batch}
         assert len(batch_ids) == 1, "the late bidder and the first wave form one auction"

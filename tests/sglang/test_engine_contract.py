@@ -7,7 +7,6 @@ preemption. Every test ends with the ledger reconciled and no money held.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import time
@@ -116,7 +115,8 @@ def _engine_idle(engine_url: str) -> bool:
     return bool(load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0)
 
 
-def test_a_client_that_leaves_mid_stream_is_aborted_at_sglang(server: RunningServer) -> None:
+@pytest.mark.anyio
+async def test_a_client_that_leaves_mid_stream_is_aborted_at_sglang(server: RunningServer) -> None:
     key = server.create_user("ann", budget=10_000_000)
     engine_url = server.settings.engine_url
     assert engine_url is not None
@@ -128,22 +128,19 @@ def test_a_client_that_leaves_mid_stream_is_aborted_at_sglang(server: RunningSer
         "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True},
     }
 
-    async def leave_after_two_chunks() -> float:
-        headers = {"Authorization": f"Bearer {key}"}
-        async with (
-            httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60) as client,
-            client.stream("POST", "/generate", json=body) as reply,
-        ):
-            assert reply.status_code == 200
-            seen = 0
-            async for line in reply.aiter_lines():
-                if line.startswith("data: {") and '"output_ids": []' not in line:
-                    seen += 1
-                if seen >= 2:
-                    break
-        return time.monotonic()  # the connection is closed here
-
-    left = asyncio.run(leave_after_two_chunks())
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60) as client,
+        client.stream("POST", "/generate", json=body) as reply,
+    ):
+        assert reply.status_code == 200
+        seen = 0
+        async for line in reply.aiter_lines():
+            if line.startswith("data: {") and '"output_ids": []' not in line:
+                seen += 1
+            if seen >= 2:
+                break
+    left = time.monotonic()  # the connection is closed here
     while not _engine_idle(engine_url):
         assert time.monotonic() - left < 1.0, "SGLang still runs the abandoned request"
         time.sleep(0.05)

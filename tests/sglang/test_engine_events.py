@@ -54,7 +54,8 @@ def _wait(condition: Any, what: str, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
-def test_health_checks_generate_nothing_at_sglang(
+@pytest.mark.anyio
+async def test_health_checks_generate_nothing_at_sglang(
     sqlite_db: MigratedDatabase, sglang_url: str
 ) -> None:
     with running_server(sqlite_db, engine_url=sglang_url) as server:
@@ -79,13 +80,14 @@ def test_health_checks_generate_nothing_at_sglang(
                 assert (await busy).status_code == 200
                 return took
 
-        took = asyncio.run(run())
+        took = await run()
         # SGLang's own /health takes a second or more (a generation, then a sleep).
         assert max(took) < 1.0, took
         assert_ledger_settled(server, ["ann"])
 
 
-def test_sglang_killed_under_load_fails_and_refunds_then_service_resumes(
+@pytest.mark.anyio
+async def test_sglang_killed_under_load_fails_and_refunds_then_service_resumes(
     sqlite_db: MigratedDatabase, sglang: SGLangServer, sglang_url: str
 ) -> None:
     with running_server(sqlite_db, engine_url=sglang_url, max_wait_ms=0) as server:
@@ -104,7 +106,7 @@ def test_sglang_killed_under_load_fails_and_refunds_then_service_resumes(
                 await asyncio.to_thread(sglang.kill)
                 return list(await asyncio.gather(*replies))
 
-        replies = asyncio.run(run())
+        replies = await run()
         failed = [r for r in replies if r.status_code != 200]
         assert failed, "the requests SGLang held fail"
         for reply in failed:
@@ -127,7 +129,8 @@ def test_sglang_killed_under_load_fails_and_refunds_then_service_resumes(
         assert_ledger_settled(server, ["ann"])
 
 
-def test_a_request_preempted_at_sglang_is_served_and_charged_as_cleared(
+@pytest.mark.anyio
+async def test_a_request_preempted_at_sglang_is_served_and_charged_as_cleared(
     sqlite_db: MigratedDatabase, sglang_url: str
 ) -> None:
     with running_server(sqlite_db, engine_url=sglang_url, max_wait_ms=0) as server:
@@ -154,7 +157,7 @@ def test_a_request_preempted_at_sglang_is_served_and_charged_as_cleared(
                 )
                 return await ours, other
 
-        ours, other = asyncio.run(run())
+        ours, other = await run()
         assert other.status_code == 200, other.text
         assert ours.status_code == 200, ours.text
         meta = ours.json()["meta_info"]
