@@ -9,8 +9,8 @@ from bench.request_walk import ThreadWalk, WalkTracer, trace_one_request
 from inference_auctions.billing import format_micros, parse_credits
 
 # docs/dev/architecture.md, "One request's walk": the ceilings this test keeps.
-MAX_MODULES = 50
-MAX_RETURNS = 320
+MAX_MODULES = 44
+MAX_RETURNS = 290
 
 
 def test_a_thread_counts_crossings_and_returns_into_modules_it_visited() -> None:
