@@ -11,7 +11,7 @@ state changes only under its user's lock, and the transaction holds the locks of
 whose holds it reads or moves. A rid whose hold was placed again or after a period boundary
 (`place_holds`, in a savepoint) is forgotten, and read again when next wanted.
 
-A hold moves money from available to held (a `hold` entry: placed by `billing.holds`, the
+A hold moves money from available to held (a `hold` entry: placed by `place_holds`, the
 one path that places holds); settling its batch or releasing it moves it back (a `release`
 entry, `release_entry`, the one rule for both). Both are keyed by the request id, so each
 happens once. A hold belongs to the budget period it was placed in: released after that
@@ -331,7 +331,7 @@ def place_holds(
     `locked`: the accounts this transaction has already locked (`postings.lock_rows`),
     at least the requests' users that exist; they are moved in place, so the caller's rows
     stay the truth. Without it, the requests' users are locked here. `known`: what this
-    transaction knows of holds already (`billing.holds`), kept up to date."""
+    transaction knows of holds already (`KnownHolds`), kept up to date."""
     results: list[HoldResult | None] = [None] * len(requests)
     valid: list[int] = []
     for index, request in enumerate(requests):

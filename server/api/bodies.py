@@ -3,8 +3,8 @@
 Hostile bodies are refused while reading, before they cost memory or time: a body over the
 size limit (by its Content-Length, or as it streams in). A client that goes away mid-body is
 logged once, at INFO: it is the client's doing, not a server fault. Decoding, the checks on
-the decoded JSON and validation are `server.api.schemas`, `server.api.schemas` and
-`server.api.bodies`.
+the decoded JSON and validation are `server.api.schemas` (`decode_json`, `check_raw`) and
+`validate_body` below.
 
 Decode and validate request bodies: small ones at once, large ones in worker processes.
 

@@ -27,7 +27,7 @@ hold at most `client_share` of it, and at the cap a new connection takes the pla
 one (no request being served: half-open, trickling its headers, or idle between requests) of
 the address holding the most, before it is refused: a client holding idle sockets cannot keep
 others out. Once a request's headers are in, its client is known better
-(`server.api.connections`): the address a trusted proxy forwards, and the API key. Neither may
+(above): the address a trusted proxy forwards, and the API key. Neither may
 have more than the same share of the cap in requests being served at once; a request past it is
 answered 503 (with
 `Retry-After`) before it reaches the application. So behind SMG or a load balancer each real

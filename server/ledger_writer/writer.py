@@ -5,9 +5,7 @@ each started from a thread of the shared pool. On SQLite they queued on the data
 write lock and spent more time waiting for it, and in the ORM around it, than writing.
 
 Now every write of the serving path goes through one lane, a thread of the server
-(`server.ledger_writer.writer`; on PostgreSQL the `served` records go through a second one, below),
-in
-order:
+(`ThreadLane`; on PostgreSQL the `served` records go through a second one, below), in order:
 
 * holds that arrive while a commit is running are placed together in the next one
   (`Ledger.commit_group`: one transaction, each hold still decided against what its user has
@@ -43,7 +41,7 @@ after a settlement rides in the very next commit.
 
 Where the ledger writer's group commits run: a thread of the server's process.
 
-`server.ledger_writer.writer` decides what goes into each commit; a lane runs it, one at a time, in
+`LedgerWriter` decides what goes into each commit; a lane runs it, one at a time, in
 order, with the rarer writes (`call`) in turn between the groups, on the server's `Ledger`,
 and hands back exactly what the ledger returned or raised. Any ledger can use it, a SQLite
 database in memory included, and tests can wrap the ledger's methods.

@@ -88,7 +88,7 @@ class Follower:
     writer: LedgerWriter
     metrics: Metrics
     load: EngineLoad  # told when a request starts at the engine, and when it leaves it
-    # Every stream's stall and total deadlines, on one timer (`server.serving.following`).
+    # Every stream's stall and total deadlines, on one timer (`StreamDeadlines`).
     _deadlines: StreamDeadlines = field(init=False)
 
     def __post_init__(self) -> None:

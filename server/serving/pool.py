@@ -25,7 +25,7 @@ SGLang admits waiting requests at each scheduling step, in priority order, up to
 running-request limit and one prefill chunk of tokens (and only what its KV memory holds);
 what it cannot admit waits in its own queue, where no later auction can reorder it. So the
 server sends the engine no more than it can admit at its next step, and keeps everything else
-in its pool, where the next batch auctions all of it (`server.serving.pool`). The engine counts as
+in its pool, where the next batch auctions all of it (`BatchPool`). The engine counts as
 saturated when, of the requests sent to it that have no first token yet,
 
 * their prompt tokens reach one prefill step: `saturation_tokens` when set, else the engine's
