@@ -9,8 +9,8 @@ that fail fast, so that what is timed is the way in and out rather than the auct
   the body's decoding;
 * `GET /v1/models`: a route FastAPI routes, for comparison.
 
-Each is timed twice: as served (the generation routes answered by `api.direct_routes`), and
-through FastAPI (the same app without that middleware). Times are CPU time of this process
+Each is timed twice: as served (the generation routes answered by `api.middleware.DirectRoutes`),
+and through FastAPI (the same app without that middleware). Times are CPU time of this process
 per request, best of --repeat runs of --requests requests. Run: `python -m bench.asgi_layers`.
 """
 

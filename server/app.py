@@ -39,7 +39,8 @@ from inference_auctions.server.settings import ServerSettings, without_password
 
 log = logging.getLogger(__name__)
 
-# The routes that skip FastAPI's routing and dependency resolution (see `api.direct_routes`).
+# The routes that skip FastAPI's routing and dependency resolution (see
+# `api.middleware.DirectRoutes`).
 GENERATION_ENDPOINTS = (
     sglang_routes.generate,
     openai_routes.completions,

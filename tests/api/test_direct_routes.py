@@ -1,5 +1,6 @@
-"""The generation routes answered by `api.direct_routes`: taken for exact matches only, and
-indistinguishable from FastAPI's answers (status, headers, bodies) on every way a request ends."""
+"""The generation routes answered by `api.middleware.DirectRoutes`: taken for exact matches only,
+and indistinguishable from FastAPI's answers (status, headers, bodies) on every way a request
+ends."""
 
 from __future__ import annotations
 
