@@ -129,6 +129,7 @@ def test_the_sdk_tests_pass_with_only_the_sdk_wheel_installed(
         "tests/__init__.py",
         "tests/conftest.py",
         "tests/processes.py",
+        "tests/virtual_time.py",
         "tests/sdk",
         "docs/SDK.md",
         "README.md",  # the SDK's first example runs for the user the README creates
