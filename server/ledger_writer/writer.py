@@ -20,7 +20,7 @@ Now every write of the serving path goes through one lane, a thread of the serve
 
 The writer also knows, between commits, what each user can still afford: what the user had
 available when the last group committed (`GroupOutcome.available`) against the bids of the
-holds queued since (`covers`). The service dispatches a batch before its settlement commits
+holds queued since (`affords_queued`). The service dispatches a batch before its settlement commits
 only when every user in it is covered (`server.serving.clearing`).
 
 On PostgreSQL the `served` records have a lane (a thread) and a connection of their own, and
@@ -135,7 +135,7 @@ class LedgerWriter:
         """Whether `served` records go through a lane of their own (see the module docstring)."""
         return self._served_lane is not None
 
-    def covers(self, user: str) -> bool:
+    def affords_queued(self, user: str) -> bool:
         """Whether every hold queued for `user` would be placed, as far as the last commit
         tells: the user was enabled, had no batch cap, and had available at least the sum of
         the bids queued since. An estimate (another replica, an operator or a new budget

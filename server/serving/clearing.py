@@ -3,7 +3,7 @@
 Two ways through, both ending in `BatchDispatch.dispatch`:
 
 * ahead of the commit: when its users can afford their queued bids as of the ledger writer's
-  last commit (`LedgerWriter.covers`) and none is distrusted (`Distrust`), the batch is
+  last commit (`LedgerWriter.affords_queued`) and none is distrusted (`Distrust`), the batch is
   cleared here on the event loop and sent to the engine at once, while the writer's next group
   commit claims its holds and settles it (`server.serving.dispatch_ahead`). That commit confirms it
   (the clearances go out) or voids it (the engine lets go of it and it is cleared again, or, if the
@@ -26,9 +26,9 @@ leaves the batch before the auction, so it changes nobody else's schedule or cha
 nobody else's request. What the commit runs is a small object of its own (`ClearedAtCommit`,
 `ClearedAhead`).
 
-A batch may also be cleared ahead of its commit (`BatchClearing.speculate`, on the event loop):
+A batch may also be cleared ahead of its commit (`BatchClearing.clear_ahead`, on the event loop):
 its requests then go to the engine while the commit runs, and the claim settles exactly that
-batch or nothing (`SpeculationVoid`, when any of its holds cannot be claimed), so what is
+batch or nothing (`BatchAheadVoid`, when any of its holds cannot be claimed), so what is
 settled is always what the engine was given.
 """
 
@@ -69,7 +69,7 @@ from inference_auctions.server.serving.admission import (
     unavailable,
 )
 from inference_auctions.server.serving.dispatch import BatchDispatch
-from inference_auctions.server.serving.dispatch_ahead import Distrust, Speculation
+from inference_auctions.server.serving.dispatch_ahead import BatchAhead, Distrust
 from inference_auctions.server.serving.tickets import Clearance, Ticket
 from inference_auctions.server.serving.tiers import TierFigures
 from inference_auctions.server.settings import ServerSettings
@@ -116,7 +116,7 @@ class BatchClosing:
         if self._may_dispatch_ahead(tickets, closed):
             clearing = self._clearing(tickets)
             try:
-                batch = clearing.speculate()
+                batch = clearing.clear_ahead()
             except Exception:  # a bug in clearing: the claim below fails the batch cleanly
                 log.exception("clearing a batch ahead of its commit failed")
             else:
@@ -137,7 +137,7 @@ class BatchClosing:
         if not settings.dispatch_ahead or len(tickets) > settings.dispatch_ahead_max_batch:
             return False
         return all(
-            self._writer.covers(ticket.user) and self._distrust.trusted(ticket.user, now)
+            self._writer.affords_queued(ticket.user) and self._distrust.trusted(ticket.user, now)
             for ticket in tickets
         )
 
@@ -149,12 +149,12 @@ class BatchClosing:
         by_rid = {ticket.ledger_rid: ticket for ticket in tickets}
         ordered = [by_rid[rid] for rid in batch.outcome.order]
         clearances = [self._clearance(batch, ticket) for ticket in ordered]
-        speculation = Speculation([ticket.engine_rid for ticket in ordered])
+        ahead = BatchAhead([ticket.engine_rid for ticket in ordered])
         self._metrics.batches_ahead.inc()
         # Queued in this turn, so that it rides in the same commit as the holds queued in it.
         claimed = self._writer.queue_claim(clearing.claim)
-        self._dispatch.dispatch(ordered, clearances, batch, speculation)
-        await self._confirm(clearing, claimed, tickets, ordered, clearances, speculation)
+        self._dispatch.dispatch(ordered, clearances, batch, ahead)
+        await self._confirm(clearing, claimed, tickets, ordered, clearances, ahead)
 
     async def _confirm(
         self,
@@ -163,23 +163,23 @@ class BatchClosing:
         tickets: list[Ticket],
         ordered: list[Ticket],
         clearances: list[Clearance],
-        speculation: Speculation,
+        ahead: BatchAhead,
     ) -> None:
         """Wait for the commit of a batch sent ahead; let its answers go, or clear it again."""
         started = time.perf_counter()
         try:
             cleared = clearing.cleared(await claimed)
-        except SpeculationVoid as void:
+        except BatchAheadVoid as void:
             self._metrics.batches_voided.inc()
             log.info("a batch sent ahead of its commit is cleared again: %s", void)
-            await self._dispatch.void(speculation)
+            await self._dispatch.void(ahead)
             for ticket in tickets:
                 ticket.forget_chunks()
                 ticket.resent += 1
             await self._clear_committed(self._clearing(tickets), tickets)
             return
         except Exception as error:
-            await self._dispatch.void(speculation)
+            await self._dispatch.void(ahead)
             await self._fail_unsettled(tickets, error)
             return
         self._metrics.settle_seconds.observe(time.perf_counter() - started)
@@ -187,7 +187,7 @@ class BatchClosing:
         self._count(cleared.batch)
         for ticket, clearance in zip(ordered, clearances, strict=True):
             await ticket.clear(clearance)
-        speculation.confirm()
+        ahead.confirm()
 
     async def _clear_committed(self, clearing: BatchClearing, tickets: list[Ticket]) -> None:
         """Claim, clear and settle the batch in the writer's next commit, then dispatch it."""
@@ -293,7 +293,7 @@ class BatchClosing:
         )
 
 
-class SpeculationVoid(Exception):
+class BatchAheadVoid(Exception):
     """A batch cleared ahead of its commit could not be claimed whole: nothing of it was
     settled (its holds stay open), and it must be cleared again from what the ledger holds."""
 
@@ -338,7 +338,7 @@ class ClearedAhead:
     def __call__(self, claimable: list[str]) -> _Records:
         _, requests, _ = self.records
         if len(claimable) != len(requests):
-            raise SpeculationVoid(
+            raise BatchAheadVoid(
                 f"{len(requests) - len(claimable)} of the batch's holds were not claimable"
             )
         return self.records
@@ -400,7 +400,7 @@ class BatchClearing:
     @property
     def claim(self) -> BatchClaim:
         """The claim for the writer's next group commit: the batch as cleared ahead
-        (`speculate`), or to clear in the commit."""
+        (`clear_ahead`), or to clear in the commit."""
         clear: ClearedAhead | ClearedAtCommit
         if self._ahead is not None:
             clear = self._ahead[1]
@@ -412,9 +412,9 @@ class BatchClearing:
             clear = self._at_commit
         return BatchClaim(self._candidates, clear, self._fingerprints)
 
-    def speculate(self) -> ClearedBatch:
+    def clear_ahead(self) -> ClearedBatch:
         """Clear the whole batch now, ahead of its commit; the claim then settles it as cleared
-        here, or nothing of it (`SpeculationVoid`)."""
+        here, or nothing of it (`BatchAheadVoid`)."""
         made = _auction(self._requests, self._rule)
         records = _records(self._batch_id, self._clock(), made, self._requests)
         self._ahead = (made, ClearedAhead(records))
@@ -424,7 +424,7 @@ class BatchClearing:
         """The settled batch with every request's share of its user's charge, and the refused."""
         if claimed.settled is None:
             if self._ahead is not None:
-                raise SpeculationVoid("none of the batch's holds were claimable")
+                raise BatchAheadVoid("none of the batch's holds were claimable")
             return Cleared(batch=None, refused=dict(claimed.refused))
         if self._ahead is not None:
             return Cleared(batch=self._batch(self._ahead[0]), refused=dict(claimed.refused))
@@ -442,7 +442,7 @@ class BatchClearing:
         return Cleared(batch=self._batch(made), refused=dict(claimed.refused))
 
     def _batch(self, made: _Made) -> ClearedBatch:
-        if self._result is None:  # once: a speculated batch is the one its claim settles
+        if self._result is None:  # once: a batch cleared ahead is the one its claim settles
             shares: dict[str, int] = {}
             for user, charge in made.outcome.payments.items():
                 shares.update(made.repricer.shares(user, charge, made.outcome.positions))

@@ -51,9 +51,9 @@ from inference_auctions.server.serving.deferral import (
     PrefixDeferral,
     Release,
 )
-from inference_auctions.server.serving.dispatch_ahead import Speculation
+from inference_auctions.server.serving.dispatch_ahead import BatchAhead
 from inference_auctions.server.serving.following import Follower
-from inference_auctions.server.serving.pool import EngineCapacity
+from inference_auctions.server.serving.pool import EngineCapacity, Wakeup
 from inference_auctions.server.serving.tickets import Clearance, Ticket
 from inference_auctions.server.settings import ServerSettings
 
@@ -72,7 +72,7 @@ __all__ = [
 
 class BatchDispatch:
     """Sends cleared batches to the engine and follows each request (see the docstring);
-    `wake` is called whenever the engine may admit more."""
+    `wakeup` is set whenever the engine may admit more."""
 
     def __init__(
         self,
@@ -81,11 +81,11 @@ class BatchDispatch:
         ledger: Ledger,
         writer: LedgerWriter,
         metrics: Metrics,
-        wake: Callable[[], None],
+        wakeup: Wakeup,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._wake = wake
+        self._wakeup = wakeup
         # In-step prefix deferral: the dispatcher sends each request when the rule lets it go.
         self._deferral = DeferredDispatch(engine, deferral_settings(settings), metrics)
         self._follower = Follower(settings, ledger, writer, metrics, load=self)
@@ -104,7 +104,7 @@ class BatchDispatch:
             requests_override=settings.saturation_requests,
             poll_seconds=settings.engine_poll_ms / 1000,
             unstarted=lambda: len(self._unstarted),
-            wake=wake,
+            wakeup=wakeup,
         )
 
     def dispatch(
@@ -112,10 +112,10 @@ class BatchDispatch:
         ordered: list[Ticket],
         clearances: list[Clearance],
         batch: ClearedBatch,
-        speculation: Speculation | None = None,
+        ahead: BatchAhead | None = None,
     ) -> None:
         """Hand the batch to the engine in the auction's order; follow each request. A batch
-        sent ahead of its commit (`speculation`) is followed under the commit's verdict."""
+        sent ahead of its commit (`ahead`) is followed under the commit's verdict."""
         self.inflight += len(ordered)
         requests = []
         now = time.monotonic()
@@ -136,19 +136,19 @@ class BatchDispatch:
                     stream=True,
                 )
             )
-        settled = None if speculation is None else speculation.settled
+        settled = None if ahead is None else ahead.settled
 
         def follow(place: int, generation: Generation) -> None:
             task = self._follow(self._follower.serve(ordered[place], generation, batch, settled))
             sent(ordered[place], generation.cancel)
-            if speculation is not None:
-                speculation.follow(generation, task)
+            if ahead is not None:
+                ahead.follow(generation, task)
 
         self._deferral.dispatch(batch.outcome, requests, follow)
 
-    async def void(self, speculation: Speculation) -> None:
+    async def void(self, ahead: BatchAhead) -> None:
         """Take a batch sent ahead back from the engine, its requests no longer in flight."""
-        for engine_rid in await speculation.void(self._deferral):
+        for engine_rid in await ahead.void(self._deferral):
             self.freed(engine_rid)
 
     def saturated(self) -> bool:
@@ -160,7 +160,7 @@ class BatchDispatch:
         self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)
         self._deferral.ended(engine_rid)  # a request held back for this one's prefix may go
         self.inflight -= 1
-        self._wake()
+        self._wakeup.set()
 
     def recent_timings(self) -> list[tuple[float, float]]:
         """(overhead, batching wait) in seconds of the most recent requests, oldest first."""
@@ -179,7 +179,7 @@ class BatchDispatch:
         """A request produced its first token."""
         self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)
         self._deferral.first_token(engine_rid)  # a request held back for its prefix may go
-        self._wake()
+        self._wakeup.set()
 
     def _follow(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)

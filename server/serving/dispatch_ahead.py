@@ -2,7 +2,7 @@
 
 A lone request used to wait for two things in turn before the engine saw it: the commit that
 places its hold and settles its batch, then the engine. When every user of a closed batch could
-afford their queued bids as of the ledger's last commit (`LedgerWriter.covers`), the server
+afford their queued bids as of the ledger's last commit (`LedgerWriter.affords_queued`), the server
 clears the batch on the event loop and sends it to the engine at once, while the same commit
 runs; the engine's work and the commit overlap.
 
@@ -13,7 +13,7 @@ What makes that safe for money is what waits for the commit (`settled`):
 * the `served` record and the last chunk, and a failure's refund: each request's follower
   waits for the commit before writing anything about it;
 * the claim settles the batch as it was cleared here or nothing of it
-  (`server.serving.clearing.SpeculationVoid`): what is charged is always what the engine was given.
+  (`server.serving.clearing.BatchAheadVoid`): what is charged is always what the engine was given.
 
 If the commit does not settle it, the batch is void: its generations are cancelled, what the
 prefix deferral still held back is dropped, and once every follower has let go of its request
@@ -44,14 +44,14 @@ from typing import TYPE_CHECKING
 
 from inference_auctions.server.engine.protocol import Generation
 
-__all__ = ["Distrust", "Speculation"]
+__all__ = ["BatchAhead", "Distrust"]
 
 if TYPE_CHECKING:
     from inference_auctions.server.serving.dispatch import DeferredDispatch
 
 
 @dataclass(eq=False)
-class Speculation:
+class BatchAhead:
     """The engine's side of one batch sent ahead: its generations, their followers, and the
     commit's verdict (`settled`: True once settled as sent, False if void)."""
 

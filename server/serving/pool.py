@@ -17,7 +17,8 @@ bidders that still wait here, which it never could once they queue inside the en
 
 The pool knows nothing about auctions or engines: it hands each closed batch, in arrival order,
 to a `clear` callback, and asks callbacks how busy the engine is. Whoever changes the answer of
-those callbacks (a request starts or leaves the engine) calls `wake`.
+those callbacks (a request starts or leaves the engine, a share is released) sets the pool's
+`Wakeup`, which is made before them and handed to each.
 
 What the engine can take now, and what one user or free traffic may hold of it.
 
@@ -130,6 +131,32 @@ def _never() -> bool:
     return False
 
 
+class Wakeup:
+    """That what the pool asks about the engine may have changed: a batch may close now.
+
+    Made first and handed to the pool and to everything that changes the engine's load (the
+    dispatcher, the engine's capacity, the shares), so none of them needs the others."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        """The engine's load changed (a request started or left, a share was released)."""
+        self._event.set()
+
+    def is_set(self) -> bool:
+        """Whether it was set since the pool last cleared it."""
+        return self._event.is_set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
 class BatchPool(Generic[Item]):
     """Collects requests and closes batches whenever the engine can take more (see above)."""
 
@@ -141,10 +168,11 @@ class BatchPool(Generic[Item]):
         saturated: Callable[[], bool] = _never,
         select: Callable[[list[Item], int], list[int]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wakeup: Wakeup | None = None,
     ) -> None:
         """`select(waiting, room)`: the places of the waiting requests a batch takes now, at
         most `room` (`EngineShares.select`); by default the oldest. `clock`: seconds, for the
-        collection window."""
+        collection window. `wakeup`: set by whoever changes the engine's load (see above)."""
         self._policy = policy
         self._clock = clock
         self._select = select
@@ -155,7 +183,7 @@ class BatchPool(Generic[Item]):
         self._inflight = inflight
         self._saturated = saturated
         self._waiting: list[_Waiting[Item]] = []
-        self._wake = asyncio.Event()
+        self._wake = wakeup if wakeup is not None else Wakeup()
         self._draining = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -185,7 +213,6 @@ class BatchPool(Generic[Item]):
 
     def wake(self) -> None:
         """The engine's load changed (a request started or left): a batch may now close."""
-        self._blocked = False
         self._wake.set()
 
     async def drain(self) -> None:
@@ -197,8 +224,8 @@ class BatchPool(Generic[Item]):
     async def run(self) -> None:
         """Close batches until cancelled."""
         while True:
+            self._unblock_if_woken()
             timeout = self._seconds_until_due()
-            self._wake.clear()
             if timeout is None or timeout > 0:
                 # Not `asyncio.wait_for`: on Python 3.11 a cancel that lands in the turn the
                 # wait ends (the drain's wake-up, then `stop`) is dropped, and the pool never
@@ -206,6 +233,7 @@ class BatchPool(Generic[Item]):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(timeout):
                         await self._wake.wait()
+            self._unblock_if_woken()
             while self._ready():
                 # `max_inflight` is a hard cap: a batch takes only the room left under it.
                 room = min(self._policy.batch_size, self._policy.max_inflight - self._inflight())
@@ -215,6 +243,12 @@ class BatchPool(Generic[Item]):
                     break
                 await self._clear([waiting.item for waiting in batch])
                 self._mark_idle()
+
+    def _unblock_if_woken(self) -> None:
+        # A wake-up since the pool last looked: the requests it could not take may go now.
+        if self._wake.is_set():
+            self._wake.clear()
+            self._blocked = False
 
     def _take(self, room: int) -> list[_Waiting[Item]]:
         """Remove and return the requests the next batch takes."""
@@ -328,14 +362,14 @@ class EngineCapacity:
         requests_override: int | None,
         poll_seconds: float,
         unstarted: Callable[[], int],
-        wake: Callable[[], None],
+        wakeup: Wakeup,
     ) -> None:
         self._engine = engine
         self._tokens_override = tokens_override
         self._requests_override = requests_override
         self._poll_seconds = poll_seconds
         self._unstarted = unstarted  # this server's requests at the engine without a first token
-        self._wake = wake
+        self._wakeup = wakeup  # set when the engine's answers change what it can take
         self.limits = EngineLimits()
         # Requests waiting at the engine beyond this server's unstarted ones, at the last poll.
         self.excess_waiting = 0
@@ -409,7 +443,7 @@ class EngineCapacity:
         if limits != self.limits:
             log.info("the engine's limits: %s", limits)
             self.limits = limits
-            self._wake()
+            self._wakeup.set()
         self._limits_read_at = time.monotonic()
         return True
 
@@ -436,7 +470,7 @@ class EngineCapacity:
         except EngineError:
             if self.excess_waiting:
                 self.excess_waiting = 0
-                self._wake()
+                self._wakeup.set()
             return False
         if loads is None:
             return True
@@ -448,7 +482,7 @@ class EngineCapacity:
         excess = max(0, waiting - max(before, self._unstarted()))
         if excess != self.excess_waiting:
             self.excess_waiting = excess
-            self._wake()
+            self._wakeup.set()
         return True
 
 
@@ -468,9 +502,9 @@ class _Held:
 class EngineShares:
     """The shares of the module docstring, counted from selection to each request's end."""
 
-    def __init__(self, settings: ServerSettings, wake: Callable[[], None]) -> None:
-        """`wake`: called when a request's share is released (the pool may take more)."""
-        self._wake = wake
+    def __init__(self, settings: ServerSettings, wakeup: Wakeup) -> None:
+        """`wakeup`: set when a request's share is released (the pool may take more)."""
+        self._wakeup = wakeup
         capacity = settings.engine_tokens
         if capacity is None and settings.engine_url is None:
             capacity = settings.emulator_cache_tokens
@@ -540,6 +574,6 @@ class EngineShares:
             if free:
                 self._free.slots -= 1
                 self._free.tokens -= tokens
-            self._wake()
+            self._wakeup.set()
 
         ticket.on_finish.append(release)

@@ -66,6 +66,7 @@ from inference_auctions.server.serving.pool import (
     EngineShares,
     PoolClosed,
     QueueFull,
+    Wakeup,
 )
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.serving.tiers import TierFigures
@@ -110,8 +111,10 @@ class AuctionService:
             observe_group=self.metrics.ledger_group_writes.observe,
         )
         self._admissions = Admissions(self.writer, ledger, self.metrics)
+        # Set by whatever changes the engine's load; the pool waits on it.
+        wakeup = Wakeup()
         self._dispatch = BatchDispatch(
-            settings, engine, ledger, self.writer, self.metrics, wake=self._wake_pool
+            settings, engine, ledger, self.writer, self.metrics, wakeup=wakeup
         )
         self._distrust = Distrust()
         # The tiers sold under `pricing tiers`, and what each recently bought.
@@ -135,13 +138,14 @@ class AuctionService:
             max_inflight=settings.max_inflight,
             max_queue=settings.max_queue,
         )
-        self._shares = EngineShares(settings, wake=self._wake_pool)
+        self._shares = EngineShares(settings, wakeup=wakeup)
         self._pool: BatchPool[Ticket] = BatchPool(
             policy,
             closing,
             lambda: self._dispatch.inflight,
             saturated=self._dispatch.saturated,
             select=self._select,
+            wakeup=wakeup,
         )
         self._answers = AnswerMemory(
             settings.answer_memory_mib * 2**20, self._admissions.forget_if_current
@@ -319,10 +323,6 @@ class AuctionService:
         order = sorted(range(len(waiting)), key=lambda place: -waiting[place].bid_micros)
         chosen = self._shares.select([waiting[place] for place in order], room)
         return [order[index] for index in chosen]
-
-    def _wake_pool(self) -> None:
-        # A method, not `self._pool.wake`: dispatch is made before the pool it wakes.
-        self._pool.wake()
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

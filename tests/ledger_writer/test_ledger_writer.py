@@ -178,18 +178,18 @@ async def test_the_writer_knows_what_each_user_can_afford_between_commits(ledger
 
     async def run() -> list[bool]:
         writer = LedgerWriter(ledger)
-        seen = [writer.covers("ada")]  # nothing committed yet: unknown
+        seen = [writer.affords_queued("ada")]  # nothing committed yet: unknown
         await writer.queue_hold(HoldInput("ada", "ada/1", 30_000, "f"))
         await writer.queue_hold(HoldInput("capped", "capped/1", 1_000, "f"))
-        seen.append(writer.covers("ada"))  # 70,000 available, nothing queued
+        seen.append(writer.affords_queued("ada"))  # 70,000 available, nothing queued
         pending = [writer.queue_hold(HoldInput("ada", f"ada/{i}", 30_000, "f")) for i in (2, 3)]
-        seen.append(writer.covers("ada"))  # 60,000 queued of 70,000
+        seen.append(writer.affords_queued("ada"))  # 60,000 queued of 70,000
         pending.append(writer.queue_hold(HoldInput("ada", "ada/4", 30_000, "f")))
-        seen.append(writer.covers("ada"))  # 90,000 queued: more than the last commit told
+        seen.append(writer.affords_queued("ada"))  # 90,000 queued: more than the last commit told
         results = await asyncio.gather(*pending, return_exceptions=True)
         assert [isinstance(r, InsufficientFunds) for r in results] == [False, False, True]
-        seen.append(writer.covers("ada"))  # 10,000 available, nothing queued
-        seen.append(writer.covers("capped"))  # a batch cap decides holds too: never estimated
+        seen.append(writer.affords_queued("ada"))  # 10,000 available, nothing queued
+        seen.append(writer.affords_queued("capped"))  # a batch cap decides holds: never estimated
         await writer.close()
         return seen
 

@@ -16,6 +16,7 @@ from inference_auctions.server.serving.pool import (
     FALLBACK_UNSTARTED_REQUESTS,
     EngineCapacity,
     EngineLimits,
+    Wakeup,
 )
 
 # The parts of SGLang 0.5.23's `/server_info` that matter, as it answered on a CPU with
@@ -72,15 +73,15 @@ def _capacity(
     unstarted: int = 0,
     tokens: int | None = None,
     requests: int | None = None,
-) -> tuple[EngineCapacity, list[int]]:
-    woken: list[int] = []
+) -> tuple[EngineCapacity, Wakeup]:
+    woken = Wakeup()
     capacity = EngineCapacity(
         engine,  # type: ignore[arg-type]
         tokens_override=tokens,
         requests_override=requests,
         poll_seconds=0.005,
         unstarted=lambda: unstarted,
-        wake=lambda: woken.append(1),
+        wakeup=woken,
     )
     return capacity, woken
 
@@ -96,7 +97,7 @@ async def test_a_one_request_engine_takes_one_at_a_time() -> None:
 
     await capacity.start()
     try:
-        assert woken, "learning new limits wakes the pool"
+        assert woken.is_set(), "learning new limits wakes the pool"
         # (unstarted tokens, unstarted requests, inflight)
         assert not capacity.saturated(0, 0, 0)  # a lone request on an idle engine goes
         assert capacity.saturated(10, 1, 1)  # sent, no first token yet
