@@ -88,18 +88,14 @@ class Columns:
         return [dialect.identifier_preparer.quote(name) for name in self.names]
 
     def bind_processors(self, dialect: Dialect) -> list[Processor | None]:
-        """Each column's processor of a Python value into the driver's (None: as it is)."""
-        return [
-            _column(self.table, name).type.dialect_impl(dialect).bind_processor(dialect)
-            for name in self.names
-        ]
+        """Each column's processor of a Python value into the driver's (None: as it is),
+        remembering its last value (`Conversion`)."""
+        return [_processor(_column(self.table, name), dialect, "bind") for name in self.names]
 
     def result_processors(self, dialect: Dialect) -> list[Processor | None]:
-        """Each column's processor of the driver's value into the Python value."""
-        return [
-            _column(self.table, name).type.dialect_impl(dialect).result_processor(dialect, None)
-            for name in self.names
-        ]
+        """Each column's processor of the driver's value into the Python value, remembering
+        its last value (`Conversion`)."""
+        return [_processor(_column(self.table, name), dialect, "result") for name in self.names]
 
     @cache  # noqa: B019 (a few module-level instances, each asked for one or two dialects)
     def bind(self, dialect: Dialect) -> Conversion:
@@ -115,19 +111,17 @@ class Columns:
 class Conversion:
     """Converts a row of values column by column, through SQLAlchemy's type processors.
 
-    Most columns (integers, strings) have none and are passed over without a call. A
-    processor remembers its last value and result: a group commit writes the same timestamp
-    (its `now`) and the same few enum members into most of its rows, and formatting a
-    timestamp for SQLite costs more than the rest of the row.
+    Most columns (integers, strings) have none and are passed over without a call. The
+    processors come from `Columns`, each remembering its last value and result: a group
+    commit writes the same timestamp (its `now`) and the same few enum members into most of
+    its rows, and formatting a timestamp for SQLite costs more than the rest of the row.
     """
 
     __slots__ = ("_active",)
 
     def __init__(self, processors: Iterable[Processor | None]) -> None:
         self._active = tuple(
-            (index, _remembering(process))
-            for index, process in enumerate(processors)
-            if process is not None
+            (index, process) for index, process in enumerate(processors) if process is not None
         )
 
     def __call__(self, values: Iterable[Any]) -> list[Any]:
@@ -161,6 +155,30 @@ def _remembering(process: Processor) -> Processor:
 
 def _column(table: Table, name: str) -> Column[Any]:
     return table.c[name]
+
+
+# Processors of parameterless types (the timestamps), one per type, dialect and direction, so
+# that the group commit's `now` is formatted once for all the tables it writes, not once per
+# table. A type with parameters (an enum's members, a boolean's constraint) gets its own.
+_SHARED: dict[tuple[type[Any], str, str], Processor | None] = {}
+
+
+def _processor(column: Column[Any], dialect: Dialect, direction: str) -> Processor | None:
+    kind = column.type
+    key = (type(kind), dialect.name, direction)
+    shared = getattr(kind, "_static_cache_key", None) == (type(kind),)
+    if shared and key in _SHARED:
+        return _SHARED[key]
+    implementation = kind.dialect_impl(dialect)
+    process = (
+        implementation.bind_processor(dialect)
+        if direction == "bind"
+        else implementation.result_processor(dialect, None)
+    )
+    remembered = None if process is None else _remembering(process)
+    if shared:
+        _SHARED[key] = remembered
+    return remembered
 
 
 class DriverCursor:

@@ -106,6 +106,7 @@ class BatchClosing:
         self._clock = clock
         self._sequence = 0  # the engine priority of the next request cleared
         self._tiers = settings.tier_menu() if settings.pricing == "tiers" else None
+        self._rule = settings.auction_rule()  # every batch of this server is cleared under it
         self._tier_figures = tier_figures
 
     async def __call__(self, tickets: list[Ticket]) -> None:
@@ -125,9 +126,7 @@ class BatchClosing:
         await self._clear_committed(self._clearing(tickets), tickets)
 
     def _clearing(self, tickets: list[Ticket]) -> BatchClearing:
-        return BatchClearing(
-            tickets, self._new_batch_id(), self._clock, self._settings.auction_rule()
-        )
+        return BatchClearing(tickets, self._new_batch_id(), self._clock, self._rule)
 
     def _may_dispatch_ahead(self, tickets: list[Ticket], now: float) -> bool:
         """Whether the batch may go to the engine while its settlement commits: small enough

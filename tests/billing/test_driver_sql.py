@@ -7,13 +7,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import Dialect, select, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import HoldInput, HoldState, Ledger
-from inference_auctions.billing.driver_sql import Conversion, driver_cursor
-from inference_auctions.billing.models import Budget, EntryKind, Hold, LedgerEntry, User
+from inference_auctions.billing.driver_sql import Columns, Conversion, driver_cursor
+from inference_auctions.billing.models import Balance, Budget, EntryKind, Hold, LedgerEntry, User
 from inference_auctions.billing.postings import BudgetRow, entry_values, insert_entries, lock_rows
 from tests.billing.conftest import Clock
 from tests.db_fixtures import MigratedDatabase, migrated_database
@@ -166,19 +167,32 @@ def test_statements_sent_together_all_run_and_fail_as_sqlalchemy_fails(
 
 
 def test_a_conversion_converts_each_value_as_its_processor_does() -> None:
-    calls: list[object] = []
+    conversion = Conversion([None, lambda value: f"<{value}>", lambda value: f"<{value}>"])
+    earlier = datetime(2025, 1, 1, tzinfo=UTC)
+    assert conversion((1, earlier, None)) == [1, f"<{earlier}>", None]  # None stays None
+    assert conversion(("x", None, earlier)) == ["x", None, f"<{earlier}>"]
 
-    def stamp(value: object) -> str:
-        calls.append(value)
-        return f"<{value}>"
 
-    conversion = Conversion([None, stamp, stamp])
-    earlier, later = datetime(2025, 1, 1, tzinfo=UTC), datetime(2025, 1, 2, tzinfo=UTC)
-    assert conversion((1, earlier, None)) == [1, f"<{earlier}>", None]
-    # The same object again is answered from memory, another one is converted afresh.
-    assert conversion(("x", earlier, later)) == ["x", f"<{earlier}>", f"<{later}>"]
-    assert conversion(("y", later, earlier)) == ["y", f"<{later}>", f"<{earlier}>"]
-    assert calls == [earlier, later, later, earlier]  # each column remembers its own last value
+@pytest.mark.parametrize("dialect", [sqlite.dialect(), postgresql.psycopg.dialect()])
+def test_a_timestamp_is_converted_once_for_every_table_that_writes_it(dialect: Dialect) -> None:
+    # A group commit writes its `now` into holds, entries and balances: one processor, shared
+    # by the three tables, answers the repeat from memory (the same object back).
+    stamps = [
+        Columns(table, ("created_at" if table is not Balance.__table__ else "updated_at",))
+        for table in (Hold.__table__, LedgerEntry.__table__, Balance.__table__)
+    ]
+    processors = {id(columns.bind_processors(dialect)[0]) for columns in stamps}
+    assert len(processors) == 1
+    now = datetime(2025, 1, 1, 12, tzinfo=UTC)
+    first = stamps[0].bind(dialect)([now])[0]
+    assert stamps[2].bind(dialect)([now])[0] is first
+    later = stamps[1].bind(dialect)([datetime(2025, 1, 1, 13, tzinfo=UTC)])[0]
+    assert later != first
+    # A type with parameters is not shared: an entry's kind and a hold's state are different
+    # enums, which convert different members.
+    kind = Columns(LedgerEntry.__table__, ("kind",)).bind_processors(dialect)[0]
+    state = Columns(Hold.__table__, ("state",)).bind_processors(dialect)[0]
+    assert kind is not state
 
 
 def test_a_statement_run_once_per_row_returns_what_every_run_returned(
