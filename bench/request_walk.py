@@ -13,9 +13,12 @@ a *crossing*, and a crossing into a module that thread had already visited is a 
 Periodic work that happens to run during the request (an engine poll, a heartbeat) is counted
 with it, as a reader would meet it.
 
-Run: `python -m bench.request_walk` (`--database postgresql`, `--walk` prints the crossings in
-order, `--json` the figures). `tests/bench/test_request_walk.py` keeps the counts within
-the limits docs/dev/architecture.md states.
+Run: `python -m bench.request_walk` (`--database-url` for PostgreSQL, `--walk` prints the
+crossings in order, `--json` the figures). `--as billing.fees=billing.settlement` counts one
+module's calls as another's (a folder's, all its modules'): what a merge would save, measured
+before moving any code.
+`tests/bench/test_request_walk.py` keeps the counts within the limits docs/dev/architecture.md
+states.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,7 +105,10 @@ class WalkTracer:
     after it), it costs a check per call while off.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, grouped: Mapping[str, str] | None = None) -> None:
+        """`grouped`: module or folder -> the module its calls count as (names without the
+        project's prefix)."""
+        self._grouped = dict(grouped or {})
         self._on = False
         self._lock = threading.Lock()
         self._threads: dict[int, ThreadWalk] = {}
@@ -130,12 +136,22 @@ class WalkTracer:
         module = frame.f_globals.get("__name__", "")
         if not module.startswith(PROJECT):
             return
-        name = module[len(PROJECT) :]
+        name = self._counted_as(module[len(PROJECT) :])
         key = (name, frame.f_code.co_qualname)
         thread = threading.get_ident()
         with self._lock:
             self._calls[key] = self._calls.get(key, 0) + 1
             self._threads.setdefault(thread, ThreadWalk()).enter(name)
+
+    def _counted_as(self, module: str) -> str:
+        """The module `grouped` counts `module`'s calls as: its own entry, else that of the
+        nearest folder above it (`server.serving` takes every module of that room)."""
+        name = module
+        while name:
+            if name in self._grouped:
+                return self._grouped[name]
+            name = name.rpartition(".")[0]
+        return module
 
     def walk(self) -> Walk:
         with self._lock:
@@ -243,9 +259,12 @@ def _generate(port: int, key: str, index: int) -> None:
         raise RuntimeError(f"/generate answered {status}: {answer[:300]!r}")
 
 
-def trace_one_request(database_url: str | None = None) -> Walk:
-    """Run the server, warm it up, and trace one `/generate` from send to answer read."""
-    tracer = WalkTracer()
+def trace_one_request(
+    database_url: str | None = None, grouped: Mapping[str, str] | None = None
+) -> Walk:
+    """Run the server, warm it up, and trace one `/generate` from send to answer read
+    (`grouped`: see `WalkTracer`)."""
+    tracer = WalkTracer(grouped)
     with ExitStack() as stack:
         if database_url is None:
             folder = stack.enter_context(tempfile.TemporaryDirectory())
@@ -301,8 +320,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--walk", action="store_true", help="print every crossing in order")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--as",
+        dest="grouped",
+        action="append",
+        default=[],
+        metavar="MODULE=OTHER",
+        help="count MODULE's calls as OTHER's, to see what merging them would save (repeat; "
+        "names without the `inference_auctions.` prefix, e.g. billing.fees=billing.settlement; "
+        "a folder takes all its modules: server.engine=server.engine)",
+    )
     options = parser.parse_args(argv)
-    walk = trace_one_request(options.database_url)
+    grouped = {}
+    for pair in options.grouped:
+        module, equals, other = pair.partition("=")
+        if not equals or not module or not other:
+            parser.error(f"--as {pair!r}: give MODULE=OTHER, e.g. billing.fees=billing.settlement")
+        grouped[module] = other
+    walk = trace_one_request(options.database_url, grouped)
     if options.json:
         print(json.dumps({**walk.figures(), "per_module": walk.modules}, indent=2))
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ def run_wrk(
     """`wrk -t2 -c<connections> -d<seconds>` with `script` (run from bench/wrk, where the
     scripts find report.lua); `args` reach the script's `init`, `output_tokens` its bodies
     (`BENCH_OUTPUT_TOKENS`)."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk, the load generator, is not installed (Debian: apt-get install wrk)")
     threads = min(THREADS, connections)
     command = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "30s"]
     command += ["-s", script, url]

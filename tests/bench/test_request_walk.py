@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from bench.request_walk import ThreadWalk, WalkTracer, trace_one_request
-from inference_auctions.billing import format_micros, parse_credits
+from inference_auctions.billing import format_micros, parse_credits, request_key
 
 # docs/dev/architecture.md, "One request's walk": the ceilings this test keeps.
 MAX_MODULES = 44
@@ -39,6 +39,20 @@ def test_the_tracer_sees_calls_into_the_project_on_every_thread_only_while_recor
     assert set(walk.modules) == {"billing.money"}
     assert walk.calls >= 3
     assert walk.crossings == 0  # one module: nothing to cross
+
+
+def test_a_module_counted_as_another_is_crossed_as_that_one() -> None:
+    tracer = WalkTracer({"billing.money": "billing.merged", "billing": "billing.door"})
+    tracer.install()
+    try:
+        with tracer.recording():
+            format_micros(parse_credits("0.5", "bid"))
+            request_key("ada", "walk-1")  # billing.inputs: counted as its folder's
+    finally:
+        tracer.uninstall()
+    walk = tracer.walk()
+    assert set(walk.modules) == {"billing.merged", "billing.door"}
+    assert walk.crossings == 1
 
 
 def test_one_generate_through_the_server_stays_within_the_architectures_limits() -> None:
