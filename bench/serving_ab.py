@@ -25,8 +25,10 @@ per request (user + system of its process tree, from /proc, during the measured 
 part of it its main thread spent (the event loop; the rest is the ledger writer's threads and
 any helpers), the emulator's CPU per request, the p50 latency and the mean batch size (the
 server's metrics), then the candidate against the baseline round by round: the median of the
-per-round ratios and in how many rounds the candidate was ahead. Ratios near 1.00 with the
-wins split are noise.
+per-round ratios and in how many rounds the candidate was ahead, and the same for the server's
+CPU per request divided by the emulator's in the same run (the emulator, the same code for
+both, measures the machine's speed at that moment). Ratios near 1.00 with the wins split are
+noise.
 
 Run: `python -m bench.serving_ab --baseline HEAD --connections 1 20 200 --rounds 4`.
 """
@@ -258,6 +260,10 @@ def _paired(candidate: list[float], baseline: list[float], higher_is_better: boo
     return f"{statistics.median(ratios):.2f}x, ahead in {wins} of {len(ratios)}"
 
 
+def _per_emulator(runs: list[Run]) -> list[float]:
+    return [run.cpu_ms / run.emulator_cpu_ms if run.emulator_cpu_ms else 0.0 for run in runs]
+
+
 HEADERS = [
     "version",
     "req/s",
@@ -298,6 +304,11 @@ def table(connections: int, versions: list[Version], runs: dict[str, list[Run]])
         f"req/s {_paired([r.rate for r in cand], [r.rate for r in base], True)}; "
         f"server CPU {_paired([r.cpu_ms for r in cand], [r.cpu_ms for r in base], False)}; "
         f"p50 {_paired([r.p50_ms for r in cand], [r.p50_ms for r in base], False)}.",
+        # The emulator runs the same code for both and does the same work per request, so its
+        # CPU per request tracks the machine's speed in that run: the server's CPU in those
+        # units takes out most of a shared machine's drift between one run and the next.
+        "server CPU per emulator CPU, candidate / baseline: "
+        f"{_paired(_per_emulator(cand), _per_emulator(base), False)}.",
         "",
     ]
     return "\n".join(lines)
