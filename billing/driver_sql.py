@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from operator import itemgetter
-from typing import Any, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast
 
 from sqlalchemy import Column, Connection, Dialect, Engine, Table, event
 from sqlalchemy.engine.interfaces import DBAPIModule
@@ -163,9 +163,12 @@ def _column(table: Table, name: str) -> Column[Any]:
 _SHARED: dict[tuple[type[Any], str, str], Processor | None] = {}
 
 
-def _processor(column: Column[Any], dialect: Dialect, direction: str) -> Processor | None:
+def _processor(
+    column: Column[Any], dialect: Dialect, direction: Literal["bind", "result"]
+) -> Processor | None:
     kind = column.type
     key = (type(kind), dialect.name, direction)
+    # SQLAlchemy's own cache key of the type: just its class when nothing else configures it.
     shared = getattr(kind, "_static_cache_key", None) == (type(kind),)
     if shared and key in _SHARED:
         return _SHARED[key]

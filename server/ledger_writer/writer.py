@@ -20,8 +20,8 @@ Now every write of the serving path goes through one lane, a thread of the serve
 
 The writer also knows, between commits, what each user can still afford: what the user had
 available when the last group committed (`GroupOutcome.available`) against the bids of the
-holds queued since (`affords_queued`). The service dispatches a batch before its settlement commits
-only when every user in it is covered (`server.serving.clearing`).
+holds queued since (`affords_queued`). The service dispatches a batch before its settlement
+commits only when every user in it affords their queued bids (`server.serving.clearing`).
 
 On PostgreSQL the `served` records have a lane (a thread) and a connection of their own, and
 their groups commit while the holds and settlements of the main lane do. A `served` record is
