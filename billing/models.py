@@ -280,7 +280,7 @@ class Hold(Base):
 # modes (`tiers`, `fcfs`), which have no slots and no fee.
 PRICING_RULE_VALID = (
     "(pricing_rule = 'batch-size' AND priority_slots IS NULL)"
-    " OR (pricing_rule = 'fixed-slots' AND priority_slots >= n)"
+    " OR (pricing_rule IN ('fixed-slots', 'rolling-slots') AND priority_slots >= n)"
     " OR (pricing_rule IN ('tiers', 'fcfs') AND priority_slots IS NULL"
     " AND request_fee_micros = 0)"
 )
@@ -312,7 +312,8 @@ class AuctionBatch(Base):
     fingerprint: Mapped[str] = mapped_column(String(64))
     settled_at: Mapped[datetime]
     # The pricing rule the batch was cleared under (docs/SPEC.md): `batch-size` (the paper's,
-    # every batch settled before the rule was recorded) or `fixed-slots` with its
+    # every batch settled before the rule was recorded), `fixed-slots` or `rolling-slots` (the
+    # head of a rolling auction's pool) with its
     # `priority_slots`, or a fixed-price mode (`tiers`, `fcfs`: each request paid its
     # `bid_micros`, the price it was admitted at); and the fee each of its requests paid.
     # Refunds price the batch again under this rule, never under the server's current one.

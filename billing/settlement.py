@@ -273,12 +273,12 @@ def _validate_rule(batch: BatchInput) -> None:
     if batch.pricing_rule == "batch-size":
         if slots is not None:
             raise InvalidBatch(batch.batch_id, "priority_slots must be None under 'batch-size'")
-    elif batch.pricing_rule == "fixed-slots":
+    elif batch.pricing_rule in ("fixed-slots", "rolling-slots"):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < batch.n:
             raise InvalidBatch(
                 batch.batch_id,
-                f"priority_slots must be an integer >= n ({batch.n}) under 'fixed-slots',"
-                f" got {slots!r}",
+                f"priority_slots must be an integer >= n ({batch.n}) under"
+                f" {batch.pricing_rule!r}, got {slots!r}",
             )
     elif batch.pricing_rule in ("tiers", "fcfs"):
         # A fixed price: no slots to price a delay in, and no fee besides the price.
@@ -291,7 +291,8 @@ def _validate_rule(batch: BatchInput) -> None:
     else:
         raise InvalidBatch(
             batch.batch_id,
-            "pricing_rule must be 'batch-size', 'fixed-slots', 'tiers' or 'fcfs', got"
+            "pricing_rule must be 'batch-size', 'fixed-slots', 'rolling-slots', 'tiers' or"
+            " 'fcfs', got"
             f" {batch.pricing_rule!r}",
         )
     check_micros(fee, "request_fee_micros")

@@ -27,9 +27,12 @@ class PricedRequestView:
     tree_path: list[int] | None
     # Its batch's priority slots (None: as many as the batch's requests, the paper's rule).
     priority_slots: int | None = None
-    # Its batch's pricing rule (`batch-size`, `fixed-slots`, or a fixed-price mode's name:
+    # Its batch's pricing rule (`batch-size`, `fixed-slots`, `rolling-slots`, or a fixed-price
+    # mode's name:
     # `tiers`, `fcfs`, where `bid_micros` is the price the request was admitted at).
     pricing_rule: str = "batch-size"
+    # Its place in its batch (0 is served first): a rolling batch's shares read it.
+    position: int | None = None
 
     @classmethod
     def of(
@@ -49,6 +52,7 @@ class PricedRequestView:
             tree_path=request.tree_nodes,
             priority_slots=slots,
             pricing_rule=rule,
+            position=request.position,
         )
 
 

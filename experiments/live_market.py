@@ -49,6 +49,7 @@ def run_live(
     setup: ServerSetup | None = None,
     schemes: tuple[str, ...] = SCHEMES,
     tracker: Tracker = _no_progress,
+    load: float = 1.5,
 ) -> dict[str, Any]:
     """Plan once, run every scheme on the plan, measure each: results.json's contents."""
     setup = setup or ServerSetup()
@@ -56,6 +57,7 @@ def run_live(
     plan = make_plan(
         seed,
         seconds,
+        load=load,
         max_running_requests=setup.max_running_requests,
         cache_tokens=setup.cache_tokens,
         # A real engine is measured; its small test model holds a shorter context.
@@ -129,18 +131,20 @@ def report(results: dict[str, Any]) -> str:
         f"{settings['load']}x the engine's capacity ({settings['engine_capacity_rps']} "
         f"requests/s), seed {settings['seed']}, request fee {settings['request_fee_micros']}.",
         "",
-        "| scheme | welfare, % above ½Σv | value-weighted TTFT, ms | mean TTFT, ms | "
-        "p50 TTFT top decile, ms | p50 TTFT bottom decile, ms | revenue, credits | "
-        "cache hit rate | served | overspent |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| scheme | welfare, % above ½Σv | overlap welfare, % above ½ | value-weighted TTFT, ms "
+        "| mean TTFT, ms | p50 TTFT top decile, ms | p50 TTFT bottom decile, ms | revenue, "
+        "credits | cache hit rate | last first token, s | served | overspent |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for scheme in _schemes(results):
         r = results[scheme]
         lines.append(
-            f"| {scheme} | {r['welfare_percent']:.1f} | {r['value_weighted_ttft_ms']} | "
+            f"| {scheme} | {r['welfare_percent']:.1f} | {r['overlap_welfare_percent']:.1f} | "
+            f"{r['value_weighted_ttft_ms']} | "
             f"{r['mean_ttft_ms']} | {r['ttft_p50_ms_by_value_decile'][-1]} | "
             f"{r['ttft_p50_ms_by_value_decile'][0]} | {r['revenue_micros'] / 1e6:.6f} | "
-            f"{r['cache_hit_rate']:.3f} | {r['requests_served']}/{r['requests']} | "
+            f"{r['cache_hit_rate']:.3f} | {r['last_first_token_s']} | "
+            f"{r['requests_served']}/{r['requests']} | "
             f"{len(r['overspent_tenants'])} |"
         )
     return "\n".join(lines) + "\n"

@@ -6,6 +6,12 @@
   `k`-th has priority `(n-1-k)/(n-1)` (1 alone), one that failed ranks last. `welfare_micros`
   is the sum of value x priority; `welfare_percent` is how far it lies above half the window's
   values (what a random order gets on average), over all windows.
+* `overlap_welfare_percent`: a measure that does not punish serving a request at once: for each
+  request, the share of the requests whose waits overlapped its own (from sending to first
+  token) that got their first token after it, weighed by its value; as a percent above one half
+  (what a random order gets). A request served at once overlaps few and loses nothing by it.
+* `last_first_token_s`: when the last first token came, from the run's start: how long the
+  scheme takes to start everything (a scheme that wastes the cache takes longer).
 * `value_weighted_ttft_ms`: the mean time to first token, each request weighed by its value.
 * `ttft_p50_ms_by_value_decile`, `ttft_p95_ms_by_value_decile`: deciles of the plan's values
   (the same boundaries for every scheme), lowest first.
@@ -23,7 +29,7 @@ import numpy as np
 from inference_auctions.experiments.live_plan import LivePlan
 from inference_auctions.experiments.live_run import RequestRecord, RunResult
 
-__all__ = ["WINDOW_SECONDS", "measure", "welfare"]
+__all__ = ["WINDOW_SECONDS", "measure", "overlap_welfare", "welfare"]
 
 WINDOW_SECONDS = 2.0
 
@@ -50,6 +56,29 @@ def welfare(records: Sequence[RequestRecord], window: float = WINDOW_SECONDS) ->
         half += sum(r.value_micros for r in members) / 2
     percent = 100.0 * (total / half - 1.0) if half else 0.0
     return round(total), percent
+
+
+def overlap_welfare(records: Sequence[RequestRecord]) -> float:
+    """Percent above one half of the value-weighted share of overlapping waits served after
+    each request (see the module docstring); failed requests count as served after all."""
+    spans = [
+        (r.sent, r.sent + r.ttft if r.ttft is not None else float("inf"), r)
+        for r in sorted(records, key=lambda r: r.sent)
+    ]
+    weighted = 0.0
+    values = 0.0
+    for start, end, record in spans:
+        overlapping = [
+            other_end
+            for other_start, other_end, other in spans
+            if other is not record and other_start < end and start < other_end
+        ]
+        if not overlapping:
+            continue  # nobody waited beside it: no order to judge
+        after = sum(1 for other_end in overlapping if other_end > end)
+        weighted += record.value_micros * after / len(overlapping)
+        values += record.value_micros
+    return 100.0 * (weighted / (values / 2) - 1.0) if values else 0.0
 
 
 def _percentile_ms(values: list[float], q: float) -> float | None:
@@ -95,6 +124,8 @@ def measure(result: RunResult, plan: LivePlan) -> dict[str, Any]:
     return {
         "welfare_micros": welfare_micros,
         "welfare_percent": round(welfare_percent, 2),
+        "overlap_welfare_percent": round(overlap_welfare(records), 2),
+        "last_first_token_s": round(max((r.sent + (r.ttft or 0.0) for r in served), default=0), 2),
         "value_weighted_ttft_ms": round(1000 * weighted_ttft / weights, 1) if weights else None,
         "mean_ttft_ms": _mean_ms([r.ttft or 0.0 for r in served]),
         "revenue_micros": sum(result.spend.values()),

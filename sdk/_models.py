@@ -459,7 +459,7 @@ class MarketRule(_Model):
     is what every request pays besides its VCG charge, zero bids included.
     """
 
-    pricing_rule: Literal["fixed-slots", "batch-size", "tiers", "fcfs"]
+    pricing_rule: Literal["rolling-slots", "fixed-slots", "batch-size", "tiers", "fcfs"]
     priority_slots: int | None = None
     batch_size: int
     request_fee_micros: int = 0

@@ -100,6 +100,16 @@ class ServerSettings(LedgerSettings):
     # `max_inflight` caps the requests outstanding at the engine, started or not.
     batch_size: int = Field(default=64, ge=1, le=100_000)
     """The most requests one batch (one auction) takes."""
+    # How batches are formed (server.serving.selection): `rolling` auctions the whole waiting
+    # pool at every engine opening and sends the engine only the head it can start at its next
+    # step (plus `dispatch_lookahead` requests), so a later, higher bid overtakes everything
+    # still waiting; `batches` takes the oldest waiting requests whatever they bid and sends
+    # them whole (the behaviour before the rolling auction, kept for comparison).
+    scheduling: Literal["rolling", "batches"] = "rolling"
+    """`rolling`: auction the whole waiting pool at every engine opening and send only what the
+    engine can start; `batches`: the oldest waiting requests, sent whole."""
+    dispatch_lookahead: int = Field(default=0, ge=0, le=1_000)
+    """Under `rolling`: requests sent beyond what the engine can start at its next step."""
     max_wait_ms: float = Field(default=0.0, ge=0)
     """Optional collection window while the engine is not saturated: a batch closes once
     `batch_size` requests wait or the oldest waited this long (0: at once)."""
@@ -269,6 +279,17 @@ class ServerSettings(LedgerSettings):
         return self
 
     @model_validator(mode="after")
+    def _rolling_prices_fixed_slots(self) -> ServerSettings:
+        rolling_auction = self.scheduling == "rolling" and self.pricing == "auction"
+        if rolling_auction and self.pricing_rule == "batch-size":
+            raise ValueError(
+                "pricing_rule batch-size prices a batch in its own size, which a rolling "
+                "auction's head does not have: use pricing_rule fixed-slots, or scheduling "
+                "batches"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tiers_parse(self) -> ServerSettings:
         self.tier_menu()  # a ValueError names what is wrong
         if self.pricing != "auction" and self.request_fee_micros:
@@ -292,7 +313,11 @@ class ServerSettings(LedgerSettings):
         fee = self.request_fee_micros
         if self.pricing_rule == "batch-size":
             return PricingRule(request_fee_micros=fee)
-        return PricingRule(slots=self.priority_slots or self.batch_size, request_fee_micros=fee)
+        return PricingRule(
+            slots=self.priority_slots or self.batch_size,
+            request_fee_micros=fee,
+            rolling=self.scheduling == "rolling",
+        )
 
     def tiers_signature(self) -> str | None:
         """Under `pricing tiers`, the tiers sold and the default one, which every replica on

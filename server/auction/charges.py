@@ -37,11 +37,13 @@ from inference_auctions.server.auction.batch import (
 from inference_auctions.server.auction.errors import AuctionInputError
 from inference_auctions.server.auction.schedule import AverageBidKey, Schedule, average_bid_dfs
 
-RuleName = Literal["batch-size", "fixed-slots", "tiers", "fcfs"]
+RuleName = Literal["batch-size", "fixed-slots", "rolling-slots", "tiers", "fcfs"]
 Mode = Literal["auction", "tiers", "fcfs"]
 # The rule of every batch cleared before the rule was recorded with each batch.
 BATCH_SIZE: RuleName = "batch-size"
 FIXED_SLOTS: RuleName = "fixed-slots"
+# Fixed slots, each head of the waiting pool charged for its delay to the whole pool (`rolling`).
+ROLLING_SLOTS: RuleName = "rolling-slots"
 # The rules of the fixed-price modes (`fixed_price`): a request pays the price it was admitted
 # at (its tier's, or nothing).
 FIXED_PRICE_RULES: frozenset[str] = frozenset({"tiers", "fcfs"})
@@ -66,15 +68,21 @@ class PricingRule:
     its tier's fixed price, dearer tiers first) and `fcfs` (arrival order, nothing charged);
     they are cleared by `fixed_price`, not by the auction, and their batches' priorities are
     measured in the batch's own size, for display.
+
+    `rolling`: the batch is the head of a waiting pool ordered whole, each user charged for the
+    delay its head requests impose on the pool (`rolling`, SPEC section 7); fixed slots only.
     """
 
     slots: int | None = None
     request_fee_micros: int = 0
     mode: Mode = "auction"
+    rolling: bool = False
 
     def __post_init__(self) -> None:
         if self.mode != "auction" and (self.slots is not None or self.request_fee_micros):
             raise ValueError(f"the {self.mode} mode has no priority slots and no request fee")
+        if self.rolling and (self.mode != "auction" or self.slots is None):
+            raise ValueError("the rolling rule prices fixed slots: it needs priority slots")
         if self.slots is not None and (type(self.slots) is not int or self.slots < 1):
             raise ValueError(f"priority slots must be a whole number >= 1, got {self.slots!r}")
         fee = self.request_fee_micros
@@ -87,6 +95,8 @@ class PricingRule:
         batch."""
         if self.mode != "auction":
             return self.mode
+        if self.rolling:
+            return ROLLING_SLOTS
         return BATCH_SIZE if self.slots is None else FIXED_SLOTS
 
     @property

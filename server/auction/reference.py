@@ -215,3 +215,28 @@ class ResolvingRepricer:
         if not any(marginals):
             marginals = [1] * len(rids)
         return largest_remainder(charge, dict(zip(rids, marginals, strict=True)), positions)
+
+
+def reference_rolling_charges(
+    pool: Sequence[AuctionRequest], dispatched: Collection[str], slots: int
+) -> dict[str, int]:
+    """The rolling auction's charges by brute force (SPEC section 7): for every user with a
+    dispatched request, the best welfare of the others over every DFS order of the whole pool
+    with the user's dispatched bids at 0, less their welfare on the chosen order, in `slots`
+    slots, floored and capped at the dispatched bids."""
+    bids = [request.bid for request in pool]
+    chosen = reference_order(pool, bids)
+    orders = list(all_dfs_orders(pool))
+
+    def served_after(order: Sequence[int], values: Sequence[int]) -> int:
+        # (K-1) W differs from this by a term no order changes.
+        return sum(values[r] * (len(order) - 1 - k) for k, r in enumerate(order))
+
+    charges: dict[str, int] = {}
+    for user in dict.fromkeys(r.user for r in pool if r.rid in dispatched):
+        mine = {i for i, r in enumerate(pool) if r.user == user and r.rid in dispatched}
+        without = [0 if i in mine else bid for i, bid in enumerate(bids)]
+        best = max(served_after(order, without) for order in orders)
+        numerator = best - served_after(chosen, without)
+        charges[user] = min(numerator // max(slots - 1, 1), sum(bids[i] for i in mine))
+    return charges

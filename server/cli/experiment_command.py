@@ -127,6 +127,19 @@ class _RichTracker:
     help="live only: a real SGLang server (priority scheduling on, low values first, a small "
     "--max-running-requests) instead of the embedded emulator; its capacity is measured.",
 )
+@click.option(
+    "--load",
+    type=click.FloatRange(min=0.1, max=10),
+    default=1.5,
+    show_default=True,
+    help="live only: arrivals as a multiple of the engine's measured capacity.",
+)
+@click.option(
+    "--schemes",
+    default="fcfs,tiers2,tiers3,auction",
+    show_default=True,
+    help="live only: the comma-separated schemes to run, on the same plan.",
+)
 def experiment(
     target: str,
     out: Path,
@@ -140,6 +153,8 @@ def experiment(
     deferral_tokens: int,
     deferral_max_hold: float,
     engine_url: str | None,
+    load: float,
+    schemes: str,
 ) -> None:
     """Reproduce the paper's experiments on the emulated SGLang engine (simulated clock).
 
@@ -178,7 +193,7 @@ def experiment(
     if target == "live":
         if workload_file is not None:
             raise click.UsageError("live draws its own tenants and requests; drop --workload")
-        _run_live(out, quick, seed, engine_url)
+        _run_live(out, quick, seed, engine_url, load, _live_schemes(schemes))
         return
     if engine_url is not None:
         raise click.UsageError("--engine-url is for the live target only")
@@ -249,8 +264,28 @@ def _run_manipulation(out: Path, quick: bool, seed: int) -> None:
     click.echo(text)
 
 
-def _run_live(out: Path, quick: bool, seed: int, engine_url: str | None) -> None:
-    """The live market: four runs of the real server on one plan, a progress bar each."""
+def _live_schemes(given: str) -> tuple[str, ...]:
+    from inference_auctions.experiments.live_market import SCHEMES  # noqa: PLC0415
+
+    chosen = tuple(name.strip() for name in given.split(",") if name.strip())
+    unknown = [name for name in chosen if name not in SCHEMES]
+    if unknown or not chosen:
+        raise click.BadParameter(
+            f"{', '.join(unknown) or 'none given'}: choose among {', '.join(SCHEMES)}",
+            param_hint="--schemes",
+        )
+    return chosen
+
+
+def _run_live(
+    out: Path,
+    quick: bool,
+    seed: int,
+    engine_url: str | None,
+    load: float,
+    schemes: tuple[str, ...],
+) -> None:
+    """The live market: a run of the real server per scheme on one plan, a progress bar each."""
     from inference_auctions.experiments.live_market import (  # noqa: PLC0415
         FULL_SECONDS,
         QUICK_SECONDS,
@@ -275,7 +310,7 @@ def _run_live(out: Path, quick: bool, seed: int, engine_url: str | None) -> None
 
         seconds = QUICK_SECONDS if quick else FULL_SECONDS
         setup = ServerSetup(engine_url=engine_url)
-        results = run_live(seconds, seed, setup, tracker=start)
+        results = run_live(seconds, seed, setup, schemes=schemes, tracker=start, load=load)
     written = write_live(results, out)
     console.print(report(results))
     console.print(f"Wrote {', '.join(p.name for p in written)} to {out}.")

@@ -54,11 +54,17 @@ from inference_auctions.server.auction import AuctionOutcome, AuctionRequest, ru
 from inference_auctions.server.auction.charges import (
     FIXED_PRICE_RULES,
     PAPER_RULE,
+    ROLLING_SLOTS,
     Mode,
     PricingRule,
     Repricer,
 )
 from inference_auctions.server.auction.fixed_price import FixedPriceRepricer, clear_fixed_price
+from inference_auctions.server.auction.rolling import (
+    RollingRepricer,
+    clear_head,
+    settled_rolling_outcome,
+)
 from inference_auctions.server.errors import Conflict, ServiceError
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
@@ -70,9 +76,13 @@ from inference_auctions.server.serving.admission import (
 )
 from inference_auctions.server.serving.dispatch import BatchDispatch
 from inference_auctions.server.serving.dispatch_ahead import BatchAhead, Distrust
+from inference_auctions.server.serving.selection import PoolPricing
 from inference_auctions.server.serving.tickets import Clearance, Ticket
 from inference_auctions.server.serving.tiers import TierFigures
 from inference_auctions.server.settings import ServerSettings
+
+# What prices a settled batch again, under each rule.
+AnyRepricer = Repricer | FixedPriceRepricer | RollingRepricer
 
 __all__ = ["BatchClearing", "BatchClosing", "ClearedBatch", "refund_rule", "settled_repricer"]
 
@@ -109,24 +119,25 @@ class BatchClosing:
         self._rule = settings.auction_rule()  # every batch of this server is cleared under it
         self._tier_figures = tier_figures
 
-    async def __call__(self, tickets: list[Ticket]) -> None:
-        """Clear, settle and dispatch a closed batch; return once its commit has told."""
+    async def __call__(self, tickets: list[Ticket], pool: PoolPricing | None = None) -> None:
+        """Clear, settle and dispatch a closed batch; return once its commit has told. `pool`:
+        the waiting pool a rolling auction's head was taken from, which its charges read."""
         closed = time.monotonic()
         for ticket in tickets:
             ticket.closed = closed
         if self._may_dispatch_ahead(tickets, closed):
-            clearing = self._clearing(tickets)
+            clearing = self._clearing(tickets, pool)
             try:
                 batch = clearing.clear_ahead()
             except Exception:  # a bug in clearing: the claim below fails the batch cleanly
                 log.exception("clearing a batch ahead of its commit failed")
             else:
-                await self._dispatch_ahead(clearing, batch, tickets)
+                await self._dispatch_ahead(clearing, batch, tickets, pool)
                 return
-        await self._clear_committed(self._clearing(tickets), tickets)
+        await self._clear_committed(self._clearing(tickets, pool), tickets)
 
-    def _clearing(self, tickets: list[Ticket]) -> BatchClearing:
-        return BatchClearing(tickets, self._new_batch_id(), self._clock, self._rule)
+    def _clearing(self, tickets: list[Ticket], pool: PoolPricing | None) -> BatchClearing:
+        return BatchClearing(tickets, self._new_batch_id(), self._clock, self._rule, pool)
 
     def _may_dispatch_ahead(self, tickets: list[Ticket], now: float) -> bool:
         """Whether the batch may go to the engine while its settlement commits: small enough
@@ -141,7 +152,11 @@ class BatchClosing:
         )
 
     async def _dispatch_ahead(
-        self, clearing: BatchClearing, batch: ClearedBatch, tickets: list[Ticket]
+        self,
+        clearing: BatchClearing,
+        batch: ClearedBatch,
+        tickets: list[Ticket],
+        pool: PoolPricing | None,
     ) -> None:
         """Send the batch, cleared here, to the engine now; its commit confirms it, or it is
         cleared again (`server.serving.dispatch_ahead`)."""
@@ -153,7 +168,7 @@ class BatchClosing:
         # Queued in this turn, so that it rides in the same commit as the holds queued in it.
         claimed = self._writer.queue_claim(clearing.claim)
         self._dispatch.dispatch(ordered, clearances, batch, ahead)
-        await self._confirm(clearing, claimed, tickets, ordered, clearances, ahead)
+        await self._confirm(clearing, claimed, tickets, ordered, clearances, ahead, pool)
 
     async def _confirm(
         self,
@@ -163,6 +178,7 @@ class BatchClosing:
         ordered: list[Ticket],
         clearances: list[Clearance],
         ahead: BatchAhead,
+        pool: PoolPricing | None,
     ) -> None:
         """Wait for the commit of a batch sent ahead; let its answers go, or clear it again."""
         started = time.perf_counter()
@@ -175,7 +191,7 @@ class BatchClosing:
             for ticket in tickets:
                 ticket.forget_chunks()
                 ticket.resent += 1
-            await self._clear_committed(self._clearing(tickets), tickets)
+            await self._clear_committed(self._clearing(tickets, pool), tickets)
             return
         except Exception as error:
             await self._dispatch.void(ahead)
@@ -303,7 +319,7 @@ class ClearedBatch:
 
     batch_id: str
     outcome: AuctionOutcome
-    repricer: Repricer | FixedPriceRepricer
+    repricer: AnyRepricer
     shares: dict[str, int]  # ledger rid -> the request's share of its user's charge
     auction_seconds: float
     failed: dict[str, set[str]] = field(default_factory=dict)  # user -> ledger rids
@@ -354,11 +370,13 @@ class ClearedAtCommit:
         closed_at: datetime,
         requests: Sequence[AuctionRequest],
         rule: PricingRule = PAPER_RULE,
+        pool: PoolPricing | None = None,
     ) -> None:
         self.batch_id = batch_id
         self.closed_at = closed_at
         self.requests = {request.rid: request for request in requests}
         self.rule = rule
+        self.pool = pool
         self.made: _Made | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -366,7 +384,7 @@ class ClearedAtCommit:
 
     def __call__(self, claimable: list[str]) -> _Records:
         chosen = [self.requests[rid] for rid in claimable]
-        self.made = _auction(chosen, self.rule)
+        self.made = _auction(chosen, self.rule, self.pool)
         return _records(self.batch_id, self.closed_at, self.made, chosen)
 
 
@@ -381,8 +399,10 @@ class BatchClearing:
         batch_id: str,
         clock: Callable[[], datetime],
         rule: PricingRule = PAPER_RULE,
+        pool: PoolPricing | None = None,
     ) -> None:
         self._rule = rule
+        self._pool = pool
         self._rids = [ticket.ledger_rid for ticket in tickets]
         self._batch_id = batch_id
         self._clock = clock
@@ -406,7 +426,7 @@ class BatchClearing:
         else:
             if self._at_commit is None:
                 self._at_commit = ClearedAtCommit(
-                    self._batch_id, self._clock(), self._requests, self._rule
+                    self._batch_id, self._clock(), self._requests, self._rule, self._pool
                 )
             clear = self._at_commit
         return BatchClaim(self._candidates, clear, self._fingerprints)
@@ -414,7 +434,7 @@ class BatchClearing:
     def clear_ahead(self) -> ClearedBatch:
         """Clear the whole batch now, ahead of its commit; the claim then settles it as cleared
         here, or nothing of it (`BatchAheadVoid`)."""
-        made = _auction(self._requests, self._rule)
+        made = _auction(self._requests, self._rule, self._pool)
         records = _records(self._batch_id, self._clock(), made, self._requests)
         self._ahead = (made, ClearedAhead(records))
         return self._batch(made)
@@ -431,7 +451,9 @@ class BatchClearing:
         made = self._at_commit.made
         if made is None:  # cleared in the writer's process: the same auction, run again here
             claimable = [rid for rid in self._rids if rid not in claimed.refused]
-            made = _auction([self._at_commit.requests[rid] for rid in claimable], self._rule)
+            made = _auction(
+                [self._at_commit.requests[rid] for rid in claimable], self._rule, self._pool
+            )
             settled = claimed.settled
             charged, fees = settled.charges_micros, settled.fees_micros
             if any(charged.get(user, 0) != paid for user, paid in made.outcome.payments.items()):
@@ -456,17 +478,27 @@ class _Made:
     """An auction's outcome, its repricer and the seconds both took."""
 
     outcome: AuctionOutcome
-    repricer: Repricer | FixedPriceRepricer
+    repricer: AnyRepricer
     seconds: float
 
 
-def _auction(requests: list[AuctionRequest], rule: PricingRule) -> _Made:
-    """The batch cleared under the server's mode: the auction, or a fixed price."""
+def _auction(
+    requests: list[AuctionRequest], rule: PricingRule, pool: PoolPricing | None = None
+) -> _Made:
+    """The batch cleared under the server's mode: the auction (the head of a rolling pool,
+    priced against `pool`), or a fixed price."""
     started = time.perf_counter()
-    repricer: Repricer | FixedPriceRepricer
+    repricer: AnyRepricer
     if rule.fixed_price:
         outcome = clear_fixed_price(requests, rule)
         repricer = FixedPriceRepricer(outcome)
+    elif rule.rolling:
+        if pool is None:
+            raise RuntimeError("a rolling auction's head was cleared without its pool")
+        mine = {request.rid for request in requests}
+        dispatched = {rid: index for rid, index in pool.dispatched.items() if rid in mine}
+        outcome = clear_head(requests, pool.pool, dispatched, rule)
+        repricer = RollingRepricer(outcome)
     else:
         outcome = run_auction(requests, rule)
         repricer = Repricer.from_outcome(outcome)
@@ -523,11 +555,14 @@ def refund_rule(
     return settled_repricer(requests).failure_refund(user, failed, charge)
 
 
-def settled_repricer(requests: Sequence[PricedRequestView]) -> Repricer | FixedPriceRepricer:
-    """A settled batch, rebuilt from what the ledger stored (tree shape, arrival order, bids)
-    under the pricing rule it was cleared with, ready to be priced again."""
+def settled_repricer(requests: Sequence[PricedRequestView]) -> AnyRepricer:
+    """A settled batch, rebuilt from what the ledger stored (tree shape, arrival order, bids,
+    positions) under the pricing rule it was cleared with, ready to be priced again."""
     ordered = sorted(requests, key=lambda r: -1 if r.arrival is None else r.arrival)
     rebuilt = [AuctionRequest(r.rid, r.user, r.tree_path or [], r.bid_micros) for r in ordered]
+    if ordered and ordered[0].pricing_rule == ROLLING_SLOTS:
+        # Refunds and shares read each request's bid and position only.
+        return RollingRepricer(settled_rolling_outcome(rebuilt, [r.position for r in ordered]))
     if ordered and ordered[0].pricing_rule in FIXED_PRICE_RULES:
         # Each request's recorded bid is the price it was admitted at.
         mode = cast(Mode, ordered[0].pricing_rule)

@@ -105,6 +105,7 @@ class BatchDispatch:
             poll_seconds=settings.engine_poll_ms / 1000,
             unstarted=lambda: len(self._unstarted),
             wakeup=wakeup,
+            lookahead=settings.dispatch_lookahead if settings.scheduling == "rolling" else 0,
         )
 
     def dispatch(
@@ -154,6 +155,10 @@ class BatchDispatch:
     def saturated(self) -> bool:
         """Whether the engine has what it can admit at its next step (`engine_capacity`)."""
         return self.capacity.saturated(self._unstarted_tokens, len(self._unstarted), self.inflight)
+
+    def startable(self) -> tuple[int, int]:
+        """Requests and prompt tokens the engine can still start at its next step."""
+        return self.capacity.startable(self._unstarted_tokens, len(self._unstarted), self.inflight)
 
     def freed(self, engine_rid: str) -> None:
         """A request left the engine (or failed before it started)."""

@@ -95,12 +95,14 @@ __all__ = [
     "EngineShares",
     "PoolClosed",
     "QueueFull",
+    "Selection",
     "request_tokens",
 ]
 
 log = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
+Context = TypeVar("Context")
 
 
 class QueueFull(Exception):
@@ -157,25 +159,38 @@ class Wakeup:
         await self._event.wait()
 
 
-class BatchPool(Generic[Item]):
+@dataclass(frozen=True, slots=True)
+class Selection(Generic[Context]):
+    """What the next batch takes: places in the waiting list, and what the clearing needs to
+    price them (the rolling auction's pool order; None where nothing else is needed)."""
+
+    places: list[int]
+    context: Context | None = None
+
+
+class BatchPool(Generic[Item, Context]):
     """Collects requests and closes batches whenever the engine can take more (see above)."""
 
     def __init__(
         self,
         policy: BatchingPolicy,
-        clear: Callable[[list[Item]], Awaitable[None]],
+        clear: Callable[[list[Item], Context | None], Awaitable[None]],
         inflight: Callable[[], int],
         saturated: Callable[[], bool] = _never,
-        select: Callable[[list[Item], int], list[int]] | None = None,
+        select: Callable[[list[Item], int], Selection[Context]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wakeup: Wakeup | None = None,
+        startable: Callable[[], int] | None = None,
     ) -> None:
         """`select(waiting, room)`: the places of the waiting requests a batch takes now, at
-        most `room` (`EngineShares.select`); by default the oldest. `clock`: seconds, for the
-        collection window. `wakeup`: set by whoever changes the engine's load (see above)."""
+        most `room`; by default the oldest. `clock`: seconds, for the collection window.
+        `wakeup`: set by whoever changes the engine's load (see above). `startable`: how many
+        more requests the engine can start at its next step (None: `batch_size`), which bounds
+        every batch besides `max_inflight`."""
         self._policy = policy
         self._clock = clock
         self._select = select
+        self._startable = startable
         # Set when the waiting requests may not go now (`select` took none): the pool waits
         # for a wake-up (a request left the engine, or a new one came).
         self._blocked = False
@@ -235,14 +250,20 @@ class BatchPool(Generic[Item]):
                         await self._wake.wait()
             self._unblock_if_woken()
             while self._ready():
-                # `max_inflight` is a hard cap: a batch takes only the room left under it.
-                room = min(self._policy.batch_size, self._policy.max_inflight - self._inflight())
-                batch = self._take(room)
+                batch, context = self._take(self._room())
                 if not batch:
                     self._blocked = True
                     break
-                await self._clear([waiting.item for waiting in batch])
+                await self._clear([waiting.item for waiting in batch], context)
                 self._mark_idle()
+
+    def _room(self) -> int:
+        """How many requests the next batch may take: `max_inflight` is a hard cap, and the
+        engine's next step (`startable`) bounds it."""
+        room = min(self._policy.batch_size, self._policy.max_inflight - self._inflight())
+        if self._startable is not None:
+            room = min(room, self._startable())
+        return room
 
     def _unblock_if_woken(self) -> None:
         # A wake-up since the pool last looked: the requests it could not take may go now.
@@ -250,17 +271,19 @@ class BatchPool(Generic[Item]):
             self._wake.clear()
             self._blocked = False
 
-    def _take(self, room: int) -> list[_Waiting[Item]]:
-        """Remove and return the requests the next batch takes."""
+    def _take(self, room: int) -> tuple[list[_Waiting[Item]], Context | None]:
+        """Remove and return the requests the next batch takes, and what prices them."""
+        if room <= 0:
+            return [], None
         if self._select is None:
             batch = self._waiting[:room]
             del self._waiting[:room]
-            return batch
-        places = self._select([waiting.item for waiting in self._waiting], room)
-        batch = [self._waiting[place] for place in places]
-        chosen = set(places)
+            return batch, None
+        selection = self._select([waiting.item for waiting in self._waiting], room)
+        batch = [self._waiting[place] for place in selection.places]
+        chosen = set(selection.places)
         self._waiting = [w for place, w in enumerate(self._waiting) if place not in chosen]
-        return batch
+        return batch, selection.context
 
     def _engine_busy(self) -> bool:
         """Whether the engine should not be given more now, however long requests wait."""
@@ -363,8 +386,12 @@ class EngineCapacity:
         poll_seconds: float,
         unstarted: Callable[[], int],
         wakeup: Wakeup,
+        lookahead: int = 0,
     ) -> None:
         self._engine = engine
+        # Requests sent beyond what the engine can start at its next step (a rolling pool's
+        # setting: so that a step never waits for this server's round trip).
+        self._lookahead = lookahead
         self._tokens_override = tokens_override
         self._requests_override = requests_override
         self._poll_seconds = poll_seconds
@@ -403,7 +430,23 @@ class EngineCapacity:
             return True
         if unstarted_tokens >= self.token_budget():
             return True
-        return unstarted_requests >= self.request_budget(inflight - unstarted_requests)
+        budget = self.request_budget(inflight - unstarted_requests) + self._lookahead
+        return unstarted_requests >= budget
+
+    def startable(
+        self, unstarted_tokens: int, unstarted_requests: int, inflight: int
+    ) -> tuple[int, int]:
+        """How many more requests, and prompt tokens, the engine can start at its next step
+        (with the look-ahead): what a rolling pool sends it, and no more. The last request
+        taken may cross the token budget (the engine prefills it in chunks)."""
+        if self.excess_waiting > 0:
+            return 0, 0
+        tokens = self.token_budget() - unstarted_tokens
+        budget = self.request_budget(inflight - unstarted_requests) + self._lookahead
+        requests = budget - unstarted_requests
+        if tokens <= 0 or requests <= 0:
+            return 0, 0
+        return requests, tokens
 
     def describe(self) -> dict[str, Any]:
         """The limits in force and where they come from, for `/server_info`."""
@@ -531,12 +574,17 @@ class EngineShares:
                 param="max_new_tokens",
             )
 
-    def select(self, waiting: Sequence[Ticket], room: int) -> list[int]:
-        """The places in `waiting` of the requests a batch of at most `room` takes now."""
+    def select(
+        self, waiting: Sequence[Ticket], room: int, token_room: int | None = None
+    ) -> list[int]:
+        """The places in `waiting` (in the order they should go) of the requests a batch of at
+        most `room` takes now; with `token_room`, it stops once their prompts reach it (the
+        last one may cross it: the engine prefills it in chunks)."""
         users = {ticket.user for ticket in waiting}
         taken: list[int] = []
+        prompt_tokens = 0
         for place, ticket in enumerate(waiting):
-            if len(taken) == room:
+            if len(taken) == room or (token_room is not None and prompt_tokens >= token_room):
                 break
             tokens = request_tokens(ticket)
             free = self._free_counted and not ticket.bid_micros
@@ -548,6 +596,7 @@ class EngineShares:
                 continue
             self._take(ticket, tokens)
             taken.append(place)
+            prompt_tokens += len(ticket.tokens)
         return taken
 
     def _fits(self, held: _Held, tokens: int, *, free: bool) -> bool:

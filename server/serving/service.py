@@ -68,6 +68,7 @@ from inference_auctions.server.serving.pool import (
     QueueFull,
     Wakeup,
 )
+from inference_auctions.server.serving.selection import PoolPricing, PoolSelector
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.serving.tiers import TierFigures
 from inference_auctions.server.settings import ServerSettings
@@ -139,13 +140,15 @@ class AuctionService:
             max_queue=settings.max_queue,
         )
         self._shares = EngineShares(settings, wakeup=wakeup)
-        self._pool: BatchPool[Ticket] = BatchPool(
+        rolling = settings.scheduling == "rolling"
+        self._pool: BatchPool[Ticket, PoolPricing] = BatchPool(
             policy,
             closing,
             lambda: self._dispatch.inflight,
             saturated=self._dispatch.saturated,
-            select=self._select,
+            select=PoolSelector(settings, self._shares, lambda: self._dispatch.startable()[1]),
             wakeup=wakeup,
+            startable=(lambda: self._dispatch.startable()[0]) if rolling else None,
         )
         self._answers = AnswerMemory(
             settings.answer_memory_mib * 2**20, self._admissions.forget_if_current
@@ -314,15 +317,6 @@ class AuctionService:
             )
             await ticket.finish(unavailable("the client disconnected"))
             self._admissions.forget(ticket)
-
-    def _select(self, waiting: list[Ticket], room: int) -> list[int]:
-        """The places of the waiting requests the next batch takes: the oldest first, but
-        under `pricing tiers` a dearer tier's first (first come, first served within one)."""
-        if self.tier_menu is None:
-            return self._shares.select(waiting, room)
-        order = sorted(range(len(waiting)), key=lambda place: -waiting[place].bid_micros)
-        chosen = self._shares.select([waiting[place] for place in order], room)
-        return [order[index] for index in chosen]
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

@@ -24,12 +24,12 @@ class _Engine:
 
 def _pool(
     engine: _Engine, batches: list[list[int]], *, max_wait: float | None = None, size: int = 64
-) -> BatchPool[int]:
+) -> BatchPool[int, None]:
     if max_wait is None:  # the server's default window
         max_wait = ServerSettings().max_wait_ms / 1000
     policy = BatchingPolicy(batch_size=size, max_wait=max_wait, max_inflight=4, max_queue=100)
 
-    async def clear(items: list[int]) -> None:
+    async def clear(items: list[int], _context: None) -> None:
         batches.append(items)
 
     # The loop's clock: the collection window runs on the same (virtual) time as the timers.
@@ -37,7 +37,9 @@ def _pool(
     return BatchPool(policy, clear, lambda: engine.inflight, lambda: engine.saturated, clock=clock)
 
 
-async def _run(test: Callable[[BatchPool[int], _Engine, list[list[int]]], Awaitable[None]]) -> None:
+async def _run(
+    test: Callable[[BatchPool[int, None], _Engine, list[list[int]]], Awaitable[None]],
+) -> None:
     engine, batches = _Engine(), []
     pool = _pool(engine, batches)
     runner = asyncio.create_task(pool.run())
@@ -60,7 +62,7 @@ async def _until(condition: Callable[[], bool], timeout: float = 2.0) -> float:
 @pytest.mark.anyio
 @pytest.mark.virtual_time
 async def test_a_lone_request_goes_straight_through() -> None:
-    async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
+    async def test(pool: BatchPool[int, None], engine: _Engine, batches: list[list[int]]) -> None:
         pool.submit(1)
         waited = await _until(lambda: bool(batches))
         assert batches == [[1]]
@@ -72,7 +74,7 @@ async def test_a_lone_request_goes_straight_through() -> None:
 @pytest.mark.anyio
 @pytest.mark.virtual_time
 async def test_a_saturated_engine_holds_requests_and_the_next_batch_takes_the_backlog() -> None:
-    async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
+    async def test(pool: BatchPool[int, None], engine: _Engine, batches: list[list[int]]) -> None:
         engine.saturated = True
         for item in range(5):
             pool.submit(item)
@@ -92,7 +94,7 @@ async def test_a_saturated_engine_holds_requests_and_the_next_batch_takes_the_ba
 @pytest.mark.anyio
 @pytest.mark.virtual_time
 async def test_the_pool_waits_for_a_wake_up_not_a_timer() -> None:
-    async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
+    async def test(pool: BatchPool[int, None], engine: _Engine, batches: list[list[int]]) -> None:
         engine.saturated = True
         pool.submit(1)
         await asyncio.sleep(0.01)
@@ -109,7 +111,7 @@ async def test_the_pool_waits_for_a_wake_up_not_a_timer() -> None:
 @pytest.mark.anyio
 @pytest.mark.virtual_time
 async def test_max_inflight_still_caps() -> None:
-    async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
+    async def test(pool: BatchPool[int, None], engine: _Engine, batches: list[list[int]]) -> None:
         engine.inflight = 4  # at the cap, though not saturated
         pool.submit(1)
         pool.submit(2)
@@ -158,7 +160,7 @@ async def test_the_collection_window_collects_while_the_engine_is_free() -> None
 @pytest.mark.anyio
 @pytest.mark.virtual_time
 async def test_drain_clears_the_backlog_once_the_engine_takes_it() -> None:
-    async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
+    async def test(pool: BatchPool[int, None], engine: _Engine, batches: list[list[int]]) -> None:
         engine.saturated = True
         pool.submit(1)
         drained = asyncio.create_task(pool.drain())
@@ -177,7 +179,7 @@ async def test_drain_clears_the_backlog_once_the_engine_takes_it() -> None:
 @pytest.mark.anyio
 @pytest.mark.virtual_time
 async def test_a_withdrawn_request_leaves_the_backlog() -> None:
-    async def test(pool: BatchPool[int], engine: _Engine, batches: list[list[int]]) -> None:
+    async def test(pool: BatchPool[int, None], engine: _Engine, batches: list[list[int]]) -> None:
         engine.saturated = True
         pool.submit(1)
         pool.submit(2)
