@@ -71,7 +71,7 @@ def test_a_head_that_is_the_whole_pool_pays_the_fixed_slot_vcg(pool: list[Auctio
     rule = PricingRule(slots=64)
     ordered = order_pool(pool)
     charges = rolling_charges(ordered, range(len(pool)), 64)
-    assert charges == {user: pay for user, pay in run_auction(pool, rule).payments.items()}
+    assert charges == run_auction(pool, rule).payments
 
 
 def test_a_late_high_bid_heads_the_pool_and_pays_for_the_backlog_it_jumps() -> None:
