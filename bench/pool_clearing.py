@@ -1,14 +1,17 @@
 """How long one clearing of a rolling auction takes on the serving path, by pool size.
 
-At every engine opening the server orders the whole waiting pool (`PoolSelector`: the radix
-tree of every positive bid, the average-bid DFS, the shares), takes the head the engine can
-start, and prices it against the pool (`clear_head`: the rolling charges, the head's own tree).
+At every engine opening the server orders the whole waiting pool (`PoolSelector`: the pool's
+radix tree brought in step with what joined and left, the average-bid DFS as far as the head,
+the shares, the head's charges against the pool), takes the head the engine can start, and
+makes it a batch (`clear_head`: its order, charges and own tree).
 This script runs exactly those two calls on a pool of --pool paper-scale prompts (mixshare-50:
 half the queries in article or few-shot clusters of about 1k shared tokens, values 1 +
 Pareto(1.5)) from --users users, then keeps the pool at that size as a server under a steady
 backlog would: each clearing sends a head of --head requests (or fewer: up to --prefill-tokens
 of prompt), and as many new queries join before the next. It prints the p50, p99 and max
-wall-clock milliseconds of a clearing per pool size, on this machine.
+wall-clock milliseconds of a clearing per pool size in that steady state, on this machine, and
+apart from them the first clearing, which inserts the whole pool into the tree at once (a
+server sees that only when a whole pool arrives between two openings).
 
 Run: `python -m bench.pool_clearing` (pools of 256, 1,024 and 4,096).
 """
@@ -55,7 +58,8 @@ def _queries(seed: int, users: int) -> Iterator[Ticket]:
 
 
 def measure(pool_size: int, clearings: int, head: int, prefill: int, users: int) -> list[float]:
-    """Milliseconds of each clearing of a pool kept at `pool_size`."""
+    """Milliseconds of each clearing of a pool kept at `pool_size`; the first one, which
+    inserts the whole pool into the tree, comes first."""
     settings = ServerSettings(max_inflight=100_000, batch_size=64, engine_tokens=10**12)
     shares = EngineShares(settings, Wakeup())
     select = PoolSelector(settings, shares, lambda: prefill)
@@ -71,8 +75,7 @@ def measure(pool_size: int, clearings: int, head: int, prefill: int, users: int)
         assert selection.context is not None
         clear_head(
             [AuctionRequest(t.ledger_rid, t.user, t.tokens, t.bid_micros) for t in chosen],
-            selection.context.pool,
-            selection.context.dispatched,
+            selection.context,
             rule,
         )
         timings.append(1000 * (time.perf_counter() - started))
@@ -87,12 +90,15 @@ def measure(pool_size: int, clearings: int, head: int, prefill: int, users: int)
 
 async def _main(args: argparse.Namespace) -> None:
     table = Table(title=f"One rolling clearing, ms ({platform.processor() or platform.machine()})")
-    for column in ("pool", "clearings", "p50", "p99", "max"):
+    for column in ("pool", "first (all inserted)", "clearings", "p50", "p99", "max"):
         table.add_column(column, justify="right")
     for size in args.pool:
-        timings = measure(size, args.clearings, args.head, args.prefill_tokens, args.users)
+        first, *timings = measure(
+            size, args.clearings + 1, args.head, args.prefill_tokens, args.users
+        )
         table.add_row(
             f"{size:,}",
+            f"{first:.1f}",
             str(len(timings)),
             f"{np.percentile(timings, 50):.2f}",
             f"{np.percentile(timings, 99):.2f}",

@@ -107,7 +107,8 @@ class ServerSettings(LedgerSettings):
     # them whole (the behaviour before the rolling auction, kept for comparison).
     scheduling: Literal["rolling", "batches"] = "rolling"
     """`rolling`: auction the whole waiting pool at every engine opening and send only what the
-    engine can start; `batches`: the oldest waiting requests, sent whole."""
+    engine can start; `batches`: the oldest waiting requests, sent whole (the default under
+    `pricing_rule batch-size`, which prices whole batches)."""
     dispatch_lookahead: int = Field(default=0, ge=0, le=1_000)
     """Under `rolling`: requests sent beyond what the engine can start at its next step."""
     max_wait_ms: float = Field(default=0.0, ge=0)
@@ -280,6 +281,9 @@ class ServerSettings(LedgerSettings):
 
     @model_validator(mode="after")
     def _rolling_prices_fixed_slots(self) -> ServerSettings:
+        if self.pricing_rule == "batch-size" and "scheduling" not in self.model_fields_set:
+            # The paper's rule prices whole batches: it keeps the batches it was made for.
+            self.scheduling = "batches"
         rolling_auction = self.scheduling == "rolling" and self.pricing == "auction"
         if rolling_auction and self.pricing_rule == "batch-size":
             raise ValueError(

@@ -23,7 +23,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from itertools import accumulate
-from typing import Literal
+from typing import Literal, Protocol
 
 from inference_auctions.server.auction.batch import (
     NO_PARENT,
@@ -119,6 +119,18 @@ class PricingRule:
 
 # The default of `run_auction`: the paper's rule, no fee.
 PAPER_RULE = PricingRule()
+
+
+class ByNode(Protocol):
+    """A number per node (or per request index): a list, or a lookup computed on demand."""
+
+    def __getitem__(self, node: int, /) -> int: ...
+
+
+class ChildrenByNode(Protocol):
+    """Each node's children in their served order."""
+
+    def __getitem__(self, node: int, /) -> list[int]: ...
 
 
 _EMPTY_STATS = TreeStats(requests=0, nodes=0, depth=0, total_tokens=0, unique_tokens=0)
@@ -270,21 +282,60 @@ class PaymentContext:
     two pair sums.
     """
 
+    tree: RadixTree | None
+    parent: ByNode
+    leaf_of: ByNode
+    ordered_children: ChildrenByNode
+    count: ByNode
+    bid_sum: ByNode
+    first: ByNode
+    position: ByNode
+    rank: ByNode
+
     def __init__(self, tree: RadixTree, schedule: Schedule) -> None:
         self.tree = tree
+        self.parent = tree.parent
+        self.leaf_of = tree.leaf_of
         self.ordered_children = schedule.ordered_children
         self.count = schedule.sums.count
         self.bid_sum = schedule.sums.bid_sum
         self.first = schedule.sums.first
         self.order = schedule.order
-        self.position = [0] * len(tree.parent)
+        position = [0] * len(tree.parent)
         for kids in schedule.ordered_children:
             for place, child in enumerate(kids):
-                self.position[child] = place
-        self.rank = [0] * len(tree.parent)
+                position[child] = place
+        self.position = position
+        rank = [0] * len(tree.parent)
         for place, node in enumerate(tree.preorder):
-            self.rank[node] = place
+            rank[node] = place
+        self.rank = rank
         self._prefixes: dict[int, tuple[list[int], list[int]]] = {}
+
+    @classmethod
+    def from_parts(
+        cls,
+        *,
+        parent: ByNode,
+        leaf_of: ByNode,
+        ordered_children: ChildrenByNode,
+        position: ByNode,
+        rank: ByNode,
+        count: ByNode,
+        bid_sum: ByNode,
+        first: ByNode,
+    ) -> PaymentContext:
+        """The payments over a tree kept elsewhere (`pool_tree`), read through lookups by node:
+        `rank` orders children after their parents (any such numbering), `leaf_of` maps a
+        request's index to its leaf. The service order is not needed and not set."""
+        context = cls.__new__(cls)
+        context.tree = None
+        context.parent, context.leaf_of = parent, leaf_of
+        context.ordered_children, context.position, context.rank = ordered_children, position, rank
+        context.count, context.bid_sum, context.first = count, bid_sum, first
+        context.order = []
+        context._prefixes = {}
+        return context
 
     def numerators(self, bids: Sequence[int], users: Sequence[str]) -> dict[str, int]:
         """(n-1) * p_i for every user of a batch of two or more requests."""
@@ -295,14 +346,14 @@ class PaymentContext:
 
     def user_numerator(self, requests: list[int], bids: Sequence[int]) -> int:
         """(n-1) times the payment of the user who sent `requests`."""
-        parent = self.tree.parent
+        parent = self.parent
         # drop[u] = the user's bids under u, i.e. F(u) - G(u); only nodes with a positive drop
         # change, so the walk up from each leaf stops at the first node already reached.
         drop: dict[int, int] = {}
         for index in requests:
             if bids[index] == 0:
                 continue
-            leaf = self.tree.leaf_of[index]
+            leaf = self.leaf_of[index]
             drop[leaf] = bids[index]
             up = parent[leaf]
             while up != NO_PARENT and up not in drop:
@@ -470,7 +521,9 @@ class Repricer:
         """Each request's path of node ids from the root: prompts that rebuild the tree's shape."""
         if self._pricing is None:
             return {rid: [] for rid in self._rids}
-        return dict(zip(self._rids, node_paths(self._pricing.tree, len(self._rids)), strict=True))
+        tree = self._pricing.tree
+        assert tree is not None  # a batch's own context, built from its tree
+        return dict(zip(self._rids, node_paths(tree, len(self._rids)), strict=True))
 
     def _charges(self, user: str) -> ZeroedCharges:
         charges = self._users.get(user)
@@ -551,7 +604,7 @@ class ZeroedCharges:
         self._context = context
         self._bids = bids
         self.numerator = numerator
-        tree = context.tree
+        tree = context
         # mine[node] = the user's bids under the node, for every node above one of them.
         mine: dict[int, int] = {}
         for index in requests:
@@ -593,10 +646,10 @@ class ZeroedCharges:
         if bid == 0:
             return 0
         context = self._context
-        parent, count, bid_sum = context.tree.parent, context.count, context.bid_sum
+        parent, count, bid_sum = context.parent, context.count, context.bid_sum
         mine = self._mine
         loss = 0
-        child = context.tree.leaf_of[index]
+        child = context.leaf_of[index]
         node = parent[child]
         while node != NO_PARENT:
             order = context.ordered_children[node]
@@ -613,8 +666,7 @@ class ZeroedCharges:
 
     def _loss(self, zeroed: Collection[int]) -> int:
         """Phi(chosen; v) - Phi(chosen after zeroing `zeroed`; v), for any set of the user's."""
-        context = self._context
-        tree = context.tree
+        tree = self._context
         # drop[node] = the zeroed bids under the node; a child with a positive drop is affected.
         drop: dict[int, int] = {}
         for index in set(zeroed):

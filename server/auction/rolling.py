@@ -3,7 +3,8 @@ each user charged once, at dispatch, for the delay its dispatched requests impos
 (docs/SPEC.md, section 7).
 
 * `PoolOrder`: the pool's positive bids, ordered by the average-bid DFS of their radix tree
-  (`schedule`), with what the charges read (`PaymentContext`).
+  (`schedule`), with what the charges read (`PaymentContext`), built from scratch: the
+  reference for the tree the server keeps as requests come and go (`pool_tree`).
 * `rolling_charges`: user u's dispatched requests D_u are charged the VCG externality they
   impose on every other request of the pool, in fixed priority slots: with Phi = sum over
   requests of bid x (requests served after it), (K-1) p_u = max Phi(.; b with D_u at 0) -
@@ -11,7 +12,8 @@ each user charged once, at dispatch, for the delay its dispatched requests impos
   The charge is `min(floor(p_u), sum of D_u's bids)`: a bid is what being served K-1 slots
   sooner is worth, so a request that jumps a deep backlog never pays more than its bid.
 * `clear_head`: the dispatched head as a ledger batch: the pool's order restricted to it (a DFS
-  order of the head's own tree), its charges, its fees.
+  order of the head's own tree), its charges as its clearing priced them (`HeadPricing`), its
+  fees.
 * `RollingRepricer`: a user's charge split over the user's dispatched requests in proportion to
   their bids, and a failed request refunded its share: computed from what the ledger stores
   with every request (bid, position), so crash recovery refunds exactly what the server would.
@@ -43,6 +45,7 @@ from inference_auctions.server.auction.charges import (
 from inference_auctions.server.auction.schedule import average_bid_dfs
 
 __all__ = [
+    "HeadPricing",
     "PoolOrder",
     "RollingRepricer",
     "clear_head",
@@ -103,26 +106,44 @@ def rolling_charges(pool: PoolOrder, dispatched: Collection[int], slots: int) ->
     return charges
 
 
+@dataclass(frozen=True, slots=True)
+class HeadPricing:
+    """A head as its clearing priced it: its bidding requests in the pool's order, their users
+    and bids, and each user's charge for all of them (`rolling_charges`)."""
+
+    order: list[str]
+    users: dict[str, str]
+    bids: dict[str, int]
+    charges: dict[str, int]
+
+    def charges_for(self, kept: Collection[str]) -> dict[str, int]:
+        """Each user's charge when only `kept` of the head settle: a request that leaves the
+        head (its hold could not be claimed) takes its share of its user's charge with it."""
+        positions = {rid: place for place, rid in enumerate(self.order)}
+        charges: dict[str, int] = {}
+        for user, charge in self.charges.items():
+            mine = {rid: self.bids[rid] for rid in self.order if self.users[rid] == user}
+            left = [rid for rid in mine if rid not in kept]
+            if len(left) == len(mine):
+                continue
+            charges[user] = charge - rolling_share_refund(mine, positions, left, charge)
+        return charges
+
+
 def clear_head(
-    head: Sequence[AuctionRequest],
-    pool: PoolOrder,
-    dispatched: Mapping[str, int],
-    rule: PricingRule,
+    head: Sequence[AuctionRequest], pricing: HeadPricing, rule: PricingRule
 ) -> AuctionOutcome:
     """The dispatched head as a cleared batch: the pool's order restricted to it (its free
     requests, not in the pool, after the bidders in arrival order), each user's rolling charge
-    (`dispatched`: rid -> index in `pool.requests` of each head request that bid) and the
-    rule's fee for every request."""
+    as its clearing priced it, and the rule's fee for every request."""
     batch = validate_batch(head, rule.slots)
     if not batch.rids:
         return AuctionOutcome(order=[], payments={}, rule=rule)
-    slots = rule.slot_count(len(batch.rids))
-    place = {index: rank for rank, index in enumerate(pool.order)}
-    pool_rank = {rid: place[index] for rid, index in dispatched.items()}
-    bidders = sorted((rid for rid in batch.rids if rid in pool_rank), key=pool_rank.__getitem__)
-    free = [rid for rid in batch.rids if rid not in pool_rank]
+    present = set(batch.rids)
+    bidders = [rid for rid in pricing.order if rid in present]
+    free = [rid for rid in batch.rids if rid not in pricing.users]
     order = bidders + free
-    charges = rolling_charges(pool, [dispatched[rid] for rid in bidders], slots)
+    charges = pricing.charges_for(present)
     payments = {user: charges.get(user, 0) for user in batch.users}
     fees = dict.fromkeys(batch.users, 0)
     for user in batch.users:

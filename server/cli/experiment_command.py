@@ -265,7 +265,7 @@ def _run_manipulation(out: Path, quick: bool, seed: int) -> None:
 
 
 def _live_schemes(given: str) -> tuple[str, ...]:
-    from inference_auctions.experiments.live_market import SCHEMES  # noqa: PLC0415
+    from inference_auctions.experiments.live_run import SCHEMES  # noqa: PLC0415
 
     chosen = tuple(name.strip() for name in given.split(",") if name.strip())
     unknown = [name for name in chosen if name not in SCHEMES]

@@ -61,6 +61,7 @@ from inference_auctions.server.auction.charges import (
 )
 from inference_auctions.server.auction.fixed_price import FixedPriceRepricer, clear_fixed_price
 from inference_auctions.server.auction.rolling import (
+    HeadPricing,
     RollingRepricer,
     clear_head,
     settled_rolling_outcome,
@@ -76,7 +77,6 @@ from inference_auctions.server.serving.admission import (
 )
 from inference_auctions.server.serving.dispatch import BatchDispatch
 from inference_auctions.server.serving.dispatch_ahead import BatchAhead, Distrust
-from inference_auctions.server.serving.selection import PoolPricing
 from inference_auctions.server.serving.tickets import Clearance, Ticket
 from inference_auctions.server.serving.tiers import TierFigures
 from inference_auctions.server.settings import ServerSettings
@@ -119,25 +119,27 @@ class BatchClosing:
         self._rule = settings.auction_rule()  # every batch of this server is cleared under it
         self._tier_figures = tier_figures
 
-    async def __call__(self, tickets: list[Ticket], pool: PoolPricing | None = None) -> None:
-        """Clear, settle and dispatch a closed batch; return once its commit has told. `pool`:
-        the waiting pool a rolling auction's head was taken from, which its charges read."""
+    async def __call__(
+        self, tickets: list[Ticket], head_pricing: HeadPricing | None = None
+    ) -> None:
+        """Clear, settle and dispatch a closed batch; return once its commit has told.
+        `head_pricing`: a rolling auction's head as its clearing priced it against the pool."""
         closed = time.monotonic()
         for ticket in tickets:
             ticket.closed = closed
         if self._may_dispatch_ahead(tickets, closed):
-            clearing = self._clearing(tickets, pool)
+            clearing = self._clearing(tickets, head_pricing)
             try:
                 batch = clearing.clear_ahead()
             except Exception:  # a bug in clearing: the claim below fails the batch cleanly
                 log.exception("clearing a batch ahead of its commit failed")
             else:
-                await self._dispatch_ahead(clearing, batch, tickets, pool)
+                await self._dispatch_ahead(clearing, batch, tickets, head_pricing)
                 return
-        await self._clear_committed(self._clearing(tickets, pool), tickets)
+        await self._clear_committed(self._clearing(tickets, head_pricing), tickets)
 
-    def _clearing(self, tickets: list[Ticket], pool: PoolPricing | None) -> BatchClearing:
-        return BatchClearing(tickets, self._new_batch_id(), self._clock, self._rule, pool)
+    def _clearing(self, tickets: list[Ticket], head_pricing: HeadPricing | None) -> BatchClearing:
+        return BatchClearing(tickets, self._new_batch_id(), self._clock, self._rule, head_pricing)
 
     def _may_dispatch_ahead(self, tickets: list[Ticket], now: float) -> bool:
         """Whether the batch may go to the engine while its settlement commits: small enough
@@ -156,7 +158,7 @@ class BatchClosing:
         clearing: BatchClearing,
         batch: ClearedBatch,
         tickets: list[Ticket],
-        pool: PoolPricing | None,
+        head_pricing: HeadPricing | None,
     ) -> None:
         """Send the batch, cleared here, to the engine now; its commit confirms it, or it is
         cleared again (`server.serving.dispatch_ahead`)."""
@@ -168,7 +170,7 @@ class BatchClosing:
         # Queued in this turn, so that it rides in the same commit as the holds queued in it.
         claimed = self._writer.queue_claim(clearing.claim)
         self._dispatch.dispatch(ordered, clearances, batch, ahead)
-        await self._confirm(clearing, claimed, tickets, ordered, clearances, ahead, pool)
+        await self._confirm(clearing, claimed, tickets, ordered, clearances, ahead, head_pricing)
 
     async def _confirm(
         self,
@@ -178,7 +180,7 @@ class BatchClosing:
         ordered: list[Ticket],
         clearances: list[Clearance],
         ahead: BatchAhead,
-        pool: PoolPricing | None,
+        head_pricing: HeadPricing | None,
     ) -> None:
         """Wait for the commit of a batch sent ahead; let its answers go, or clear it again."""
         started = time.perf_counter()
@@ -191,7 +193,7 @@ class BatchClosing:
             for ticket in tickets:
                 ticket.forget_chunks()
                 ticket.resent += 1
-            await self._clear_committed(self._clearing(tickets, pool), tickets)
+            await self._clear_committed(self._clearing(tickets, head_pricing), tickets)
             return
         except Exception as error:
             await self._dispatch.void(ahead)
@@ -370,13 +372,13 @@ class ClearedAtCommit:
         closed_at: datetime,
         requests: Sequence[AuctionRequest],
         rule: PricingRule = PAPER_RULE,
-        pool: PoolPricing | None = None,
+        head_pricing: HeadPricing | None = None,
     ) -> None:
         self.batch_id = batch_id
         self.closed_at = closed_at
         self.requests = {request.rid: request for request in requests}
         self.rule = rule
-        self.pool = pool
+        self.head_pricing = head_pricing
         self.made: _Made | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -384,7 +386,7 @@ class ClearedAtCommit:
 
     def __call__(self, claimable: list[str]) -> _Records:
         chosen = [self.requests[rid] for rid in claimable]
-        self.made = _auction(chosen, self.rule, self.pool)
+        self.made = _auction(chosen, self.rule, self.head_pricing)
         return _records(self.batch_id, self.closed_at, self.made, chosen)
 
 
@@ -399,10 +401,10 @@ class BatchClearing:
         batch_id: str,
         clock: Callable[[], datetime],
         rule: PricingRule = PAPER_RULE,
-        pool: PoolPricing | None = None,
+        head_pricing: HeadPricing | None = None,
     ) -> None:
         self._rule = rule
-        self._pool = pool
+        self._head_pricing = head_pricing
         self._rids = [ticket.ledger_rid for ticket in tickets]
         self._batch_id = batch_id
         self._clock = clock
@@ -426,7 +428,7 @@ class BatchClearing:
         else:
             if self._at_commit is None:
                 self._at_commit = ClearedAtCommit(
-                    self._batch_id, self._clock(), self._requests, self._rule, self._pool
+                    self._batch_id, self._clock(), self._requests, self._rule, self._head_pricing
                 )
             clear = self._at_commit
         return BatchClaim(self._candidates, clear, self._fingerprints)
@@ -434,7 +436,7 @@ class BatchClearing:
     def clear_ahead(self) -> ClearedBatch:
         """Clear the whole batch now, ahead of its commit; the claim then settles it as cleared
         here, or nothing of it (`BatchAheadVoid`)."""
-        made = _auction(self._requests, self._rule, self._pool)
+        made = _auction(self._requests, self._rule, self._head_pricing)
         records = _records(self._batch_id, self._clock(), made, self._requests)
         self._ahead = (made, ClearedAhead(records))
         return self._batch(made)
@@ -452,7 +454,7 @@ class BatchClearing:
         if made is None:  # cleared in the writer's process: the same auction, run again here
             claimable = [rid for rid in self._rids if rid not in claimed.refused]
             made = _auction(
-                [self._at_commit.requests[rid] for rid in claimable], self._rule, self._pool
+                [self._at_commit.requests[rid] for rid in claimable], self._rule, self._head_pricing
             )
             settled = claimed.settled
             charged, fees = settled.charges_micros, settled.fees_micros
@@ -483,21 +485,19 @@ class _Made:
 
 
 def _auction(
-    requests: list[AuctionRequest], rule: PricingRule, pool: PoolPricing | None = None
+    requests: list[AuctionRequest], rule: PricingRule, head_pricing: HeadPricing | None = None
 ) -> _Made:
     """The batch cleared under the server's mode: the auction (the head of a rolling pool,
-    priced against `pool`), or a fixed price."""
+    as `head_pricing` priced it), or a fixed price."""
     started = time.perf_counter()
     repricer: AnyRepricer
     if rule.fixed_price:
         outcome = clear_fixed_price(requests, rule)
         repricer = FixedPriceRepricer(outcome)
     elif rule.rolling:
-        if pool is None:
-            raise RuntimeError("a rolling auction's head was cleared without its pool")
-        mine = {request.rid for request in requests}
-        dispatched = {rid: index for rid, index in pool.dispatched.items() if rid in mine}
-        outcome = clear_head(requests, pool.pool, dispatched, rule)
+        if head_pricing is None:
+            raise RuntimeError("a rolling auction's head was cleared without its pricing")
+        outcome = clear_head(requests, head_pricing, rule)
         repricer = RollingRepricer(outcome)
     else:
         outcome = run_auction(requests, rule)

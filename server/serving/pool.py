@@ -75,7 +75,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -575,12 +575,20 @@ class EngineShares:
             )
 
     def select(
-        self, waiting: Sequence[Ticket], room: int, token_room: int | None = None
+        self,
+        waiting: Iterable[Ticket],
+        room: int,
+        token_room: int | None = None,
+        *,
+        contested: bool | None = None,
     ) -> list[int]:
         """The places in `waiting` (in the order they should go) of the requests a batch of at
         most `room` takes now; with `token_room`, it stops once their prompts reach it (the
-        last one may cross it: the engine prefills it in chunks)."""
-        users = {ticket.user for ticket in waiting}
+        last one may cross it: the engine prefills it in chunks). `waiting` is read only as far
+        as needed; `contested` (whether several users wait) is then the caller's to say."""
+        if contested is None:
+            waiting = list(waiting)
+            contested = len({ticket.user for ticket in waiting}) > 1
         taken: list[int] = []
         prompt_tokens = 0
         for place, ticket in enumerate(waiting):
@@ -591,7 +599,6 @@ class EngineShares:
             if free and not self._fits(self._free, tokens, free=True):
                 continue
             held = self._users[ticket.user]
-            contested = len(users) > 1
             if contested and held.slots and not self._fits(held, tokens, free=False):
                 continue
             self._take(ticket, tokens)

@@ -11,7 +11,8 @@ The batch is the head of that order that the engine can start at its next step: 
 pool's room in requests (`BatchPool`), and prompts up to the engine's prefill budget
 (`token_room`); requests over a user's or free traffic's share are passed over and wait
 (`EngineShares`). What is left competes again, with later arrivals, at the next clearing. The
-auction's head goes to the closing with the pool's order (`PoolPricing`), which its charges read.
+auction's head goes to the closing priced against the pool (`HeadPricing`): its charges are
+computed at selection, on the tree as it stood.
 
 Under `scheduling batches` (the earlier behaviour, kept for comparison) a batch is the oldest
 waiting requests (dearest tier first under `tiers`), up to the room, whatever they bid.
@@ -19,29 +20,25 @@ waiting requests (dearest tier first under `tiers`), up to the room, whatever th
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
-from inference_auctions.server.auction import AuctionRequest
-from inference_auctions.server.auction.rolling import PoolOrder, order_pool
+import numpy as np
+
+from inference_auctions.server.auction.batch import TokenArray
+from inference_auctions.server.auction.pool_tree import PoolTree
+from inference_auctions.server.auction.rolling import HeadPricing
+from inference_auctions.server.engine.protocol import TokenIds
 from inference_auctions.server.serving.pool import EngineShares, Selection
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.settings import ServerSettings
 
-__all__ = ["PoolPricing", "PoolSelector"]
-
-
-@dataclass(frozen=True, slots=True)
-class PoolPricing:
-    """The pool a rolling auction's head was taken from: its order, and each head request that
-    bid (ledger rid -> its index in `pool.requests`)."""
-
-    pool: PoolOrder
-    dispatched: dict[str, int]
+__all__ = ["PoolSelector"]
 
 
 class PoolSelector:
-    """The pool's `select` (see the module docstring)."""
+    """The pool's `select` (see the module docstring). Under the rolling auction it keeps the
+    pool's radix tree (`PoolTree`) in step with the waiting requests, changing only what
+    joined or left since the last clearing."""
 
     def __init__(
         self,
@@ -53,10 +50,13 @@ class PoolSelector:
         bound)."""
         self._mode = settings.pricing
         self._rolling = settings.scheduling == "rolling"
+        self._slots = settings.priority_slots or settings.batch_size
         self._shares = shares
         self._token_room = token_room
+        self._tree = PoolTree()
+        self._arrivals = 0  # orders ties in the tree: earlier arrival first
 
-    def __call__(self, waiting: list[Ticket], room: int) -> Selection[PoolPricing]:
+    def __call__(self, waiting: list[Ticket], room: int) -> Selection[HeadPricing]:
         if self._mode == "auction" and self._rolling:
             return self._auction(waiting, room)
         order = list(range(len(waiting)))
@@ -66,20 +66,53 @@ class PoolSelector:
         chosen = self._shares.select([waiting[place] for place in order], room, token_room)
         return Selection([order[index] for index in chosen])
 
-    def _auction(self, waiting: list[Ticket], room: int) -> Selection[PoolPricing]:
-        bidders = [place for place, ticket in enumerate(waiting) if ticket.bid_micros > 0]
-        pool = order_pool(
-            [
-                AuctionRequest(ticket.ledger_rid, ticket.user, ticket.tokens, ticket.bid_micros)
-                for ticket in (waiting[place] for place in bidders)
-            ]
+    def _auction(self, waiting: list[Ticket], room: int) -> Selection[HeadPricing]:
+        place_of = self._follow(waiting)
+        clearing = self._tree.clearing()
+        candidates: list[int] = []
+
+        def in_order() -> Iterator[Ticket]:
+            for rid in clearing.service_order():
+                candidates.append(place_of[rid])
+                yield waiting[place_of[rid]]
+            for place, ticket in enumerate(waiting):
+                if ticket.bid_micros <= 0:
+                    candidates.append(place)
+                    yield ticket
+
+        contested = len({ticket.user for ticket in waiting}) > 1
+        chosen = self._shares.select(in_order(), room, self._token_room(), contested=contested)
+        places = [candidates[index] for index in chosen]
+        head = [waiting[place] for place in places if waiting[place].bid_micros > 0]
+        rids = [ticket.ledger_rid for ticket in head]
+        pricing = HeadPricing(
+            order=rids,
+            users={ticket.ledger_rid: ticket.user for ticket in head},
+            bids={ticket.ledger_rid: ticket.bid_micros for ticket in head},
+            charges=clearing.charges(rids, self._slots),
         )
-        free = [place for place, ticket in enumerate(waiting) if ticket.bid_micros <= 0]
-        order = [bidders[index] for index in pool.order] + free
-        chosen = self._shares.select([waiting[place] for place in order], room, self._token_room())
-        places = [order[index] for index in chosen]
-        pool_index = {place: index for index, place in enumerate(bidders)}
-        dispatched = {
-            waiting[place].ledger_rid: pool_index[place] for place in places if place in pool_index
+        return Selection(places, pricing)
+
+    def _follow(self, waiting: list[Ticket]) -> dict[str, int]:
+        """Bring the tree in step with the waiting bids; each one's place in `waiting`."""
+        place_of = {
+            ticket.ledger_rid: place
+            for place, ticket in enumerate(waiting)
+            if ticket.bid_micros > 0
         }
-        return Selection(places, PoolPricing(pool, dispatched))
+        tree = self._tree
+        for rid in tree.rids() - place_of.keys():
+            tree.remove(rid)
+        for rid, place in place_of.items():  # in arrival order
+            if rid not in tree:
+                ticket = waiting[place]
+                tree.insert(
+                    rid, ticket.user, _array(ticket.tokens), ticket.bid_micros, self._arrivals
+                )
+                self._arrivals += 1
+        return place_of
+
+
+def _array(tokens: TokenIds) -> TokenArray:
+    """The prompt as an array (the server's tokens already are one: no copy)."""
+    return tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens, dtype=np.int64)

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from inference_auctions.billing import Ledger
+from inference_auctions.server.auction.rolling import HeadPricing
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
 from inference_auctions.server.engine.protocol import (
     ContextTooLong,
@@ -68,7 +69,7 @@ from inference_auctions.server.serving.pool import (
     QueueFull,
     Wakeup,
 )
-from inference_auctions.server.serving.selection import PoolPricing, PoolSelector
+from inference_auctions.server.serving.selection import PoolSelector
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.serving.tiers import TierFigures
 from inference_auctions.server.settings import ServerSettings
@@ -141,7 +142,7 @@ class AuctionService:
         )
         self._shares = EngineShares(settings, wakeup=wakeup)
         rolling = settings.scheduling == "rolling"
-        self._pool: BatchPool[Ticket, PoolPricing] = BatchPool(
+        self._pool: BatchPool[Ticket, HeadPricing] = BatchPool(
             policy,
             closing,
             lambda: self._dispatch.inflight,

@@ -14,6 +14,7 @@ from inference_auctions.server.auction.reference import (
     reference_rolling_charges,
 )
 from inference_auctions.server.auction.rolling import (
+    HeadPricing,
     RollingRepricer,
     clear_head,
     order_pool,
@@ -88,21 +89,48 @@ def test_a_late_high_bid_heads_the_pool_and_pays_for_the_backlog_it_jumps() -> N
     assert rolling_charges(ordered, [400], 64) == {"h": 5_000}
 
 
+def _head_pricing(pool: list[AuctionRequest], head: list[int], slots: int) -> HeadPricing:
+    ordered = order_pool(pool)
+    rank = {index: place for place, index in enumerate(ordered.order)}
+    sent = sorted(head, key=rank.__getitem__)
+    return HeadPricing(
+        order=[pool[i].rid for i in sent],
+        users={pool[i].rid: pool[i].user for i in sent},
+        bids={pool[i].rid: pool[i].bid for i in sent},
+        charges=rolling_charges(ordered, sent, slots),
+    )
+
+
 def test_clear_head_orders_bidders_by_the_pool_and_free_requests_last() -> None:
     pool = [
         AuctionRequest("a", "alice", [1, 2], 10),
         AuctionRequest("b", "bob", [1, 3], 30),
         AuctionRequest("c", "carol", [4], 20),
     ]
-    ordered = order_pool(pool)
+    pricing = _head_pricing(pool, [0, 1], 8)
     free = AuctionRequest("z", "zoe", [1, 2, 5], 0)
     rule = PricingRule(slots=8, request_fee_micros=3, rolling=True)
-    outcome = clear_head([free, pool[1], pool[0]], ordered, {"b": 1, "a": 0}, rule)
+    outcome = clear_head([free, pool[1], pool[0]], pricing, rule)
     # [1] averages 20 and ties [4] at 20; [1] arrived first. Within [1], bob's 30 goes first.
     assert outcome.order == ["b", "a", "z"]
-    assert outcome.payments == {"zoe": 0, **rolling_charges(ordered, [0, 1], 8)}
+    # Without bob's bid, carol goes first, two slots sooner: 2 x 20 / 7. Without alice's,
+    # carol still goes first: she gains 2 x 20, bob loses 1 x 30, and 10 / 7 is left.
+    assert outcome.payments == {"zoe": 0, "bob": 40 // 7, "alice": 10 // 7}
     assert outcome.fees == {"zoe": 3, "bob": 3, "alice": 3}
     assert outcome.rule.name == "rolling-slots"
+
+
+def test_a_request_that_leaves_the_head_takes_its_share_of_the_charge() -> None:
+    # alice sends two requests over a backlog of bob's; one of them cannot be settled.
+    backlog = [AuctionRequest(f"b{i}", "bob", [50 + i], 100) for i in range(63)]
+    pool = [AuctionRequest("a1", "alice", [1], 3_000), AuctionRequest("a2", "alice", [2], 1_000)]
+    pricing = _head_pricing([*pool, *backlog], [0, 1], 64)
+    # Each of alice's requests delays the 63 backlog requests one slot: 2 x 6300 / 63 = 200.
+    assert pricing.charges == {"alice": 200}
+    rule = PricingRule(slots=64, rolling=True)
+    outcome = clear_head([pool[0]], pricing, rule)
+    assert outcome.payments == {"alice": 150}  # a2's share, 1000/4000 of 200, left with it
+    assert clear_head(pool, pricing, rule).payments == {"alice": 200}
 
 
 @settings(max_examples=200, deadline=None)
