@@ -40,11 +40,13 @@ def wait_until_healthy(
 
 
 @contextmanager
-def emulated_sglang(time_scale: float) -> Iterator[str]:
+def emulated_sglang(time_scale: float, max_running_requests: int | None = None) -> Iterator[str]:
     """An `emulate-sglang` process on a free loopback port; yields its URL, stops it after."""
     port = free_port()
     command = [sys.executable, "-m", "inference_auctions.server.cli", "emulate-sglang"]
     command += ["--port", str(port), "--time-scale", str(time_scale)]
+    if max_running_requests is not None:
+        command += ["--max-running-requests", str(max_running_requests)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -49,6 +49,20 @@ from inference_auctions.server.settings import ServerSettings, without_password
     "engine at once whenever the engine can take more.  [default: 0]",
 )
 @click.option(
+    "--scheduling",
+    type=click.Choice(["rolling", "batches"]),
+    help="rolling: auction the whole waiting pool at every engine opening and send the engine "
+    "only what it can start at its next step; batches: the oldest --batch-size waiting "
+    "requests, sent whole, whatever they bid (for comparison).  [default: rolling; batches "
+    "under --pricing-rule batch-size]",
+)
+@click.option(
+    "--dispatch-lookahead",
+    type=click.IntRange(min=0),
+    help="Under --scheduling rolling: requests sent beyond what the engine can start at its "
+    "next step.  [default: 0]",
+)
+@click.option(
     "--max-inflight",
     type=click.IntRange(min=1),
     help="Hard cap on requests outstanding at the engine.  [default: 256]",

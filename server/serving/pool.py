@@ -2,7 +2,8 @@
 
 Batching is work-conserving: waiting only pays when it lets the auction order requests that
 compete for the engine, so the pool never holds a request back from an engine that could
-start it. A batch closes with whatever waits (up to `batch_size`) as soon as
+start it. A batch closes with what the `select` callback takes of the waiting requests as soon
+as
 
 - the engine is not saturated (a `saturated` callback, measured by the caller: requests sent
   to the engine that have not started yet), and fewer than `max_inflight` requests are
@@ -11,23 +12,26 @@ start it. A batch closes with whatever waits (up to `batch_size`) as soon as
   arrived, or `batch_size` requests wait, or the pool drains. With `max_wait` 0 (the default)
   a lone request goes straight through.
 
-While the engine is saturated, requests accumulate here, and the next batch, once the engine
-can take more, is an auction over the whole backlog: a later high bidder overtakes the low
-bidders that still wait here, which it never could once they queue inside the engine.
+A batch takes at most `batch_size` requests, the room under `max_inflight`, and, with a
+`startable` callback, what the engine can start at its next step. Under the rolling auction
+(`server.serving.selection`) `select` orders the whole waiting pool at every closing and takes
+that head, so what is not sent is auctioned again with later arrivals; under `scheduling
+batches` it takes the oldest requests, whatever they bid.
 
-The pool knows nothing about auctions or engines: it hands each closed batch, in arrival order,
-to a `clear` callback, and asks callbacks how busy the engine is. Whoever changes the answer of
-those callbacks (a request starts or leaves the engine, a share is released) sets the pool's
-`Wakeup`, which is made before them and handed to each.
+The pool knows nothing about auctions or engines: it hands each closed batch, with what
+`select` says prices it, to a `clear` callback, and asks callbacks how busy the engine is.
+Whoever changes the answer of those callbacks (a request starts or leaves the engine, a share
+is released) sets the pool's `Wakeup`, which is made before them and handed to each.
 
 What the engine can take now, and what one user or free traffic may hold of it.
 
 SGLang admits waiting requests at each scheduling step, in priority order, up to its
 running-request limit and one prefill chunk of tokens (and only what its KV memory holds);
 what it cannot admit waits in its own queue, where no later auction can reorder it. So the
-server sends the engine no more than it can admit at its next step, and keeps everything else
-in its pool, where the next batch auctions all of it (`BatchPool`). The engine counts as
-saturated when, of the requests sent to it that have no first token yet,
+server sends the engine no more than it can admit at its next step (`EngineCapacity.startable`),
+and keeps everything else in its pool, where the next clearing auctions all of it
+(`BatchPool`). The engine counts as saturated when, of the requests sent to it that have no
+first token yet,
 
 * their prompt tokens reach one prefill step: `saturation_tokens` when set, else the engine's
   `chunked_prefill_size` (bounded by its `max_total_num_tokens`), else 8,192; or
@@ -51,8 +55,9 @@ background task. The emulator states the same facts in the same shapes.
 
 A request holds one of the engine's `max_inflight` slots and its tokens (prompt plus
 `max_new_tokens`, what the engine reserves for it) from the batch that takes it until it ends.
-When a batch closes, `select` takes the waiting requests in arrival order, skipping those over
-a share; they stay in the pool for a later auction rather than fail:
+When a batch closes, `select` takes the waiting requests in the order it is given (the
+auction's, or arrival), skipping those over a share; they stay in the pool for a later
+auction rather than fail:
 
 * zero-bid requests together never hold more than `zero_bid_share` of the slots and of the
   engine's tokens, so free traffic cannot fill the engine ahead of bidders who come later (a
