@@ -36,7 +36,7 @@ _NO_ARRIVAL = 2**62
 
 
 @dataclass(slots=True)
-class _Request:
+class _PooledRequest:
     rid: str
     user: str
     bid: int
@@ -64,8 +64,8 @@ class PoolTree:
         self.ordered: list[list[int]] = [[]]
         self._key: list[AverageBidKey | None] = [None]
         self._free: list[int] = []
-        self._requests: dict[str, _Request] = {}
-        self._by_leaf: dict[int, _Request] = {}
+        self._requests: dict[str, _PooledRequest] = {}
+        self._by_leaf: dict[int, _PooledRequest] = {}
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -98,7 +98,7 @@ class PoolTree:
                 child = self._split(node, child, common)
             node, done = child, done + common
         leaf = self._new(node, tokens[size:], leaf=True)
-        request = _Request(rid, user, bid, leaf)
+        request = _PooledRequest(rid, user, bid, leaf)
         self._requests[rid] = request
         self._by_leaf[leaf] = request
         up = leaf

@@ -40,6 +40,7 @@ from sqlalchemy.engine import make_url
 from inference_auctions.billing import Ledger
 from inference_auctions.server.auction import AuctionRequest
 from inference_auctions.server.auction.charges import PricingRule, Repricer
+from inference_auctions.server.auction.rolling import rolling_share_refund
 from tests.billing.helpers import get_hold
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.faults.faulty_sglang import FaultySGLang, token_ids
@@ -450,8 +451,9 @@ def _generate(url: str, key: str, rid: str, text_: str, bid: str) -> httpx.Respo
         return client.post("/generate", headers={"Authorization": f"Bearer {key}"}, json=body)
 
 
+@pytest.mark.parametrize("scheduling", ["rolling", "batches"])
 def test_sigkill_after_part_of_a_batch_was_answered_refunds_only_the_rest(
-    ledger_db: MigratedDatabase, tmp_path: Path
+    ledger_db: MigratedDatabase, tmp_path: Path, scheduling: str
 ) -> None:
     # ann's two requests share a prefix; her "slow" one hangs at the engine, and so does
     # carol's only one. ann's "fast" one and ben's are answered, then the server is killed.
@@ -475,6 +477,7 @@ def test_sigkill_after_part_of_a_batch_was_answered_refunds_only_the_rest(
             max_wait_ms=60_000,
             run_jobs="false",
             replica_name=RESTARTED,
+            scheduling=scheduling,
         )
         env["INFERENCE_AUCTION_ENGINE_URL"] = engine_url
         with _serve(env, log) as (url, process), ThreadPoolExecutor(4) as pool:
@@ -503,6 +506,7 @@ def test_sigkill_after_part_of_a_batch_was_answered_refunds_only_the_rest(
         max_wait_ms=20,
         run_jobs="false",
         replica_name=RESTARTED,
+        scheduling=scheduling,
     )
     with _serve(env, log) as (url, _):
         recover = [*CLI, "ledger", "refund-unserved", "--older-than", "0"]
@@ -517,8 +521,9 @@ def test_sigkill_after_part_of_a_batch_was_answered_refunds_only_the_rest(
     # request went unanswered, her whole charge.
     # The auction's input order breaks ties of average bids: price in the stored arrival order.
     with ledger_db.engine.connect() as connection:
-        rows = connection.execute(text("SELECT rid, arrival FROM auction_requests")).all()
+        rows = connection.execute(text("SELECT rid, arrival, position FROM auction_requests")).all()
     arrival: dict[str, int] = {str(row[0]): int(row[1]) for row in rows}
+    position: dict[str, int] = {str(row[0]): int(row[2]) for row in rows}
     batch = [
         AuctionRequest(rid, rid.split("/")[0], token_ids(text_), int(float(bid) * 1_000_000))
         for rid, (_, _, text_, bid) in sorted(sent.items(), key=lambda item: arrival[item[0]])
@@ -529,9 +534,14 @@ def test_sigkill_after_part_of_a_batch_was_answered_refunds_only_the_rest(
             text("SELECT priority_slots FROM auction_batches WHERE n = 4")
         ).scalar_one()
     assert slots is not None and slots >= 4  # the server's default: fixed slots
-    owed = Repricer(batch, PricingRule(slots=slots)).failure_refund(
-        "ann", {"ann/slow"}, charged["ann"]
-    )
+    if scheduling == "batches":
+        owed = Repricer(batch, PricingRule(slots=slots)).failure_refund(
+            "ann", {"ann/slow"}, charged["ann"]
+        )
+    else:  # a rolling head: the unanswered request's share of ann's charge (SPEC section 7)
+        bids = {r.rid: r.bid for r in batch if r.user == "ann"}
+        owed = rolling_share_refund(bids, position, {"ann/slow"}, charged["ann"])
+        assert 0 < owed < charged["ann"]
     refunds = [e for e in ledger.entries("ann").entries if e.kind == "refund"]
     assert [e.amount_micros for e in refunds] == ([owed] if owed else [])
     assert ledger.balance("ann").balance_micros == GRANT - charged["ann"] + owed

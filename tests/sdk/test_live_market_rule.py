@@ -17,9 +17,10 @@ async def test_the_rule_is_published_as_the_settings_give_it(live: LiveServer) -
     _, key = live.new_user()
     with AuctionClient(live.url, key) as client:
         rule = client.market.rule()
-    # The server's defaults: fixed slots, as many as the batch size (8 here), no fee.
+    # The server's defaults: the rolling auction's fixed slots, as many as the batch size (8
+    # here), no fee.
     assert rule.model_dump() == {
-        "pricing_rule": "fixed-slots",
+        "pricing_rule": "rolling-slots",
         "priority_slots": 8,
         "batch_size": 8,
         "request_fee_micros": 0,
