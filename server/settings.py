@@ -195,8 +195,13 @@ class ServerSettings(LedgerSettings):
     hold."""
     trusted_proxies: list[str] = Field(default_factory=list)
     """Addresses or networks (`10.0.0.0/24`) of proxies (SMG, a load balancer) whose
-    `X-Forwarded-For` / `Forwarded` header names the client; exempt from the per-address
+    forwarding header (`trusted_proxy_header`) names the client; exempt from the per-address
     share."""
+    # Only the header the proxies write is read: the other one, passed on untouched, says
+    # whatever the client put in it.
+    trusted_proxy_header: Literal["x-forwarded-for", "forwarded"] = "x-forwarded-for"
+    """The header the trusted proxies write the client's address in: `x-forwarded-for`, or
+    `forwarded` (RFC 7239 `Forwarded: for=`); the other is ignored."""
     max_connections: int = Field(default=2_048, ge=1)
     """Above this many open connections, new ones are answered 503 and closed."""
 
