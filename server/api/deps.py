@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 from inference_auctions.billing import Ledger, UserInfo
 from inference_auctions.server.api.bearer import bearer_key
 from inference_auctions.server.api.market_prices import MarketPrices
+from inference_auctions.server.cluster.rule_agreement import RuleAgreement
 from inference_auctions.server.dashboard.snapshot import DashboardState
 from inference_auctions.server.errors import Forbidden, RateLimited, Unauthenticated
 from inference_auctions.server.serving.service import AuctionService
@@ -108,6 +109,8 @@ class AppState:
     limiter: RateLimiter
     keys: AuthenticationCache
     market_prices: MarketPrices
+    # This process's heartbeat in the ledger: its pricing rule, and a write on a schedule.
+    agreement: RuleAgreement
     dashboard: DashboardState = field(default_factory=DashboardState)
 
 
