@@ -27,6 +27,9 @@ A refused operation leaves the ledger unchanged: validation happens before any w
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
+
 
 class LedgerError(Exception):
     """Base class of every error the ledger raises on purpose."""
@@ -193,16 +196,34 @@ class LedgerUnavailable(LedgerError):
 
 
 class RuleDisagreement(LedgerError):
-    """Another replica on the same ledger, seen lately, clears its batches under another
-    pricing mode, tiers, pricing rule or request fee: replicas must price every batch alike."""
+    """Another server process on the same ledger, seen lately, clears its batches under
+    another pricing mode, tiers, pricing rule or request fee: replicas must price every batch
+    alike. It may be live, or it may have crashed: its row binds until `allowed_at`, once the
+    liveness window has passed since its last heartbeat."""
 
-    def __init__(self, replica: str, theirs: str, ours: str) -> None:
+    def __init__(
+        self,
+        replica: str,
+        theirs: str,
+        ours: str,
+        *,
+        process: str,
+        seen_at: datetime,
+        allowed_at: datetime,
+        now: datetime,
+    ) -> None:
         self.replica = replica
         self.theirs = theirs
         self.ours = ours
+        self.allowed_at = allowed_at
+        seen = max(0, round((now - seen_at).total_seconds()))
+        wait = max(1, math.ceil((allowed_at - now).total_seconds()))
         super().__init__(
             f"replica {replica!r} on this ledger clears under {theirs}, this one under {ours}:"
             " every replica sharing a ledger must use the same pricing mode (and tiers),"
-            " pricing_rule, priority_slots and request_fee_micros; start this one with the same"
-            " settings, or stop every replica before changing them"
+            " pricing_rule, priority_slots and request_fee_micros. If it runs, start this one"
+            " with the same settings, or stop every replica before changing them. It is"
+            f" {process}, last seen {seen} s ago; if it is not running any more (it crashed),"
+            " its heartbeat lapses and this start is allowed from"
+            f" {allowed_at.astimezone(UTC):%H:%M:%S} UTC, in {wait} s"
         )

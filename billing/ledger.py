@@ -745,24 +745,30 @@ class Ledger:
 
     def join_replicas(
         self,
-        replica: str,
+        process: replica_rules.ReplicaProcess,
         rule: replica_rules.Rule,
         live_within: timedelta = timedelta(seconds=30),
     ) -> None:
-        """Record that `replica` clears under `rule` (pricing rule, priority slots, request
-        fee, tiers); raises `RuleDisagreement` if a replica seen within `live_within` clears under
-        another."""
+        """Record that `process` clears under `rule` (pricing rule, priority slots, request
+        fee, tiers); raises `RuleDisagreement` if another process seen within `live_within`
+        clears under another, whatever its replica's name."""
         now = self._now()
-        self._write(lambda s: replica_rules.join(s, replica, rule, now, live_within))
+        self._write(lambda s: replica_rules.join(s, process, rule, now, live_within))
 
-    def replica_heartbeat(self, replica: str, rule: replica_rules.Rule) -> None:
-        """Say again that `replica` runs, under `rule`."""
+    def replica_heartbeat(
+        self,
+        process: replica_rules.ReplicaProcess,
+        rule: replica_rules.Rule,
+        live_within: timedelta = timedelta(seconds=30),
+    ) -> None:
+        """Say again that `process` runs, under `rule`; a write, so it fails while the ledger
+        cannot write."""
         now = self._now()
-        self._write(lambda s: replica_rules.heartbeat(s, replica, rule, now))
+        self._write(lambda s: replica_rules.heartbeat(s, process, rule, now, live_within))
 
-    def leave_replicas(self, replica: str) -> None:
-        """`replica` stopped: its rule binds nobody any more."""
-        self._write(lambda s: replica_rules.leave(s, replica))
+    def leave_replicas(self, process: replica_rules.ReplicaProcess) -> None:
+        """`process` stopped: its rule binds nobody any more (other processes' rows stay)."""
+        self._write(lambda s: replica_rules.leave(s, process))
 
     def reconcile(self) -> ReconcileView:
         """Check every balance row against the sum of its entries."""

@@ -49,6 +49,8 @@ NAME_LENGTH = 64
 ID_LENGTH = 128
 KEY_LENGTH = 300
 REASON_LENGTH = 500
+PROCESS_ID_LENGTH = 32
+HOST_LENGTH = 255  # a DNS name's longest
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -366,23 +368,31 @@ class BatchRequest(Base):
 
 
 class ReplicaRule(Base):
-    """The pricing rule a running replica clears its batches under, and when it last said so.
+    """The pricing rule a running server process clears its batches under, and when it last
+    said so: one row per process.
 
-    Replicas sharing a ledger must price every batch alike (docs/SPEC.md section 5): a replica
+    Replicas sharing a ledger must price every batch alike (docs/SPEC.md section 5): a process
     whose rule differs from that of another one seen lately refuses to start
-    (`billing.replica_rules`). A replica deletes its row when it stops; a crashed one's row
-    goes stale.
+    (`billing.replica_rules`). Rows are told apart by a random id each process draws when it
+    starts, not by the replica's name, which several hosts may share (`0.0.0.0:8000`). A
+    process deletes its own row when it stops; a crashed one's row goes stale.
     """
 
     __tablename__ = "replica_rules"
     __table_args__ = (CheckConstraint("request_fee_micros >= 0", name="request_fee_non_negative"),)
 
-    replica: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    process: Mapped[str] = mapped_column(String(PROCESS_ID_LENGTH), primary_key=True)
+    replica: Mapped[str] = mapped_column(String(ID_LENGTH))
+    # Where the process runs (its machine and process id there), for the refusal's message.
+    host: Mapped[str] = mapped_column(String(HOST_LENGTH))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime]
     pricing_rule: Mapped[str] = mapped_column(String(16))
     priority_slots: Mapped[int | None] = mapped_column(Integer)
     request_fee_micros: Mapped[int] = mapped_column(BigInteger)
-    # Under `pricing tiers`, the tiers sold and the default one (`name=micros,...;default=x`).
-    tiers: Mapped[str | None] = mapped_column(String(REASON_LENGTH))
+    # Under `pricing tiers`, the tiers sold and the default one (`name=micros,...;default=x`):
+    # Text, since a valid menu has no length bound a column of characters would respect.
+    tiers: Mapped[str | None] = mapped_column(Text)
     seen_at: Mapped[datetime]
 
 

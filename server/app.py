@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from inference_auctions.billing import Ledger, start_ledger_jobs, upgrade_schema
+from inference_auctions.billing import Ledger, RuleDisagreement, start_ledger_jobs, upgrade_schema
 from inference_auctions.server.api import (
     admin_routes,
     dashboard_page,
@@ -36,6 +36,7 @@ from inference_auctions.server.engine_choice import make_engine
 from inference_auctions.server.gc_tuning import tune_collector
 from inference_auctions.server.serving.service import AuctionService
 from inference_auctions.server.settings import ServerSettings, without_password
+from inference_auctions.server.start_refusal import StartRefused, one_line_refusals
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +59,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         # The WAL checkpoints of a SQLite file run beside this process's ledger thread
         # (`billing.wal_checkpoints`).
         ledger = Ledger.from_url(settings.database_url, checkpoint_in_background=True)
-        agreement = RuleAgreement(ledger, settings)
-        try:
-            ledger.warn_if_autovacuum_off()
-            await agreement.start()  # replicas sharing the ledger clear under one rule
-        except Exception as error:
-            log.error("not starting: %s", error)
-            ledger.close()
-            raise
+        agreement = await _agreed_rule(app, ledger, settings)
         backend = engine or make_engine_from(settings)
         await backend.start()
         service = AuctionService(settings, ledger, backend)
@@ -77,6 +71,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
             limiter=limiter,
             keys=AuthenticationCache(),
             market_prices=MarketPrices(ledger, prices_json),
+            agreement=agreement,
         )
         scheduler = None
         if settings.run_jobs:
@@ -109,6 +104,12 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         docs_url=None,
         redoc_url=None,
     )
+    app.state.start_refused = False
+    # A refusal at start (another rule on the ledger) reaches uvicorn without its traceback.
+    # The router calls its lifespan through the instance, so the wrapped one takes its place
+    # without a middleware on every request's path.
+    wrapped = one_line_refusals(app.router.lifespan)
+    app.router.lifespan = wrapped  # type: ignore[method-assign,assignment]  # see above
     decoder = app.state.body_decoder = BodyDecoder()
     install_error_handlers(app)
     routers = [
@@ -134,6 +135,25 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.add_middleware(DirectRoutes, routes=generation, exception_handlers=app.exception_handlers)
     app.add_middleware(RequestIdMiddleware, extra_headers=[replica_header(settings)])
     return app
+
+
+async def _agreed_rule(app: FastAPI, ledger: Ledger, settings: ServerSettings) -> RuleAgreement:
+    """This process's pricing rule, recorded in the ledger beside those of the other replicas;
+    the ledger closed and the error raised if it cannot be."""
+    agreement = RuleAgreement(ledger, settings)
+    try:
+        ledger.warn_if_autovacuum_off()
+        await agreement.start()  # replicas sharing the ledger clear under one rule
+    except RuleDisagreement as refusal:  # its message says all: one line, no traceback
+        log.error("not starting: %s", refusal)
+        ledger.close()
+        app.state.start_refused = True
+        raise StartRefused(str(refusal)) from None
+    except Exception as error:
+        log.error("not starting: %s", error)
+        ledger.close()
+        raise
+    return agreement
 
 
 def make_engine_from(settings: ServerSettings) -> Engine:

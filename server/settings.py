@@ -206,8 +206,13 @@ class ServerSettings(LedgerSettings):
     hold."""
     trusted_proxies: list[str] = Field(default_factory=list)
     """Addresses or networks (`10.0.0.0/24`) of proxies (SMG, a load balancer) whose
-    `X-Forwarded-For` / `Forwarded` header names the client; exempt from the per-address
+    forwarding header (`trusted_proxy_header`) names the client; exempt from the per-address
     share."""
+    # Only the header the proxies write is read: the other one, passed on untouched, says
+    # whatever the client put in it.
+    trusted_proxy_header: Literal["x-forwarded-for", "forwarded"] = "x-forwarded-for"
+    """The header the trusted proxies write the client's address in: `x-forwarded-for`, or
+    `forwarded` (RFC 7239 `Forwarded: for=`); the other is ignored."""
     max_connections: int = Field(default=2_048, ge=1)
     """Above this many open connections, new ones are answered 503 and closed."""
 
@@ -261,6 +266,12 @@ class ServerSettings(LedgerSettings):
     # host:port.
     replica_name: str | None = Field(default=None, min_length=1, max_length=128)
     """This replica's name on its health, responses and metrics; by default host:port."""
+    # Each server process writes a heartbeat row (its pricing rule, `billing.replica_rules`)
+    # this often: the row stays live (30 s) and `/health` sees a ledger that cannot write
+    # within one beat, requests or none.
+    ledger_heartbeat_seconds: float = Field(default=5.0, gt=0, le=10)
+    """How often this server writes its heartbeat to the ledger (and so checks the ledger can
+    write, for `/health`)."""
 
     # The ledger's periodic jobs (period rollover, stale holds, reconciliation); with the
     # election, only the replica holding a PostgreSQL advisory lock runs them.
@@ -297,9 +308,13 @@ class ServerSettings(LedgerSettings):
     def _tiers_parse(self) -> ServerSettings:
         self.tier_menu()  # a ValueError names what is wrong
         if self.pricing != "auction" and self.request_fee_micros:
+            pays = {
+                "tiers": "the price of its tier",
+                "fcfs": "nothing (requests are served in the order they arrive)",
+            }[self.pricing]
             raise ValueError(
                 f"request_fee_micros ({self.request_fee_micros}) is the auction's fee: under "
-                f"pricing {self.pricing} a request pays its tier's price (or nothing); set it to 0"
+                f"pricing {self.pricing} a request pays {pays}; set it to 0"
             )
         return self
 

@@ -3,13 +3,16 @@
 Who a request is from, for the per-client shares of the connection cap (below).
 
 Behind SMG or a load balancer every connection comes from the proxy's address, so the address
-that counts is the one the proxy forwards: `X-Forwarded-For` (or, without it, RFC 7239
-`Forwarded: for=`), believed only when the connection's peer is a trusted proxy
-(`trusted_proxies`: addresses or networks). Each proxy appends the address it received the
-request from, so the list is read from the right and the first hop that is not a trusted proxy
-is the client; whatever a client wrote further left is its own claim and ignored. The API key
-(the `Authorization` header) is a second identity: one key counts as one client whatever
-addresses it comes from. It is kept as a digest only, so no key stays in memory in the clear.
+that counts is the one the proxy forwards, in the header it writes (`trusted_proxy_header`:
+`X-Forwarded-For`, or RFC 7239 `Forwarded: for=`), believed only when the connection's peer is
+a trusted proxy (`trusted_proxies`: addresses or networks). The other header is never read: a
+proxy that does not write it passes on whatever the client put there. Each proxy appends the
+address it received the request from, so the list is read from the right and the first hop
+that is not a trusted proxy is the client; whatever a client wrote further left is its own
+claim and ignored. The API key is a second identity: one key counts as one client whatever
+addresses it comes from, read from the `Authorization` header as authentication reads it
+(`api.bearer`), so that `Bearer K` and `bearer  K` are one key. It is kept as a digest only,
+so no key stays in memory in the clear.
 
 uvicorn's HTTP/1.1 protocol with a read deadline and a cap on open connections.
 
@@ -54,6 +57,7 @@ import uvicorn
 from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from inference_auctions.server.api.bearer import bearer_key
 from inference_auctions.server.settings import ServerSettings
 
 __all__ = ["TrustedProxies", "guarded_protocol", "key_digest", "uvicorn_config"]
@@ -66,10 +70,14 @@ _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class TrustedProxies:
-    """The proxies whose forwarding headers are believed: addresses (`10.0.0.5`) and networks
-    (`10.0.0.0/24`); anything else is compared as written (a Unix socket's name)."""
+    """The proxies whose forwarding header (`header`: `x-forwarded-for` or `forwarded`) is
+    believed: addresses (`10.0.0.5`) and networks (`10.0.0.0/24`); anything else is compared as
+    written (a Unix socket's name)."""
 
-    def __init__(self, entries: Iterable[str]) -> None:
+    def __init__(self, entries: Iterable[str], header: str = "x-forwarded-for") -> None:
+        if header not in _HEADER_READERS:
+            raise ValueError(f"trusted_proxy_header must be one of {sorted(_HEADER_READERS)}")
+        self._read_hops = _HEADER_READERS[header]
         self._addresses: set[_Address] = set()
         self._networks: list[_Network] = []
         self._literals: set[str] = set()
@@ -99,28 +107,39 @@ class TrustedProxies:
         forwarded hop that is not one (the left-most when all are), or `peer` without a header."""
         if peer not in self:
             return peer
-        hops = _forwarded_hops(headers)
+        hops = self._read_hops(headers)
         for hop in reversed(hops):
             if hop not in self:
                 return hop
         return hops[0] if hops else peer
 
 
+# What a header that is no bearer key counts as: such requests are refused (401) at once, and
+# one share for all of them keeps made-up headers from adding shares.
+_NOT_A_KEY = b""
+
+
 def key_digest(headers: Headers) -> bytes | None:
-    """A digest of the request's `Authorization` header, None without one."""
+    """A digest of the API key the request's `Authorization` header carries, read as
+    authentication reads it; None without the header."""
     for name, value in headers:
         if name == b"authorization" and value:
-            return hashlib.blake2b(value, digest_size=16).digest()
+            # Latin-1, as the application decodes headers, so both strip the same spaces.
+            key = bearer_key(value.decode("latin-1"))
+            raw = _NOT_A_KEY if key is None else key.encode("latin-1")
+            return hashlib.blake2b(raw, digest_size=16).digest()
     return None
 
 
-def _forwarded_hops(headers: Headers) -> list[str]:
-    """The forwarded addresses, oldest first: `X-Forwarded-For` if sent, else `Forwarded`."""
-    headers = list(headers)
+def _x_forwarded_for_hops(headers: Headers) -> list[str]:
+    """The addresses `X-Forwarded-For` lists, oldest first."""
     xff = [value for name, value in headers if name == b"x-forwarded-for"]
-    if xff:
-        text = b",".join(xff).decode("latin-1")
-        return [_hop_host(part) for part in text.split(",") if part.strip()]
+    text = b",".join(xff).decode("latin-1")
+    return [_hop_host(part) for part in text.split(",") if part.strip()]
+
+
+def _forwarded_for_hops(headers: Headers) -> list[str]:
+    """The addresses of RFC 7239 `Forwarded: for=`, oldest first."""
     forwarded = [value for name, value in headers if name == b"forwarded"]
     hops = []
     for element in b",".join(forwarded).decode("latin-1").split(","):
@@ -129,6 +148,9 @@ def _forwarded_hops(headers: Headers) -> list[str]:
             if name.strip().lower() == "for" and value.strip():
                 hops.append(_hop_host(value.strip().strip('"')))
     return hops
+
+
+_HEADER_READERS = {"x-forwarded-for": _x_forwarded_for_hops, "forwarded": _forwarded_for_hops}
 
 
 def _hop_host(hop: str) -> str:
@@ -208,6 +230,9 @@ class _Guarded(HttpToolsProtocol):
         """Start serving a request, or answer 503 if its client already holds its share."""
         headers = cycle.scope["headers"]
         self._client_address = self.trusted_proxies.client_address(self._host, headers)
+        if self._client_address != self._host and self._client_address is not None:
+            # The application sees the client the shares count (its port is the proxy's own).
+            cycle.scope["client"] = (self._client_address, 0)
         self._key = key_digest(headers)
         over = self._over_share()
         if over is not None:
@@ -395,10 +420,10 @@ def uvicorn_config(app: Any, settings: ServerSettings, **options: Any) -> uvicor
         settings.max_connections,
         settings.http_write_timeout_seconds,
         settings.connection_share_per_client,
-        TrustedProxies(settings.trusted_proxies),
+        TrustedProxies(settings.trusted_proxies, settings.trusted_proxy_header),
     )
-    # The application sees the same client the shares count (uvicorn would otherwise believe
-    # a forwarding header from 127.0.0.1 whatever `trusted_proxies` says).
-    options.setdefault("proxy_headers", bool(settings.trusted_proxies))
-    options.setdefault("forwarded_allow_ips", list(settings.trusted_proxies))
+    # The protocol tells the application the client the shares count; uvicorn's own reading
+    # would believe `X-Forwarded-For` from 127.0.0.1 whatever `trusted_proxies` says, and
+    # whichever header the proxy writes.
+    options.setdefault("proxy_headers", False)
     return uvicorn.Config(app, http=protocol, **options)

@@ -13,7 +13,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from inference_auctions.billing import Ledger, UserInfo
+from inference_auctions.server.api.bearer import bearer_key
 from inference_auctions.server.api.market_prices import MarketPrices
+from inference_auctions.server.cluster.rule_agreement import RuleAgreement
 from inference_auctions.server.dashboard.snapshot import DashboardState
 from inference_auctions.server.errors import Forbidden, RateLimited, Unauthenticated
 from inference_auctions.server.serving.service import AuctionService
@@ -107,6 +109,8 @@ class AppState:
     limiter: RateLimiter
     keys: AuthenticationCache
     market_prices: MarketPrices
+    # This process's heartbeat in the ledger: its pricing rule, and a write on a schedule.
+    agreement: RuleAgreement
     dashboard: DashboardState = field(default_factory=DashboardState)
 
 
@@ -125,14 +129,12 @@ State = Annotated[AppState, Depends(get_state)]
 
 async def current_user(request: Request, state: State) -> UserInfo:
     """The user whose `Authorization: Bearer <key>` this is; 401/403/429 otherwise."""
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = bearer_key(request.headers.get("authorization", ""))
+    if key is None:
         raise Unauthenticated(
             "send your API key as 'Authorization: Bearer <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    key = key.strip()
     # A cached key (almost every request) needs no coroutine of the cache's.
     user = state.keys.get(key) or await state.keys.lookup(key, state.ledger.authenticate)
     if user is None:

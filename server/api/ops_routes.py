@@ -25,13 +25,16 @@ _LEDGER_PING_SECONDS = 2.0
 
 @router.get("/health")
 async def health(state: State) -> Response:
-    """200 while both the engine and the ledger answer, and the ledger's last commit did not
-    fail; 503 (naming which) otherwise."""
+    """200 while both the engine and the ledger answer, and neither the ledger's last commit
+    nor this server's last heartbeat write failed; 503 (naming which) otherwise."""
     service = state.service
     engine_ok = await service.engine_healthy()
     answers = await _ledger_answers(state)
     # Unreachable says more than unable to write; a write failure counts only while it reads.
-    cannot_write = service.writer.cannot_write() if answers else None
+    # The heartbeat writes on a schedule, so an idle server sees it too.
+    cannot_write = (
+        (service.writer.cannot_write() or state.agreement.cannot_write()) if answers else None
+    )
     ledger_ok = answers and cannot_write is None
     problems = [name for name, ok in (("engine", engine_ok), ("ledger", ledger_ok)) if not ok]
     load = service.load()

@@ -190,9 +190,14 @@ def serve(log_level: str, **options: Any) -> None:
     # Imported late: the app pulls in the engine and the web stack, which --help never needs.
     from inference_auctions.server.api.connections import uvicorn_config  # noqa: PLC0415
     from inference_auctions.server.app import create_app  # noqa: PLC0415
+    from inference_auctions.server.start_refusal import QuietStartupFailure  # noqa: PLC0415
 
     click.echo(_first_steps(settings))
-    config = uvicorn_config(create_app(settings), settings, log_level=log_level)
+    app = create_app(settings)
+    config = uvicorn_config(app, settings, log_level=log_level)
+    # A refusal at start is its one line in the log (the app's), and nothing after it.
+    quiet = QuietStartupFailure(lambda: bool(app.state.start_refused))
+    logging.getLogger("uvicorn.error").addFilter(quiet)
     uvicorn.Server(config).run(sockets=[listener])
 
 

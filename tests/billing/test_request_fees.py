@@ -22,7 +22,6 @@ from inference_auctions.billing import (
     InvalidBatch,
     Ledger,
     RequestInput,
-    RuleDisagreement,
     hold_micros,
     migrate,
 )
@@ -185,25 +184,6 @@ def test_an_old_ledger_takes_fees_after_the_upgrade(ledger_db: MigratedDatabase)
         migrate.downgrade(ledger_db.engine, "3b8d4c2e6f10")
     # The fees' revision stays (a later one above it may have been undone before it refused).
     assert migrate.current_revision(ledger_db.engine) in ("5d2f8a1c9e47", migrate.head_revision())
-
-
-def test_replicas_on_one_ledger_must_clear_under_one_rule(
-    ledger_db: MigratedDatabase, clock: Clock
-) -> None:
-    ledger = Ledger(ledger_db.engine, clock=clock)
-    live = timedelta(seconds=30)
-    ledger.join_replicas("r0", ("fixed-slots", 64, FEE, None), live)
-    ledger.join_replicas("r1", ("fixed-slots", 64, FEE, None), live)  # the same rule: welcome
-    with pytest.raises(RuleDisagreement, match=r"'r0'.*request fee of 20000.*request fee of 0"):
-        ledger.join_replicas("r2", ("fixed-slots", 64, 0, None), live)
-    clock.advance(seconds=25)
-    ledger.replica_heartbeat("r1", ("fixed-slots", 64, FEE, None))
-    clock.advance(seconds=10)  # r0 went silent (crashed); r1 is still live
-    with pytest.raises(RuleDisagreement, match="'r1'"):
-        ledger.join_replicas("r2", ("fixed-slots", 64, 0, None), live)
-    ledger.leave_replicas("r1")  # stopped cleanly: the rule may change
-    ledger.join_replicas("r2", ("fixed-slots", 64, 0, None), live)
-    ledger.join_replicas("r2", ("fixed-slots", 64, 0, None), live)  # a restart under its own name
 
 
 @settings(

@@ -65,10 +65,12 @@ def postgres_db(tmp_path: Path) -> Iterator[MigratedDatabase]:
         yield db
 
 
-# The server restarted after a crash is the crashed replica again, under its name: it may clear
-# under other settings at once (another replica would wait for the dead one's pricing rule to
-# go stale, `billing.replica_rules`).
+# The server restarted after a crash is the crashed replica again, under its name. It is
+# another process, so it must clear under the dead one's pricing rule until that one's row
+# lapses (`billing.replica_rules`): every server here prices against the same 8 slots,
+# whatever its batch size.
 RESTARTED = "crashed-and-restarted"
+PRIORITY_SLOTS = 8
 
 
 def _environment(database_url: str, port: int, **settings: object) -> dict[str, str]:
@@ -76,6 +78,7 @@ def _environment(database_url: str, port: int, **settings: object) -> dict[str, 
     env["INFERENCE_AUCTION_DATABASE_URL"] = database_url
     env["INFERENCE_AUCTION_PORT"] = str(port)
     env["INFERENCE_AUCTION_EMULATOR_TIME_SCALE"] = "0.002"
+    env["INFERENCE_AUCTION_PRIORITY_SLOTS"] = str(PRIORITY_SLOTS)
     for name, value in settings.items():
         env[f"INFERENCE_AUCTION_{name.upper()}"] = str(value)
     return env
@@ -533,7 +536,7 @@ def test_sigkill_after_part_of_a_batch_was_answered_refunds_only_the_rest(
         slots = connection.execute(
             text("SELECT priority_slots FROM auction_batches WHERE n = 4")
         ).scalar_one()
-    assert slots is not None and slots >= 4  # the server's default: fixed slots
+    assert slots == PRIORITY_SLOTS  # fixed slots, as every server here was started
     if scheduling == "batches":
         owed = Repricer(batch, PricingRule(slots=slots)).failure_refund(
             "ann", {"ann/slow"}, charged["ann"]

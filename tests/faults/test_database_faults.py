@@ -463,3 +463,48 @@ def test_a_dead_postgres_connection_of_a_ledger_job_is_a_warning(
         assert _generate(url, key, "after").status_code == 200
         audit_money_against_answers(ledger, {"ann/before": "served", "ann/after": "served"})
     assert _connection_lines(caplog, "did not run: ", "closed by the database")
+
+
+# An idle server: no request comes, so no commit can fail. Its heartbeat writes on a schedule.
+_BEAT = {"ledger_heartbeat_seconds": 0.2}
+
+
+def _health_while_idle(url: str) -> httpx.Response:
+    """/health once it says the ledger cannot write (a few heartbeats), or its last answer."""
+    deadline = time.monotonic() + 10
+    while True:
+        health = httpx.get(f"{url}/health")
+        if health.status_code == 503 or time.monotonic() > deadline:
+            return health
+        time.sleep(0.1)
+
+
+def test_health_of_an_idle_server_says_when_the_sqlite_ledger_cannot_write(
+    sqlite_db: MigratedDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: /health read the ledger and asked whether the last commit had failed; with no
+    # request there was no commit, and it said ok while nothing could be written.
+    monkeypatch.setattr(ledger_database, "SQLITE_BUSY_TIMEOUT_S", 0.4)
+    with _server(sqlite_db.url, sqlite_db, **_BEAT) as (url, _):
+        assert httpx.get(f"{url}/health").status_code == 200
+        with _exclusive_lock(sqlite_db):
+            health = _health_while_idle(url)
+            assert health.status_code == 503, health.text
+            assert health.json()["ledger"].startswith("cannot write: its heartbeat write failed")
+            assert "UPDATE" not in health.text and "INSERT" not in health.text
+        _wait_until(lambda: httpx.get(f"{url}/health").status_code == 200)
+
+
+@pytest.mark.postgres
+def test_health_of_an_idle_server_says_when_the_postgres_ledger_cannot_write(
+    postgres_db: MigratedDatabase, server_role: str
+) -> None:
+    server_url = make_url(postgres_db.url).set(username=server_role).render_as_string(False)
+    with _server(server_url, postgres_db, **_BEAT) as (url, _):
+        assert httpx.get(f"{url}/health").status_code == 200
+        with _read_only(postgres_db, server_role):
+            health = _health_while_idle(url)
+            assert health.status_code == 503, health.text
+            assert health.json()["ledger"].startswith("cannot write: its heartbeat write failed")
+            assert "UPDATE" not in health.text and "permission" not in health.text
+        _wait_until(lambda: httpx.get(f"{url}/health").status_code == 200)

@@ -146,3 +146,51 @@ def test_one_key_from_many_addresses_holds_only_its_share(ledger_db: MigratedDat
         assert _refused(held) == 15
         outcomes = _served_alongside(server, "other", 5)
         audit_money_against_answers(server.ledger, outcomes)
+
+
+def test_case_and_space_variants_of_one_key_share_one_share(ledger_db: MigratedDatabase) -> None:
+    # Before: the share hashed the raw header, while authentication reads the scheme in any
+    # case and strips the key's spaces: `Bearer K`, `bearer K`, `BEARER  K` were one user
+    # holding one share each, 15 of 20 from 20 addresses where its share was 5.
+    with (
+        running_server(ledger_db, max_connections=20) as server,
+        ExitStack() as stack,
+    ):
+        key = server.create_user("variants", budget=0)
+        forms = ["Bearer {}", "bearer {}", "BEARER  {}", "bEaReR {} ", "Bearer   {}  "]
+        headers = [f"authorization: {forms[i % len(forms)].format(key)}\r\n" for i in range(20)]
+        sources = [f"127.0.0.{10 + i}" for i in range(20)]
+        held = _requests_being_served(server, stack, sources, headers)
+        assert _refused(held) == 15
+        outcomes = _served_alongside(server, "other", 5)
+        audit_money_against_answers(server.ledger, outcomes)
+
+
+def test_behind_a_proxy_that_writes_forwarded_a_clients_own_x_forwarded_for_is_ignored(
+    ledger_db: MigratedDatabase,
+) -> None:
+    # Before: the proxy wrote only `Forwarded: for=`, and the client's own `X-Forwarded-For`
+    # (a fresh address on every request) was believed first: one real client held 20 of 20.
+    with (
+        running_server(
+            ledger_db,
+            max_connections=20,
+            trusted_proxies=["127.0.0.3"],
+            trusted_proxy_header="forwarded",
+        ) as server,
+        ExitStack() as stack,
+    ):
+        headers = [
+            f"x-forwarded-for: 10.0.0.{i}\r\n"
+            "forwarded: for=198.51.100.7\r\n"
+            f"authorization: Bearer {server.create_user(f'many{i}', budget=0)}\r\n"
+            for i in range(20)
+        ]
+        held = _requests_being_served(server, stack, ["127.0.0.3"] * 20, headers)
+        assert _refused(held) == 15  # 5 of 20: the share of 198.51.100.7, its real address
+        through_the_proxy = {
+            "transport": httpx.HTTPTransport(local_address="127.0.0.3"),
+            "headers": {"Forwarded": "for=198.51.100.8"},
+        }
+        outcomes = _served_alongside(server, "other", 5, **through_the_proxy)
+        audit_money_against_answers(server.ledger, outcomes)

@@ -371,8 +371,12 @@ def test_the_settings_refuse_tiers_that_cannot_be_sold_and_a_fee_outside_the_auc
             ServerSettings(pricing="tiers", tiers=tiers)
     with pytest.raises(ValidationError, match="default_tier: 'gold'"):
         ServerSettings(pricing="tiers", default_tier="gold")
-    with pytest.raises(ValidationError, match="request_fee_micros"):
+    # Under fcfs there is no tier and no price: the refusal says so (it spoke of a tier's).
+    with pytest.raises(ValidationError, match="request_fee_micros") as fcfs:
         ServerSettings(pricing="fcfs", request_fee_micros=5)
+    assert "tier" not in str(fcfs.value) and "pays nothing" in str(fcfs.value)
+    with pytest.raises(ValidationError, match="pays the price of its tier"):
+        ServerSettings(pricing="tiers", tiers=TIERS["tiers"], request_fee_micros=5)
     menu = ServerSettings(pricing="tiers", tiers="a=0.5,b=0,c=0.000001").tier_menu()
     assert [(t.name, t.price_micros, t.engine_priority) for t in menu.tiers] == [
         ("a", 500_000, 0),
@@ -380,3 +384,19 @@ def test_the_settings_refuse_tiers_that_cannot_be_sold_and_a_fee_outside_the_auc
         ("b", 0, 200),
     ]
     assert menu.default.name == "b"
+
+
+def test_a_menu_of_twenty_tiers_starts_on_every_database(ledger_db: MigratedDatabase) -> None:
+    # Before: the tiers each replica sells were kept in a varchar(500), which PostgreSQL
+    # enforces: a valid menu of 20 tiers (759 characters) could not start there.
+    names = [f"priority-tier-{i:02d}-reserved-xyz" for i in range(20)]
+    menu = ",".join(f"{name}={(i + 1) * 0.012345:.6f}" for i, name in enumerate(names))
+    settings = ServerSettings(pricing="tiers", tiers=menu)
+    signature = settings.tiers_signature()
+    assert signature is not None and len(signature) > 700
+    with running_server(ledger_db, pricing="tiers", tiers=menu) as server:
+        key = server.create_user("alice", budget=BUDGET)
+        with server.client(key) as client:
+            response = _post(client, {"text": "Question?", "service_tier": names[-1]})
+            assert response.status_code == 200, response.text
+            assert response.json()["meta_info"]["auction"]["request_charge_micros"] == 246_900
