@@ -35,7 +35,11 @@ from inference_auctions.server.engine.protocol import Engine
 from inference_auctions.server.engine_choice import make_engine
 from inference_auctions.server.gc_tuning import tune_collector
 from inference_auctions.server.serving.service import AuctionService
-from inference_auctions.server.settings import ServerSettings, without_password
+from inference_auctions.server.settings import (
+    EMULATED_MODEL_NAME,
+    ServerSettings,
+    without_password,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +150,7 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         if settings.tokenizer != ENGINE:
             log.warning("--tokenizer is ignored: the embedded emulator tokenizes in process")
     tokenizer = load_tokenizer(settings.tokenizer) if settings.engine_url is not None else None
+    key = settings.engine_api_key
     return make_engine(
         settings.engine_url,
         mode=settings.engine_mode,
@@ -154,7 +159,9 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         time_scale=settings.emulator_time_scale,
         # The server applies the stall deadline and the total cap itself, chunk by chunk.
         timeout=None,
-        model_name=settings.model_name,
+        model_name=settings.model_name or EMULATED_MODEL_NAME,
+        api_key=key.get_secret_value() if key is not None else None,
+        ca_bundle=settings.engine_ca_bundle,
         tokenizer=tokenizer,
         vocab_size=settings.engine_vocab_size,
     )

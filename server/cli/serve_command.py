@@ -22,6 +22,16 @@ from inference_auctions.server.settings import ServerSettings, without_password
     help="A real SGLang server (http://host:30000). Without it the embedded emulator serves.",
 )
 @click.option(
+    "--engine-ca-bundle",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A PEM file of the certificate authorities an https:// --engine-url is checked "
+    "against (default: the system's). The engine's API key is INFERENCE_AUCTION_ENGINE_API_KEY.",
+)
+@click.option(
+    "--model-name",
+    help="The model name in answers and /v1/models.  [default: the engine's served model name]",
+)
+@click.option(
     "--engine-mode",
     type=click.Choice(["priority", "ordered"]),
     help="priority: SGLang started with --enable-priority-scheduling "

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -196,6 +197,7 @@ class SGLangHTTPEngine(EngineBase):
         tokenize_cache_bytes: int = 64 * 2**20,
         add_special_tokens: bool = True,
         api_key: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
         tokenizer: LocalTokenizer | None = None,
         vocab_size: int | None = None,
     ) -> None:
@@ -209,6 +211,7 @@ class SGLangHTTPEngine(EngineBase):
         self.control_timeout = control_timeout
         self.add_special_tokens = add_special_tokens
         self._api_key = api_key
+        self._ssl_context = ssl_context
         self._client: HTTPClient | None = None
         self._tokens: OrderedDict[str, TokenArray] = OrderedDict()
         self._context_length: int | None = None
@@ -242,6 +245,7 @@ class SGLangHTTPEngine(EngineBase):
             self.base_url,
             connect_timeout=self.connect_timeout,
             authorization=f"Bearer {self._api_key}" if self._api_key else None,
+            ssl_context=self._ssl_context,
         )
         self._sender = asyncio.create_task(self._send_in_order(), name="sglang-sender")
         if self.tokenizer is not None:
@@ -301,8 +305,33 @@ class SGLangHTTPEngine(EngineBase):
         return False
 
     async def server_info(self) -> dict[str, Any] | None:
-        """SGLang's `/server_info`: its flags, and the effective limits in `internal_states`."""
-        return await self._control_json("/server_info")
+        """SGLang's `/server_info`: its flags, and the effective limits in `internal_states`.
+
+        Its model name is remembered (`model_name`): the pool reads `/server_info` at start,
+        whenever the engine answers again after failing to, and every half minute, so a
+        restart with another model is seen."""
+        info = await self._control_json("/server_info")
+        if info is not None:
+            self._learn_model_name(info)
+        return info
+
+    async def learn_model_name(self) -> str | None:
+        """The served model's name, asked of `/model_info` now (None if it states none)."""
+        info = await self._control_json("/model_info")
+        if info is not None:
+            self._learn_model_name(info)
+        return self.model_name
+
+    def _learn_model_name(self, info: Mapping[str, Any]) -> None:
+        """SGLang answers OpenAI requests as `served_model_name`, which defaults to the model's
+        path; `/model_info` states only the path."""
+        for key in ("served_model_name", "model_path"):
+            name = info.get(key)
+            if isinstance(name, str) and name:
+                if name != self.model_name:
+                    log.info("the engine serves the model %r", name)
+                    self.model_name = name
+                return
 
     async def loads(self) -> dict[str, Any] | None:
         """SGLang's `/v1/loads`: each rank's waiting and running requests."""
