@@ -34,7 +34,7 @@ __all__ = [
 LABELS = frozenset(
     {
         "user", "metadata", "store", "safety_identifier", "prompt_cache_key",
-        "prompt_cache_retention", "stream_options",
+        "prompt_cache_retention", "prompt_cache_options", "stream_options",
         # Added by routers in front of SGLang (SMG): routing and logging hints.
         "log_metrics", "no_logs", "routing_key", "routed_dp_rank", "data_parallel_rank",
         "custom_labels", "conversation_id",
@@ -58,6 +58,7 @@ REFUSED: dict[str, str] = {
     "reasoning_effort": "reasoning controls are not served",
     "verbosity": "verbosity controls are not served",
     "web_search_options": "web search is not served",
+    "moderation": "moderation is not served",
     "best_of": "best_of above 1 is not served (one completion per request)",
     "echo": "echo is not served",
     "suffix": "suffix (insertion) is not served",

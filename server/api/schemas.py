@@ -62,6 +62,7 @@ from pydantic import (
 
 from inference_auctions.server.api.openai_fields import (
     LABELS,
+    REFUSED,
     SGLANG_SAMPLING_EXTRAS,
     json_schema_of,
     refused_field,
@@ -344,7 +345,8 @@ class OpenAIBody(RequestBody):
     """What the OpenAI routes share: OpenAI's sampling fields, SGLang's extra ones, and the
     refusal by name of the fields not served (`server.api.openai_fields`)."""
 
-    ACCEPTED_KEYS = LABELS
+    # OpenAI's labels; the fields refused by name are checked in `check_raw` before these.
+    ACCEPTED_KEYS = LABELS | REFUSED.keys()
 
     model: str | None = None
     temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
@@ -379,11 +381,11 @@ class OpenAIBody(RequestBody):
 
     @classmethod
     def check_raw(cls, data: Mapping[str, Any], limits: BodyLimits) -> None:
-        """Unknown keys, then the fields refused by name, then the size limits."""
-        super().check_raw(data, limits)
+        """The fields refused by name, then unknown keys, then the size limits."""
         refused = refused_field(data)
         if refused is not None:
             raise BodyRefused(refused[1], param=refused[0])
+        super().check_raw(data, limits)
         check_sampling_limits(data, limits, "")
 
     @model_validator(mode="after")
@@ -427,16 +429,8 @@ class TextPart(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    type: str
-    text: str | None = None
-
-    @model_validator(mode="after")
-    def _text_only(self) -> TextPart:
-        if self.type != "text":
-            raise ValueError(f"only content parts of type 'text' are served, got {self.type!r}")
-        if self.text is None:
-            raise ValueError("a content part of type 'text' needs its 'text'")
-        return self
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(BaseModel):
@@ -448,12 +442,26 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[TextPart]
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        # Said here, by part, rather than as the union's first failure ("a valid string").
+        if isinstance(value, list):
+            for index, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(
+                        f"part {index}: only content parts of type 'text' (with a 'text' string) "
+                        f"are served, got type {kind!r}"
+                    )
+        return value
+
     @property
     def text(self) -> str:
         """The content as one string."""
         if isinstance(self.content, str):
             return self.content
-        return " ".join(part.text or "" for part in self.content)
+        return " ".join(part.text for part in self.content)
 
 
 class ChatBody(OpenAIBody):
@@ -497,8 +505,8 @@ SGLANG_TOP_LEVEL_KEYS = frozenset(
 )  # fmt: skip
 
 
-# `/generate` accepts SGLang's request keys, which it ignores as SGLang does, but not
-# `priority`: the auction sets it, and a client sending one meant a bid.
+# `/generate` accepts SGLang's request keys, which it ignores as SGLang does, but not a
+# `priority` other than 0: the auction sets it, and a client sending one meant a bid.
 GenerateBody.ACCEPTED_KEYS = SGLANG_TOP_LEVEL_KEYS - {"priority"}
 
 
@@ -547,8 +555,10 @@ _BID_ELSEWHERE = {
     "value": "the SDK's parameter name",
     "price": "",
     "amount": "",
-    "priority": "the engine's priority is set from the auction",
+    "priority": "the engine's priority is set from the auction (0 is accepted, as routers send)",
 }
+# A `priority` that asks for nothing, as routers send it.
+_NO_PRIORITY = (0, None)
 _BID_HINT = 'the bid is \'bid\', in credits (a number or a decimal string, e.g. "bid": "0.05")'
 
 
@@ -583,6 +593,8 @@ def check_top_level_keys(
     for key in data:
         if key in known or key in accepted:
             continue
+        if key == "priority" and data[key] in _NO_PRIORITY:
+            continue  # what routers (SMG) add to every body they forward: asks for nothing
         if not isinstance(key, str):  # JSON keys are strings; kept for a caller's own mapping
             raise UnknownField(str(key))
         if key.casefold() in _BID_ELSEWHERE:
