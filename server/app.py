@@ -30,7 +30,7 @@ from inference_auctions.server.api.middleware import DirectRoutes, RequestIdMidd
 from inference_auctions.server.api.pacing_routes import prices_json
 from inference_auctions.server.cluster.replica import rate_limit_share, replica_header
 from inference_auctions.server.cluster.rule_agreement import RuleAgreement
-from inference_auctions.server.engine.local_tokenizer import ENGINE, load_tokenizer
+from inference_auctions.server.engine.local_tokenizer import AUTO, ENGINE, load_tokenizer
 from inference_auctions.server.engine.protocol import Engine
 from inference_auctions.server.engine_choice import make_engine
 from inference_auctions.server.gc_tuning import tune_collector
@@ -147,7 +147,7 @@ def make_engine_from(settings: ServerSettings) -> Engine:
             "no --engine-url: serving with the embedded SGLang EMULATOR (cost model of an H100 "
             "serving a 32B model), not a real model"
         )
-        if settings.tokenizer != ENGINE:
+        if settings.tokenizer not in (ENGINE, AUTO):
             log.warning("--tokenizer is ignored: the embedded emulator tokenizes in process")
     tokenizer = load_tokenizer(settings.tokenizer) if settings.engine_url is not None else None
     key = settings.engine_api_key
@@ -163,5 +163,6 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         api_key=key.get_secret_value() if key is not None else None,
         ca_bundle=settings.engine_ca_bundle,
         tokenizer=tokenizer,
+        learn_tokenizer=settings.tokenizer == AUTO,
         vocab_size=settings.engine_vocab_size,
     )

@@ -30,6 +30,7 @@ def make_engine(
     tokenizer: LocalTokenizer | None = None,
     max_running_requests: int | None = None,
     vocab_size: int | None = None,
+    learn_tokenizer: bool = False,
 ) -> Engine:
     """The SGLang backend at `engine_url` in `mode`, or the embedded emulator without a URL.
 
@@ -38,7 +39,8 @@ def make_engine(
     authorities an `https://` URL is checked against (default: the system's); `tokenizer`,
     when given, tokenizes prompts for SGLang in this process (`server.engine.local_tokenizer`);
     `vocab_size`, when given, is the model's, instead of learning it
-    (`server.engine.vocabulary`). The emulator options
+    (`server.engine.vocabulary`); `learn_tokenizer` (`--tokenizer auto`) loads the engine's own
+    tokenizer and chat template at start when they are readable here. The emulator options
     apply only without a URL, and the emulator ignores `mode` (it honours priorities itself)
     and `tokenizer` (it tokenizes in process already).
     """
@@ -60,6 +62,7 @@ def make_engine(
         ssl_context=engine_ssl_context(engine_url, ca_bundle),
         tokenizer=tokenizer,
         vocab_size=vocab_size,
+        learn_tokenizer=learn_tokenizer,
     )
 
 

@@ -70,13 +70,17 @@ class ServerSettings(LedgerSettings):
     engine_stream_interval: int = Field(default=64, ge=1)
     """Tokens per chunk when the engine streams an answer the client waits for whole (SGLang's
     `stream_interval`)."""
-    # Who tokenizes prompts for an engine URL (server.engine.local_tokenizer): `engine` (its
-    # `/tokenize`, one round trip per new prompt), `builtin` (this project's tokenizer, which
-    # the emulator serves), or the path of the served model's `tokenizer.json` (or its folder;
-    # needs the `tokenizers` extra). A local one is checked against the engine's before use.
-    # The embedded emulator always tokenizes with the builtin one.
-    tokenizer: str = Field(default="engine", min_length=1)
-    """Who tokenizes prompts for `engine_url`: `engine` (its `/tokenize`), `builtin` (the
+    # Who tokenizes prompts for an engine URL (server.engine.local_tokenizer): `auto` (the
+    # engine's own tokenizer files and chat template, from the `tokenizer_path` of its
+    # `/model_info`, when this host can read them; else its `/tokenize`, the reason logged
+    # once), `engine` (its `/tokenize`, one round trip per new prompt), `builtin` (this
+    # project's tokenizer, which the emulator serves), or the path of the served model's
+    # `tokenizer.json` (or its folder; needs the `tokenizers` extra). A local one is checked
+    # against the engine's before use. The embedded emulator always tokenizes with the builtin
+    # one.
+    tokenizer: str = Field(default="auto", min_length=1)
+    """Who tokenizes prompts for `engine_url`: `auto` (the engine's tokenizer files when
+    readable here, else its `/tokenize`), `engine` (its `/tokenize`), `builtin` (the
     emulator's), or the path of the model's `tokenizer.json`."""
     # A prompt's token ids must be below the model's vocabulary size: one above it kills
     # SGLang's scheduler. Learnt from the engine (server.engine.vocabulary) unless set here.

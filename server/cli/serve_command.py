@@ -39,10 +39,12 @@ from inference_auctions.server.settings import ServerSettings, without_password
 )
 @click.option(
     "--tokenizer",
-    help="Who tokenizes prompts for --engine-url: 'engine' (its /tokenize, a round trip per new "
-    "prompt), 'builtin' (this project's tokenizer: the emulator's), or the path of the served "
-    "model's tokenizer.json or folder (needs the 'tokenizers' extra). A local tokenizer is "
-    "compared with the engine's first, and refused if they differ.  [default: engine]",
+    help="Who tokenizes prompts for --engine-url: 'auto' (the engine's own tokenizer and chat "
+    "template, from the tokenizer_path of its /model_info when readable here; else its "
+    "/tokenize), 'engine' (its /tokenize, a round trip per new prompt), 'builtin' (this "
+    "project's tokenizer: the emulator's), or the path of the served model's tokenizer.json or "
+    "folder (needs the 'tokenizers' extra). A local tokenizer is compared with the engine's "
+    "first: a given one that differs is refused, a learnt one is not used.  [default: auto]",
 )
 @click.option("--database-url", help="Ledger database.  [default: sqlite:///inference-auction.db]")
 @click.option(
