@@ -149,6 +149,11 @@ def _sampling(body: OpenAIBody, max_tokens: int) -> dict[str, Any]:
     if body.seed is not None:
         params["sampling_seed"] = body.seed
     params.update(body.sampling_extras())
+    if params.get("min_new_tokens", 0) > max_tokens:
+        raise InvalidRequest(
+            f"min_tokens ({params['min_new_tokens']}) must be at most max_tokens ({max_tokens})",
+            param="min_tokens",
+        )
     return params
 
 

@@ -392,8 +392,10 @@ class OpenAIBody(RequestBody):
     def _extras_as_sglang_checks_them(self) -> OpenAIBody:
         extras = self.sampling_extras()
         if extras:
-            try:  # SGLang's own checks: ranges, token-id keys of logit_bias, top_k 0
-                SamplingParams.model_validate(extras)
+            # SGLang's own checks: ranges, token-id keys of logit_bias, top_k 0 (the route
+            # compares `min_tokens` with the request's own maximum).
+            try:
+                SamplingParams.model_validate({**extras, "max_new_tokens": 2**31})
             except ValidationError as error:
                 raise ValueError(describe_validation_error(error.errors())[0]) from None
         return self

@@ -310,3 +310,29 @@ def test_the_engine_key_reaches_the_engine(front: RunningServer) -> None:
         assert ENGINE_KEY not in reply.text
     direct = httpx.post(front.settings.engine_url + "/generate", json={"text": "hi"}, timeout=30)
     assert direct.status_code == 401  # the engine does want a key
+
+
+def test_sglangs_extra_sampling_fields_are_passed_and_checked(
+    front: RunningServer, engine: tuple[str, _Recorder]
+) -> None:
+    key = front.create_user("extras")
+    with front.client(key) as client:
+        extras = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 1}
+        reply = client.post("/v1/chat/completions", json={**CHAT, **extras})
+        assert reply.status_code == 200, reply.text
+        sent = engine[1].last("/generate")["sampling_params"]
+        assert {k: sent[k] for k in ("top_k", "min_p", "repetition_penalty", "min_new_tokens")} == {
+            "top_k": 5,
+            "min_p": 0.1,
+            "repetition_penalty": 1.1,
+            "min_new_tokens": 1,
+        }
+        for bad, says in [
+            ({"top_k": 0}, "top_k must be -1 (disable) or at least 1"),
+            ({"min_tokens": 5}, "min_tokens (5) must be at most max_tokens (3)"),
+            ({"presence_penalty": 3}, "presence_penalty"),
+            ({"logit_bias": {"x": 1}}, "logit_bias keys must be token ids"),
+        ]:
+            reply = client.post("/v1/chat/completions", json={**CHAT, **bad})
+            assert reply.status_code == 400, (bad, reply.text)
+            assert says in reply.json()["error"]["message"], (bad, reply.text)
