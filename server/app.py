@@ -30,12 +30,16 @@ from inference_auctions.server.api.middleware import DirectRoutes, RequestIdMidd
 from inference_auctions.server.api.pacing_routes import prices_json
 from inference_auctions.server.cluster.replica import rate_limit_share, replica_header
 from inference_auctions.server.cluster.rule_agreement import RuleAgreement
-from inference_auctions.server.engine.local_tokenizer import ENGINE, load_tokenizer
+from inference_auctions.server.engine.local_tokenizer import AUTO, ENGINE, load_tokenizer
 from inference_auctions.server.engine.protocol import Engine
 from inference_auctions.server.engine_choice import make_engine
 from inference_auctions.server.gc_tuning import tune_collector
 from inference_auctions.server.serving.service import AuctionService
-from inference_auctions.server.settings import ServerSettings, without_password
+from inference_auctions.server.settings import (
+    EMULATED_MODEL_NAME,
+    ServerSettings,
+    without_password,
+)
 from inference_auctions.server.start_refusal import StartRefused, one_line_refusals
 
 log = logging.getLogger(__name__)
@@ -163,9 +167,10 @@ def make_engine_from(settings: ServerSettings) -> Engine:
             "no --engine-url: serving with the embedded SGLang EMULATOR (cost model of an H100 "
             "serving a 32B model), not a real model"
         )
-        if settings.tokenizer != ENGINE:
+        if settings.tokenizer not in (ENGINE, AUTO):
             log.warning("--tokenizer is ignored: the embedded emulator tokenizes in process")
     tokenizer = load_tokenizer(settings.tokenizer) if settings.engine_url is not None else None
+    key = settings.engine_api_key
     return make_engine(
         settings.engine_url,
         mode=settings.engine_mode,
@@ -174,7 +179,10 @@ def make_engine_from(settings: ServerSettings) -> Engine:
         time_scale=settings.emulator_time_scale,
         # The server applies the stall deadline and the total cap itself, chunk by chunk.
         timeout=None,
-        model_name=settings.model_name,
+        model_name=settings.model_name or EMULATED_MODEL_NAME,
+        api_key=key.get_secret_value() if key is not None else None,
+        ca_bundle=settings.engine_ca_bundle,
         tokenizer=tokenizer,
+        learn_tokenizer=settings.tokenizer == AUTO,
         vocab_size=settings.engine_vocab_size,
     )

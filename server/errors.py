@@ -7,6 +7,7 @@
      ├── PaymentRequired         402  the budget cannot cover the bid
      ├── Forbidden               403  a user key on an admin route, a disabled account
      ├── NotFound                404
+     │    └── ModelNotFound      404  an OpenAI request names a model this server does not serve
      ├── Conflict                409  a rid reused with another payload, a name taken
      ├── RateLimited             429  with Retry-After
      ├── EngineFailed            502  the engine errored, refused or cut the stream
@@ -66,6 +67,10 @@ class Forbidden(ServiceError):
 
 class NotFound(ServiceError):
     status_code, error_type = 404, "not_found"
+
+
+class ModelNotFound(NotFound):
+    error_type = "model_not_found"  # OpenAI's code for the same mistake
 
 
 class Conflict(ServiceError):

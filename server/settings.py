@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from inference_auctions.billing import LedgerSettings, mask_database_url
 from inference_auctions.server.serving.tiers import TierMenu, parse_tiers
 
 if TYPE_CHECKING:  # the auction core (numpy) loads only where batches are cleared
     from inference_auctions.server.auction.charges import PricingRule
+
+
+# The model name the embedded emulator serves under unless `model_name` is set.
+EMULATED_MODEL_NAME = "inference-auction-emulated"
 
 
 class ServerSettings(LedgerSettings):
@@ -24,12 +28,26 @@ class ServerSettings(LedgerSettings):
     """Interface to listen on; `0.0.0.0` listens on every interface."""
     port: int = Field(default=8000, ge=0, le=65535)
     """Port to listen on; `serve` refuses a busy port and says so."""
-    model_name: str = "inference-auction-emulated"
-    """The model name the embedded emulator reports (`/v1/models`, `/model_info`)."""
+    # The `model` of answers and `/v1/models`: by default the engine's own (SGLang's
+    # `served_model_name`, else its `model_path`, read again whenever the engine restarts), or
+    # `inference-auction-emulated` for the embedded emulator. OpenAI requests naming another
+    # model are answered 404 `model_not_found`, as OpenAI answers them.
+    model_name: str | None = Field(default=None, min_length=1)
+    """The model name in answers and `/v1/models` (default: the engine's served model name, or
+    `inference-auction-emulated` for the embedded emulator)."""
 
     # Engine: a real SGLang server, or the embedded emulator when no URL is given.
     engine_url: str | None = None
     """A real SGLang server (`http://host:30000`); unset, the embedded emulator serves."""
+    # SGLang started with `--api-key` wants `Authorization: Bearer <key>` on every request; the
+    # key is a secret: never logged, never shown in an error or on the console.
+    engine_api_key: SecretStr | None = None
+    """The API key of an SGLang server started with `--api-key` (sent as a bearer token)."""
+    # An `https://` engine URL is checked against the system's certificate authorities, or
+    # against this bundle (a PEM file) for an engine whose certificate a private CA signed.
+    engine_ca_bundle: str | None = Field(default=None, min_length=1)
+    """A PEM file of the certificate authorities an `https://` engine URL is checked against
+    (default: the system's)."""
     engine_mode: Literal["priority", "ordered"] = "priority"
     """`priority`: SGLang started with `--enable-priority-scheduling --schedule-low-priority-
     values-first` keeps the auction's order; `ordered`: a batch is sent one request at a time."""
@@ -52,13 +70,17 @@ class ServerSettings(LedgerSettings):
     engine_stream_interval: int = Field(default=64, ge=1)
     """Tokens per chunk when the engine streams an answer the client waits for whole (SGLang's
     `stream_interval`)."""
-    # Who tokenizes prompts for an engine URL (server.engine.local_tokenizer): `engine` (its
-    # `/tokenize`, one round trip per new prompt), `builtin` (this project's tokenizer, which
-    # the emulator serves), or the path of the served model's `tokenizer.json` (or its folder;
-    # needs the `tokenizers` extra). A local one is checked against the engine's before use.
-    # The embedded emulator always tokenizes with the builtin one.
-    tokenizer: str = Field(default="engine", min_length=1)
-    """Who tokenizes prompts for `engine_url`: `engine` (its `/tokenize`), `builtin` (the
+    # Who tokenizes prompts for an engine URL (server.engine.local_tokenizer): `auto` (the
+    # engine's own tokenizer files and chat template, from the `tokenizer_path` of its
+    # `/model_info`, when this host can read them; else its `/tokenize`, the reason logged
+    # once), `engine` (its `/tokenize`, one round trip per new prompt), `builtin` (this
+    # project's tokenizer, which the emulator serves), or the path of the served model's
+    # `tokenizer.json` (or its folder; needs the `tokenizers` extra). A local one is checked
+    # against the engine's before use. The embedded emulator always tokenizes with the builtin
+    # one.
+    tokenizer: str = Field(default="auto", min_length=1)
+    """Who tokenizes prompts for `engine_url`: `auto` (the engine's tokenizer files when
+    readable here, else its `/tokenize`), `engine` (its `/tokenize`), `builtin` (the
     emulator's), or the path of the model's `tokenizer.json`."""
     # A prompt's token ids must be below the model's vocabulary size: one above it kills
     # SGLang's scheduler. Learnt from the engine (server.engine.vocabulary) unless set here.

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import ipaddress
 import logging
 import time
@@ -395,6 +396,38 @@ class _Guarded(HttpToolsProtocol):
         self.transport.close()
 
 
+# uvicorn's private parts the guard builds on, with the parameters it calls them with. They
+# may change in any uvicorn release, so pyproject.toml bounds uvicorn to the versions the
+# guard is tested on, and `check_uvicorn_hooks` names the first that changed.
+UVICORN_HOOKS: dict[str, tuple[str, ...]] = {
+    "_start_asgi_task": ("self", "cycle", "app"),
+    "connection_made": ("self", "transport"),
+    "connection_lost": ("self", "exc"),
+    "data_received": ("self", "data"),
+    "on_message_begin": ("self",),
+    "on_headers_complete": ("self",),
+    "on_message_complete": ("self",),
+    "pause_writing": ("self",),
+    "resume_writing": ("self",),
+}
+
+
+def check_uvicorn_hooks(protocol: type = HttpToolsProtocol) -> None:
+    """A `RuntimeError` naming the first private hook of uvicorn's `HttpToolsProtocol` that
+    is gone or takes other parameters than the guard passes."""
+    for name, parameters in UVICORN_HOOKS.items():
+        method = getattr(protocol, name, None)
+        found = tuple(inspect.signature(method).parameters) if callable(method) else None
+        if found != parameters:
+            version = getattr(uvicorn, "__version__", "?")
+            raise RuntimeError(
+                f"uvicorn {version} changed the private hook HttpToolsProtocol.{name} that the "
+                f"connection guard (server.api.connections) overrides: expected parameters "
+                f"{parameters}, found {found if found is not None else 'no such method'}; "
+                "install the uvicorn version pyproject.toml allows"
+            )
+
+
 def guarded_protocol(
     read_timeout: float,
     max_connections: int,
@@ -403,6 +436,7 @@ def guarded_protocol(
     trusted_proxies: TrustedProxies | None = None,
 ) -> type[asyncio.Protocol]:
     """The HTTP protocol class for uvicorn, with these deadlines, this cap and its shares."""
+    check_uvicorn_hooks()
     attributes = {
         "read_timeout": read_timeout,
         "max_connections": max_connections,

@@ -14,6 +14,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from inference_auctions.server.api.deps import AdminUser, CurrentUser, State
+from inference_auctions.server.api.model_name import served_model
 from inference_auctions.server.cluster.replica import replica_name
 from inference_auctions.server.engine.errors import EngineError
 from inference_auctions.server.errors import EngineFailed
@@ -30,7 +31,7 @@ router = APIRouter(tags=["sglang"])
 )
 async def model_info(_: CurrentUser, state: State) -> dict[str, Any]:
     """The served model's name, as SGLang's `/model_info` gives it."""
-    name = state.settings.model_name
+    name = served_model(state)
     return {"model_path": name, "tokenizer_path": None, "is_generation": True}
 
 
@@ -46,7 +47,7 @@ async def server_info(state: State) -> dict[str, Any]:
     needed (routers such as SMG probe it, as SGLang's)."""
     settings = state.settings
     return {
-        "model_path": settings.model_name,
+        "model_path": served_model(state),
         "engine": state.service.engine_name,
         "engine_mode": settings.engine_mode,
         "batch_size": settings.batch_size,

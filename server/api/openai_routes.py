@@ -1,8 +1,11 @@
 """OpenAI-compatible `/v1/completions`, `/v1/chat/completions` and `/v1/models`.
 
 `bid` is an extra body field (`extra_body={"bid": "0.25"}` in the `openai` client); every
-response carries the same top-level `auction` object as `meta_info.auction` of `/generate`.
-Streamed chunks carry the text delta, as OpenAI's do.
+response carries the same top-level `auction` object as `meta_info.auction` of `/generate`,
+and, under `--pricing tiers`, the tier served as `service_tier`. Streamed chunks carry the text
+delta, as OpenAI's do. Each field OpenAI defines is served or refused by name
+(`server.api.openai_fields`); a `model` this server does not serve is a 404
+(`server.api.model_name`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from inference_auctions.server.api.logprobs import (
     openai_options,
     refuse_unless_served,
 )
-from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody
+from inference_auctions.server.api.model_name import check_model, served_model
+from inference_auctions.server.api.openai_fields import json_schema_of
+from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody, OpenAIBody
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.serving.tickets import Chunk, Clearance
 
@@ -46,7 +51,7 @@ def _schema(model: type[CompletionBody] | type[ChatBody]) -> dict[str, Any]:
 @router.get("/models", summary="List models")
 async def models(state: State) -> dict[str, Any]:
     """The one model this server serves; no key needed (routers probe it, as SGLang's)."""
-    name = state.settings.model_name
+    name = served_model(state)
     entry = {"id": name, "object": "model", "created": 0, "owned_by": "inference-auctions"}
     return {"object": "list", "data": [entry]}
 
@@ -56,6 +61,7 @@ async def completions(request: Request) -> Response:
     """OpenAI text completion with a bid."""
     state, user = await authenticated(request)
     body = await parse_body(request, CompletionBody)
+    check_model(state, body.model)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
@@ -64,7 +70,7 @@ async def completions(request: Request) -> Response:
     text = prompt if isinstance(prompt, str) else None
     ids = None if isinstance(prompt, str) else [int(t) for t in prompt]
     check_max_new_tokens(body.max_tokens, state, "max_tokens")
-    sampling = _sampling(body.max_tokens, body.temperature, body.top_p, body.stop, body.seed)
+    sampling = _sampling(body, body.max_tokens)
     if body.logprobs is not None:
         refuse_unless_served(state, "logprobs")
         sampling.update(openai_options(body.logprobs))
@@ -88,15 +94,20 @@ async def chat_completions(request: Request) -> Response:
     """OpenAI chat completion with a bid."""
     state, user = await authenticated(request)
     body = await parse_body(request, ChatBody)
+    check_model(state, body.model)
     limit = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
     max_tokens = 128 if limit is None else limit
     check_max_new_tokens(max_tokens, state, "max_tokens")
-    sampling = _sampling(max_tokens, body.temperature, body.top_p, body.stop, body.seed)
+    sampling = _sampling(body, max_tokens)
     if body.logprobs or body.top_logprobs is not None:
         refuse_unless_served(state, "logprobs" if body.logprobs else "top_logprobs")
         sampling.update(openai_options(body.top_logprobs))
+    schema = json_schema_of(body.response_format)
+    if schema is not None:
+        refuse_unless_constrained(state, "response_format")
+        sampling["json_schema"] = schema
     text = chat_prompt(body.messages)
     return await _run(
         request,
@@ -110,7 +121,7 @@ async def chat_completions(request: Request) -> Response:
         sampling=sampling,
         streamed=body.stream,
         kind="chat.completion",
-        messages=[(m.role, m.content) for m in body.messages],
+        messages=[(m.role, m.text) for m in body.messages],
     )
 
 
@@ -122,27 +133,39 @@ def chat_prompt(messages: list[ChatMessage]) -> str:
     Every conversation that shares its first messages shares a prompt prefix, so the cache
     and the auction's tree see multi-turn chats as the prefix tree they are.
     """
-    turns = "".join(f"<|{m.role}|>\n{m.content}\n" for m in messages)
+    turns = "".join(f"<|{m.role}|>\n{m.text}\n" for m in messages)
     return turns + "<|assistant|>\n"
 
 
-def _sampling(
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
-    stop: str | list[str] | None,
-    seed: int | None,
-) -> dict[str, Any]:
+def _sampling(body: OpenAIBody, max_tokens: int) -> dict[str, Any]:
+    """SGLang's sampling parameters for an OpenAI body, by SGLang's names."""
     params: dict[str, Any] = {
         "max_new_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
     }
-    if stop is not None:
-        params["stop"] = stop
-    if seed is not None:
-        params["sampling_seed"] = seed
+    if body.stop is not None:
+        params["stop"] = body.stop
+    if body.seed is not None:
+        params["sampling_seed"] = body.seed
+    params.update(body.sampling_extras())
+    if params.get("min_new_tokens", 0) > max_tokens:
+        raise InvalidRequest(
+            f"min_tokens ({params['min_new_tokens']}) must be at most max_tokens ({max_tokens})",
+            param="min_tokens",
+        )
     return params
+
+
+def refuse_unless_constrained(state: AppState, field: str) -> None:
+    """A 400 naming `field` unless the engine is an SGLang server, which constrains output to
+    a JSON schema; the emulator generates no real text to constrain."""
+    if state.service.engine_name != "sglang":
+        raise InvalidRequest(
+            f"{field}: the embedded emulator cannot constrain its output to JSON (it generates "
+            "no real text); an SGLang engine (--engine-url) serves it",
+            param=field,
+        )
 
 
 async def _run(
@@ -174,7 +197,7 @@ async def _run(
         payload["service_tier"] = tier_value
     admission = admission_of(user, rid, tokens, bid_micros, sampling, payload, streamed=streamed)
     ticket = await state.service.admit(admission)
-    model = state.settings.model_name
+    model = served_model(state)
     renderer = _Renderer(admission.rid, model, kind, logprobs="return_logprob" in sampling)
     if streamed:
         return stream(state.service, ticket, renderer.chunk)
@@ -207,6 +230,8 @@ class _Renderer:
             "object": self.kind + suffix,
             "created": self.created,
             "model": self.model,
+            # OpenAI's field for the tier that served the request: set under `pricing tiers`.
+            "service_tier": clearance.service_tier,
             "auction": clearance.as_json(),
         }
 

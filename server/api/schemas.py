@@ -4,13 +4,15 @@ Each body is checked in two steps: `check_raw` on the decoded JSON (cheap, bound
 must come before pydantic walks it: typos of top-level keys, per-field size limits), then the
 pydantic model.
 
-Catch typos in top-level body keys without refusing the keys SGLang's clients add.
+Unknown top-level keys are refused by name, without refusing the keys SGLang's clients add.
 
-SGLang ignores unknown top-level keys, and routers rely on it (they add `model`,
-`log_metrics`, `no_logs`...), so an unknown key stays accepted. But a key one slip away from a
-field of ours (`bdi`, `Bid`, `sampling_param`) was almost surely meant as that field, and
-ignoring it would serve the request differently from what was asked (at bid 0, say): that is
-a 400 that names the key and the field.
+A key the server does not read would serve the request differently from what was asked: a bid
+sent as `bid_micros` (the answer's name), `value` (the SDK's parameter), `max_bid` or
+`priority` would be served at bid 0. So every top-level key is either a field of the body, one
+of the keys the route accepts by design (`ACCEPTED_KEYS`: on `/generate`, SGLang's own request
+keys and those routers add, which SGLang ignores too; on the OpenAI routes, OpenAI's labels
+such as `user`), or a 400 that names it, with a hint where one fits: `bid` for a bid under
+another name, the field a slip away from it (`bdi`, `Bid`, `sampling_param`).
 
 Pydantic's validation errors as one sentence a person can act on.
 
@@ -44,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from itertools import accumulate
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 from pydantic import (
@@ -53,8 +55,17 @@ from pydantic import (
     Field,
     StrictInt,
     StringConstraints,
+    ValidationError,
     field_validator,
     model_validator,
+)
+
+from inference_auctions.server.api.openai_fields import (
+    LABELS,
+    REFUSED,
+    SGLANG_SAMPLING_EXTRAS,
+    json_schema_of,
+    refused_field,
 )
 
 __all__ = [
@@ -66,8 +77,10 @@ __all__ = [
     "ChatMessage",
     "CompletionBody",
     "GenerateBody",
+    "OpenAIBody",
     "RequestBody",
     "SamplingParams",
+    "TextPart",
     "UnknownField",
     "check_top_level_keys",
     "decode_json",
@@ -161,16 +174,19 @@ def _field_set(model: type[BaseModel]) -> frozenset[str]:
 
 
 class RequestBody(BaseModel):
-    """A generation body: unknown top-level keys are ignored (as SGLang ignores them), except
-    near-misses of a field, which are refused with the field they were probably meant as."""
+    """A generation body: a top-level key that is neither a field nor one of `ACCEPTED_KEYS`
+    is refused by name (see the module docstring)."""
 
     model_config = ConfigDict(extra="ignore")
+
+    # Keys that are not fields but that the route accepts, and ignores, by design.
+    ACCEPTED_KEYS: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def check_raw(cls, data: Mapping[str, Any], limits: BodyLimits) -> None:
         """Checks on the decoded JSON, before validation; `BodyRefused` names the field."""
         try:
-            check_top_level_keys(data, _field_names(cls))
+            check_top_level_keys(data, _field_names(cls), cls.ACCEPTED_KEYS)
         except UnknownField as error:
             raise BodyRefused(str(error), param=error.key) from None
 
@@ -325,21 +341,36 @@ class GenerateBody(RequestBody):
         return {} if value is None else value
 
 
-class CompletionBody(RequestBody):
-    """`POST /v1/completions` with the extra body field `bid`."""
+class OpenAIBody(RequestBody):
+    """What the OpenAI routes share: OpenAI's sampling fields, SGLang's extra ones, and the
+    refusal by name of the fields not served (`server.api.openai_fields`)."""
+
+    # OpenAI's labels; the fields refused by name are checked in `check_raw` before these.
+    ACCEPTED_KEYS = LABELS | REFUSED.keys()
 
     model: str | None = None
-    prompt: str | list[str] | list[TokenId]
-    max_tokens: StrictInt = Field(default=16, ge=0)
     temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     stop: str | list[str] | None = None
     n: Literal[1] = 1
     stream: bool = False
     seed: StrictInt | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    # OpenAI's: token id (a string) -> -100..100, added to its logit (SGLang's `logit_bias`).
+    logit_bias: dict[str, FiniteFloat] | None = None
+    # SGLang's own sampling fields, which its OpenAI routes take too.
+    top_k: StrictInt | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: StrictInt | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    regex: str | None = None
+    ebnf: str | None = None
     rid: RequestId | None = None
-    # OpenAI's: the most likely alternatives per token, 0-5 (`server.api.logprobs`).
-    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
     bid: Any = Field(
         default="0", description="Credits: a JSON number or a decimal string; none means 0"
     )
@@ -348,40 +379,110 @@ class CompletionBody(RequestBody):
         description="Under `--pricing tiers`: the tier's name (none or `auto`: the default tier)",
     )
 
+    @classmethod
+    def check_raw(cls, data: Mapping[str, Any], limits: BodyLimits) -> None:
+        """The fields refused by name, then unknown keys, then the size limits."""
+        refused = refused_field(data)
+        if refused is not None:
+            raise BodyRefused(refused[1], param=refused[0])
+        super().check_raw(data, limits)
+        check_sampling_limits(data, limits, "")
+
+    @model_validator(mode="after")
+    def _extras_as_sglang_checks_them(self) -> OpenAIBody:
+        extras = self.sampling_extras()
+        if extras:
+            # SGLang's own checks: ranges, token-id keys of logit_bias, top_k 0 (the route
+            # compares `min_tokens` with the request's own maximum).
+            try:
+                SamplingParams.model_validate({**extras, "max_new_tokens": 2**31})
+            except ValidationError as error:
+                raise ValueError(describe_validation_error(error.errors())[0]) from None
+        return self
+
+    def sampling_extras(self) -> dict[str, Any]:
+        """The engine's sampling parameters for the fields beyond the basic ones, by SGLang's
+        names, as SGLang's OpenAI layer passes them."""
+        extras: dict[str, Any] = {}
+        for name in ("presence_penalty", "frequency_penalty", "logit_bias"):
+            if (value := getattr(self, name)) is not None:
+                extras[name] = value
+        for name, engine_name in SGLANG_SAMPLING_EXTRAS.items():
+            if (value := getattr(self, name)) is not None:
+                extras[engine_name] = value
+        return extras
+
+
+class CompletionBody(OpenAIBody):
+    """`POST /v1/completions` with the extra body field `bid`."""
+
+    prompt: str | list[str] | list[TokenId]
+    max_tokens: StrictInt = Field(default=16, ge=0)
+    # OpenAI's: the most likely alternatives per token, 0-5 (`server.api.logprobs`).
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
+    # Refused unless they ask for nothing (`server.api.openai_fields.REFUSED`).
+    best_of: Any = None
+    echo: Any = None
+    suffix: Any = None
+
+
+class TextPart(BaseModel):
+    """A part of a message's content: only text is served."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
 
 class ChatMessage(BaseModel):
-    """One message of a conversation."""
+    """One message of a conversation; content parts are joined with a space, as SGLang
+    flattens them for a chat template that takes text."""
 
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    content: str | list[TextPart]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        # Said here, by part, rather than as the union's first failure ("a valid string").
+        if isinstance(value, list):
+            for index, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(
+                        f"part {index}: only content parts of type 'text' (with a 'text' string) "
+                        f"are served, got type {kind!r}"
+                    )
+        return value
+
+    @property
+    def text(self) -> str:
+        """The content as one string."""
+        if isinstance(self.content, str):
+            return self.content
+        return " ".join(part.text for part in self.content)
 
 
-class ChatBody(RequestBody):
+class ChatBody(OpenAIBody):
     """`POST /v1/chat/completions` with the extra body field `bid`."""
 
-    model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(default=None, ge=0)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=0)
-    temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
-    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
-    stop: str | list[str] | None = None
-    n: Literal[1] = 1
-    stream: bool = False
-    seed: StrictInt | None = None
-    rid: RequestId | None = None
     # OpenAI's (`server.api.logprobs`): per-token logprobs, and 0-20 alternatives each.
     logprobs: bool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
-    bid: Any = Field(
-        default="0", description="Credits: a JSON number or a decimal string; none means 0"
-    )
-    service_tier: Any = Field(
-        default=None,
-        description="Under `--pricing tiers`: the tier's name (none or `auto`: the default tier)",
-    )
+    # `text`, `json_object` or `json_schema` (`server.api.openai_fields.json_schema_of`).
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _known_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        json_schema_of(value)  # a ValueError names what is wrong
+        return value
 
 
 # Top-level keys of SGLang's `GenerateReqInput` and of its OpenAI-compatible requests, plus
@@ -404,6 +505,11 @@ SGLANG_TOP_LEVEL_KEYS = frozenset(
         "top_k", "top_logprobs", "top_logprobs_num", "token_ids_logprob", "user", "video_data",
     }
 )  # fmt: skip
+
+
+# `/generate` accepts SGLang's request keys, which it ignores as SGLang does, but not a
+# `priority` other than 0: the auction sets it, and a client sending one meant a bid.
+GenerateBody.ACCEPTED_KEYS = SGLANG_TOP_LEVEL_KEYS - {"priority"}
 
 
 def _distance(a: str, b: str) -> int:
@@ -440,27 +546,62 @@ def near_miss(key: str, fields: Iterable[str]) -> str | None:
     return None if best is None else best[1]
 
 
-class UnknownField(ValueError):
-    """A key that is not a field of the body but almost surely meant one; `key` is the key as
-    sent (the error's `param`), `meant` the field."""
+# What a bid is called elsewhere: the answer (`bid_micros`), the SDK's parameter (`value`),
+# other APIs (`max_bid`), SGLang's own scheduling field (`priority`, which this server sets from
+# the auction). Sent under one of these, a bid would be served at 0.
+_BID_ELSEWHERE = {
+    "bid_micros": "the answer's name for it, in micro-credits",
+    "bid_credits": "",
+    "max_bid": "",
+    "max_bid_micros": "",
+    "value": "the SDK's parameter name",
+    "price": "",
+    "amount": "",
+    "priority": "the engine's priority is set from the auction (0 is accepted, as routers send)",
+}
+# A `priority` that asks for nothing, as routers send it.
+_NO_PRIORITY = (0, None)
+_BID_HINT = 'the bid is \'bid\', in credits (a number or a decimal string, e.g. "bid": "0.05")'
 
-    def __init__(self, key: str, meant: str) -> None:
-        super().__init__(f"unknown field {key!r}; did you mean {meant!r}?")
+
+class UnknownField(ValueError):
+    """A top-level key the route does not read; `key` is the key as sent (the error's
+    `param`), `meant` the field it was probably meant as, if any."""
+
+    def __init__(self, key: str, meant: str | None = None) -> None:
+        if meant is not None:
+            message = f"unknown field {key!r}; did you mean {meant!r}?"
+        elif key.casefold() in _BID_ELSEWHERE:
+            why = _BID_ELSEWHERE[key.casefold()]
+            message = f"unknown field {key!r}: {_BID_HINT}" + (f"; {why}" if why else "")
+        else:
+            message = (
+                f"unknown field {key!r}: this endpoint does not read it (its fields are listed "
+                "at /docs; a bid goes in 'bid', in credits)"
+            )
+        super().__init__(message)
         self.key = key
         self.meant = meant
 
 
-def check_top_level_keys(data: Mapping[str, Any], fields: Iterable[str]) -> None:
-    """Raise `UnknownField` for the first unknown key that is a near-miss of a field."""
+def check_top_level_keys(
+    data: Mapping[str, Any], fields: Iterable[str], accepted: frozenset[str] = frozenset()
+) -> None:
+    """Raise `UnknownField` for the first key that is neither a field nor `accepted`."""
     ordered = list(fields)  # ties go to the first field, the same every time
     known = set(ordered)
     if known.issuperset(data):  # the usual body, only fields of ours: nothing to compare
         return
-    unknown = (key for key in data if key not in known and key not in SGLANG_TOP_LEVEL_KEYS)
-    for _, key in zip(range(_KEYS_EXAMINED), unknown, strict=False):
-        meant = near_miss(key, ordered)
-        if meant is not None:
-            raise UnknownField(key, meant)
+    for key in data:
+        if key in known or key in accepted:
+            continue
+        if key == "priority" and data[key] in _NO_PRIORITY:
+            continue  # what routers (SMG) add to every body they forward: asks for nothing
+        if not isinstance(key, str):  # JSON keys are strings; kept for a caller's own mapping
+            raise UnknownField(str(key))
+        if key.casefold() in _BID_ELSEWHERE:
+            raise UnknownField(key)
+        raise UnknownField(key, near_miss(key, ordered))
 
 
 # Location parts pydantic adds for union members and wrapped validators, not body keys.

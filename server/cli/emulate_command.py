@@ -82,6 +82,12 @@ _COST = CostModel()
     help="As SGLang's --schedule-low-priority-values-first.",
 )
 @click.option("--model-name", default=DEFAULT_MODEL_NAME, show_default=True)
+@click.option(
+    "--api-key",
+    envvar="SGLANG_API_KEY",
+    help="As SGLang's --api-key: every route but /health* and /metrics wants "
+    "'Authorization: Bearer <key>' (also read from SGLANG_API_KEY).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def emulate_sglang(
     host: str,
@@ -97,6 +103,7 @@ def emulate_sglang(
     priority_scheduling: bool,
     low_priority_values_first: bool,
     model_name: str,
+    api_key: str | None,
     log_level: str,
 ) -> None:
     """Serve an SGLang EMULATOR (not SGLang) with SGLang's HTTP API.
@@ -137,4 +144,5 @@ def emulate_sglang(
         f"SGLang EMULATOR (not SGLang: no model runs) on http://{host}:{port}, "
         f"cache {cache_tokens} tokens, time scale {time_scale:g}"
     )
-    uvicorn.run(create_sglang_app(live), host=host, port=port, log_level=log_level)
+    app = create_sglang_app(live, api_key=api_key)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -22,6 +22,16 @@ from inference_auctions.server.settings import ServerSettings, without_password
     help="A real SGLang server (http://host:30000). Without it the embedded emulator serves.",
 )
 @click.option(
+    "--engine-ca-bundle",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A PEM file of the certificate authorities an https:// --engine-url is checked "
+    "against (default: the system's). The engine's API key is INFERENCE_AUCTION_ENGINE_API_KEY.",
+)
+@click.option(
+    "--model-name",
+    help="The model name in answers and /v1/models.  [default: the engine's served model name]",
+)
+@click.option(
     "--engine-mode",
     type=click.Choice(["priority", "ordered"]),
     help="priority: SGLang started with --enable-priority-scheduling "
@@ -29,10 +39,12 @@ from inference_auctions.server.settings import ServerSettings, without_password
 )
 @click.option(
     "--tokenizer",
-    help="Who tokenizes prompts for --engine-url: 'engine' (its /tokenize, a round trip per new "
-    "prompt), 'builtin' (this project's tokenizer: the emulator's), or the path of the served "
-    "model's tokenizer.json or folder (needs the 'tokenizers' extra). A local tokenizer is "
-    "compared with the engine's first, and refused if they differ.  [default: engine]",
+    help="Who tokenizes prompts for --engine-url: 'auto' (the engine's own tokenizer and chat "
+    "template, from the tokenizer_path of its /model_info when readable here; else its "
+    "/tokenize), 'engine' (its /tokenize, a round trip per new prompt), 'builtin' (this "
+    "project's tokenizer: the emulator's), or the path of the served model's tokenizer.json or "
+    "folder (needs the 'tokenizers' extra). A local tokenizer is compared with the engine's "
+    "first: a given one that differs is refused, a learnt one is not used.  [default: auto]",
 )
 @click.option("--database-url", help="Ledger database.  [default: sqlite:///inference-auction.db]")
 @click.option(

@@ -78,6 +78,7 @@ class EmbeddedEngine(EngineBase):
             )
             live = LiveSimulator(simulator, time_scale=time_scale, model_name=model_name)
         self.live = live
+        self.model_name = live.model_name
 
     async def start(self) -> None:
         """Start the emulated engine's clock."""

@@ -18,6 +18,7 @@ that module documents the fixed one it uses).
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import json
 import logging
 import time
@@ -31,6 +32,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inference_auctions.server.emulator.event_stream import EventStream, watch_disconnect
 from inference_auctions.server.emulator.live import LiveRequest, LiveSimulator
@@ -492,10 +494,33 @@ async def _openai_stream(submitted: LiveRequest, shaper: Shaper) -> AsyncIterato
         submitted.abort()  # a stop string matched, or the client went away: free the engine
 
 
-def create_sglang_app(live: LiveSimulator) -> FastAPI:
-    """The SGLang-compatible app around `live`, which it starts and stops with the app."""
+def create_sglang_app(live: LiveSimulator, api_key: str | None = None) -> FastAPI:
+    """The SGLang-compatible app around `live`, which it starts and stops with the app; with
+    `api_key`, every route but the health checks wants it, as SGLang's `--api-key` does."""
     routes = _Routes(live)
     app = FastAPI(title="SGLang emulator", lifespan=routes.lifespan)
     for path, endpoint, methods in routes.table():
         app.add_api_route(path, endpoint, methods=methods)
+    if api_key is not None:
+        app.add_middleware(_APIKeyCheck, api_key=api_key)
     return app
+
+
+class _APIKeyCheck:
+    """SGLang's `--api-key` check: `Authorization: Bearer <key>` on every request but the
+    health checks and metrics, else 401 `{"error": "Unauthorized"}`."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS":
+            path: str = scope["path"]
+            if not (path.startswith("/health") or path.startswith("/metrics")):
+                given = dict(scope["headers"]).get(b"authorization", b"")
+                if not hmac.compare_digest(given, self._expected):
+                    refusal = JSONResponse({"error": "Unauthorized"}, status_code=401)
+                    await refusal(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)

@@ -17,6 +17,9 @@ the request's handling, so this one does only what the engine needs:
   end of connection before the end of the body is a cut (`ConnectionLost`).
 * `StreamingResponse.events()` splits a body into server-sent events and yields each event's
   `data:` payload as bytes, leaving the decoding to the caller.
+* `https://` URLs are served over TLS with the certificate and host name checked, against the
+  system's certificate authorities or those of the `ssl.SSLContext` given; the connect timeout
+  covers the handshake, and a certificate that fails the check is a `ConnectError` that says so.
 * A connect timeout, and one deadline for the whole request (connect, send, every byte of the
   answer). A request that ends early (cancelled, failed, past its deadline, or not read to its
   end) closes its connection: the server sees the disconnect and aborts the generation.
@@ -45,6 +48,7 @@ parse error, a refused connect or a failure on a fresh connection are never retr
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, cast
@@ -424,7 +428,10 @@ class _Outgoing:
 
 
 class HTTPClient:
-    """Requests to one `http://host:port[/prefix]` over a pool of keep-alive connections."""
+    """Requests to one `http[s]://host:port[/prefix]` over a pool of keep-alive connections.
+
+    `authorization`, when given, is the value of every request's `Authorization` header; it is
+    never part of an error message."""
 
     def __init__(
         self,
@@ -432,14 +439,18 @@ class HTTPClient:
         *,
         connect_timeout: float | None = 5.0,
         authorization: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"an http:// URL with a host is needed, got {base_url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"an http:// or https:// URL with a host is needed, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.connect_timeout = connect_timeout
         self._host = parts.hostname
-        self._port = parts.port or 80
+        secure = parts.scheme == "https"
+        self._port = parts.port or (443 if secure else 80)
+        # An https URL without a context of its own checks against the system's authorities.
+        self._ssl = (ssl_context or ssl.create_default_context()) if secure else None
         self._prefix = parts.path.rstrip("/")
         headers = f"Host: {parts.netloc}\r\n"
         if authorization is not None:
@@ -579,7 +590,11 @@ class HTTPClient:
         try:
             async with asyncio.timeout(limit):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(self, loop), self._host, self._port
+                    lambda: _Connection(self, loop),
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._ssl is not None else None,
                 )
         except TimeoutError:
             if deadline is not None and loop.time() >= deadline:
@@ -587,6 +602,13 @@ class HTTPClient:
                     f"the deadline passed connecting to {self.base_url}"
                 ) from None
             raise ConnectTimeout(f"connecting to {self.base_url} took over {limit} s") from None
+        except ssl.SSLCertVerificationError as error:
+            raise ConnectError(
+                f"the TLS certificate of {self.base_url} failed the check: "
+                f"{error.verify_message or error.reason} (is the engine's CA among those trusted?)"
+            ) from None
+        except ssl.SSLError as error:
+            raise ConnectError(f"the TLS handshake with {self.base_url} failed: {error}") from None
         except OSError as error:
             raise ConnectError(f"cannot connect to {self.base_url}: {error}") from None
         if self._closed:

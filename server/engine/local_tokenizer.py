@@ -5,6 +5,11 @@ it has not cached: one more HTTP round trip per request. The `tokenizer` setting
 with a tokenizer here:
 
 * `engine` (the default): no local tokenizer; the engine's `/tokenize` answers.
+* `auto`: the engine's own tokenizer, from the `tokenizer_path` of its `/model_info` when that
+  folder is readable from this host (and the `tokenizers` library is installed), with the
+  model's chat template rendered here (`server.engine.chat_template`); else, as `engine`, with
+  the reason logged once. A tokenizer or template that disagrees with the engine's on the
+  probes is not used (the engine's `/tokenize` is, and the reason logged) rather than fail.
 * `builtin`: the project's offline tokenizer (`server.engine.builtin_tokenizer`). It is the
   tokenizer of the SGLang emulator (`emulate-sglang`), whose `/tokenize` adds no special tokens
   whatever
@@ -31,7 +36,9 @@ from inference_auctions.server.engine import builtin_tokenizer
 from inference_auctions.server.engine.errors import TokenizerMismatch
 
 __all__ = [
+    "AUTO",
     "BUILTIN",
+    "CHAT_PROBES",
     "ENGINE",
     "INLINE_TOKENIZE_CHARS",
     "PROBE_TEXTS",
@@ -48,6 +55,7 @@ __all__ = [
 
 ENGINE = "engine"
 BUILTIN = "builtin"
+AUTO = "auto"
 
 # Texts longer than this are tokenized in a worker thread. At this length the builtin tokenizer
 # takes about half a millisecond (a Rust one less): beyond it every other request on the event
@@ -66,6 +74,15 @@ PROBE_TEXTS: tuple[str, ...] = (
     "Line one\nLine two\n\n\tindented  double  spaces   ",
     "Grüße aus Köln, naïve café, 東京都, привет, مرحبا 🙂",
     "<s></s><|endoftext|><|im_start|>user [INST] <<SYS>>",
+)
+
+
+# The chats a locally rendered chat template must render to the engine's ids: a lone user turn,
+# a system prompt, and several turns with non-ASCII text.
+CHAT_PROBES: tuple[list[tuple[str, str]], ...] = (
+    [("user", "Hello, world!")],
+    [("system", "You are brief."), ("user", "Name three rivers.")],
+    [("user", "Hi"), ("assistant", "Hello! How can I help?"), ("user", "Grüße 🙂 and 12345")],
 )
 
 
@@ -130,7 +147,7 @@ def tokenizer_file(path: Path) -> Path:
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise TokenizerSetupError(
-            f"--tokenizer {str(path)!r}: no such file; give 'engine', 'builtin', a "
+            f"--tokenizer {str(path)!r}: no such file; give 'auto', 'engine', 'builtin', a "
             "tokenizer.json or a model folder that holds one"
         )
     return file
@@ -150,14 +167,15 @@ def _tokenizer_class() -> Any:
 
 def check_tokenizer_setting(setting: str) -> None:
     """Fail early, without loading anything large, if `setting` cannot be loaded."""
-    if setting not in (ENGINE, BUILTIN):
+    if setting not in (ENGINE, BUILTIN, AUTO):
         tokenizer_file(Path(setting).expanduser())
         _tokenizer_class()
 
 
 def load_tokenizer(setting: str) -> LocalTokenizer | None:
-    """The local tokenizer the `tokenizer` setting names; None for `engine`."""
-    if setting == ENGINE:
+    """The local tokenizer the `tokenizer` setting names; None for `engine`, and for `auto`,
+    whose tokenizer the SGLang backend learns from the engine at start."""
+    if setting in (ENGINE, AUTO):
         return None
     if setting == BUILTIN:
         return BuiltinTokenizer()

@@ -190,6 +190,7 @@ class Engine(Protocol):
     """What the server needs from an engine (see the module docstring)."""
 
     name: str
+    model_name: str | None  # the served model's name, once the engine has stated it
 
     async def start(self) -> None:
         """Open connections or start the embedded engine."""
@@ -403,6 +404,8 @@ class EngineBase(ABC):
     name = "engine"
 
     def __init__(self) -> None:
+        # The served model's name, as the engine states it (None until it has).
+        self.model_name: str | None = None
         self._generations: set[Generation] = set()
         self._closed = False
 

@@ -40,15 +40,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from inference_auctions.server.engine.chat_template import (
+    ChatTemplate,
+    ChatTemplateError,
+    load_chat_template,
+)
 from inference_auctions.server.engine.errors import (
     EngineError,
     EngineProtocolError,
@@ -65,10 +72,13 @@ from inference_auctions.server.engine.http_client import (
     StreamRequest,
 )
 from inference_auctions.server.engine.local_tokenizer import (
+    CHAT_PROBES,
     INLINE_TOKENIZE_CHARS,
     PROBE_TEXTS,
+    HuggingFaceTokenizer,
     LocalTokenizer,
     TokenizerMismatch,
+    TokenizerSetupError,
     tokenizer_disagreement,
 )
 from inference_auctions.server.engine.protocol import (
@@ -196,8 +206,10 @@ class SGLangHTTPEngine(EngineBase):
         tokenize_cache_bytes: int = 64 * 2**20,
         add_special_tokens: bool = True,
         api_key: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
         tokenizer: LocalTokenizer | None = None,
         vocab_size: int | None = None,
+        learn_tokenizer: bool = False,
     ) -> None:
         super().__init__()
         if mode not in ("priority", "ordered"):
@@ -209,6 +221,7 @@ class SGLangHTTPEngine(EngineBase):
         self.control_timeout = control_timeout
         self.add_special_tokens = add_special_tokens
         self._api_key = api_key
+        self._ssl_context = ssl_context
         self._client: HTTPClient | None = None
         self._tokens: OrderedDict[str, TokenArray] = OrderedDict()
         self._context_length: int | None = None
@@ -224,6 +237,13 @@ class SGLangHTTPEngine(EngineBase):
         self._text_of: dict[int, str] = {}  # id of a cached array -> its text (`forget_prompt`)
         self._tokenizing: dict[str, asyncio.Task[TokenArray]] = {}
         self.tokenizer = tokenizer
+        # `--tokenizer auto`: the engine's own tokenizer files, when readable here, at start.
+        self._learn_tokenizer = learn_tokenizer and tokenizer is None
+        self._fallback_logged = False
+        # The model's chat template rendered here, once it agreed with the engine's rendering;
+        # `_chat_special`: whether its prompt is encoded with special tokens added.
+        self._chat_template: ChatTemplate | None = None
+        self._chat_special = False
         # The local tokenizer serves only once it agreed with the engine's on the probes.
         self._tokenizer_agrees = tokenizer is None
         self._tokenizer_check: asyncio.Task[None] | None = None
@@ -242,10 +262,78 @@ class SGLangHTTPEngine(EngineBase):
             self.base_url,
             connect_timeout=self.connect_timeout,
             authorization=f"Bearer {self._api_key}" if self._api_key else None,
+            ssl_context=self._ssl_context,
         )
         self._sender = asyncio.create_task(self._send_in_order(), name="sglang-sender")
-        if self.tokenizer is not None:
+        if self._learn_tokenizer:
+            await self._adopt_engine_tokenizer()
+        elif self.tokenizer is not None:
             await self._check_tokenizer_at_start()
+
+    async def _adopt_engine_tokenizer(self) -> None:
+        """`--tokenizer auto`: the engine's own tokenizer and chat template, loaded from its
+        `tokenizer_path` when this host can read it and used once they agree with the engine
+        on the probes; otherwise the engine's `/tokenize`, and the reason logged once."""
+        try:
+            info = await self._control_json("/model_info", timeout=self.connect_timeout)
+        except EngineError as error:
+            self._use_engine_tokenizer(f"its /model_info did not answer ({error})")
+            return
+        path = info.get("tokenizer_path") if info else None
+        location = Path(path).expanduser() if isinstance(path, str) and path else None
+        if location is None or not location.exists():
+            self._use_engine_tokenizer(f"its tokenizer_path {path!r} is not readable here")
+            return
+        folder = location if location.is_dir() else location.parent
+        try:
+            tokenizer = await asyncio.to_thread(HuggingFaceTokenizer, location)
+            template = await asyncio.to_thread(load_chat_template, folder)
+        except (TokenizerSetupError, ChatTemplateError) as error:
+            self._use_engine_tokenizer(str(error))
+            return
+        self.tokenizer, self._tokenizer_agrees = tokenizer, False
+        try:
+            await self._check_tokenizer(timeout=self.connect_timeout)
+        except TokenizerMismatch as mismatch:
+            self.tokenizer, self._tokenizer_agrees, self._mismatch = None, True, None
+            self._use_engine_tokenizer(str(mismatch))
+            return
+        except EngineError as error:  # compared again before the first prompt
+            log.warning("the engine did not answer /tokenize at start (%s)", error)
+            return
+        log.info("tokenizing prompts here with the engine's tokenizer %s", tokenizer.description)
+        if template is not None:
+            await self._adopt_chat_template(template)
+
+    async def _adopt_chat_template(self, template: ChatTemplate) -> None:
+        """Render chats here once `template` gives the engine's ids on the probe chats."""
+        assert self.tokenizer is not None
+        encode = self.tokenizer.encode
+        try:
+            expected = [await self._engine_chat_ids(chat) for chat in CHAT_PROBES]
+            rendered = [template.render(chat) for chat in CHAT_PROBES]
+        except (EngineError, ChatTemplateError) as error:
+            log.info("chats are rendered by the engine: the probe chats failed (%s)", error)
+            return
+        for special in (False, True):  # transformers adds none; a BOS-less template may
+            local = [encode(text, add_special_tokens=special) for text in rendered]
+            if local == [list(ids) for ids in expected]:
+                self._chat_template, self._chat_special = template, special
+                log.info("rendering chat templates here: they agree with the engine's")
+                return
+        log.warning(
+            "the model's chat template rendered here gives other tokens than the engine's on "
+            "the probe chats: chats are rendered by the engine (one round trip each)"
+        )
+
+    def _use_engine_tokenizer(self, reason: str) -> None:
+        """Say once why prompts go to the engine's `/tokenize`."""
+        if not self._fallback_logged:
+            self._fallback_logged = True
+            log.warning(
+                "tokenizing prompts with the engine's /tokenize (a round trip per new prompt): %s",
+                reason,
+            )
 
     async def _check_tokenizer_at_start(self) -> None:
         """Compare the tokenizers now if the engine answers; a disagreement fails the start."""
@@ -301,19 +389,46 @@ class SGLangHTTPEngine(EngineBase):
         return False
 
     async def server_info(self) -> dict[str, Any] | None:
-        """SGLang's `/server_info`: its flags, and the effective limits in `internal_states`."""
-        return await self._control_json("/server_info")
+        """SGLang's `/server_info`: its flags, and the effective limits in `internal_states`.
+
+        Its model name is remembered (`model_name`): the pool reads `/server_info` at start,
+        whenever the engine answers again after failing to, and every half minute, so a
+        restart with another model is seen."""
+        info = await self._control_json("/server_info")
+        if info is not None:
+            self._learn_model_name(info)
+        return info
+
+    async def learn_model_name(self) -> str | None:
+        """The served model's name, asked of `/model_info` now (None if it states none)."""
+        info = await self._control_json("/model_info")
+        if info is not None:
+            self._learn_model_name(info)
+        return self.model_name
+
+    def _learn_model_name(self, info: Mapping[str, Any]) -> None:
+        """SGLang answers OpenAI requests as `served_model_name`, which defaults to the model's
+        path; `/model_info` states only the path."""
+        for key in ("served_model_name", "model_path"):
+            name = info.get(key)
+            if isinstance(name, str) and name:
+                if name != self.model_name:
+                    log.info("the engine serves the model %r", name)
+                    self.model_name = name
+                return
 
     async def loads(self) -> dict[str, Any] | None:
         """SGLang's `/v1/loads`: each rank's waiting and running requests."""
         return await self._control_json("/v1/loads")
 
-    async def _control_json(self, path: str) -> dict[str, Any] | None:
+    async def _control_json(self, path: str, timeout: float | None = None) -> dict[str, Any] | None:
         """A GET of a control route as a JSON object (None if SGLang does not serve it)."""
         if self._client is None:
             raise EngineUnavailable("the SGLang engine is not started")
         try:
-            response = await self._client.request("GET", path, timeout=self.control_timeout)
+            response = await self._client.request(
+                "GET", path, timeout=timeout or self.control_timeout
+            )
         except HTTPTimeout as error:
             raise EngineTimeout(f"SGLang {path} timed out: {error!r}") from error
         except HTTPClientError as error:
@@ -364,8 +479,34 @@ class SGLangHTTPEngine(EngineBase):
         (`server.engine.protocol.render_chat`) from then on."""
         if self._client is None:
             raise EngineUnavailable("the SGLang engine is not started")
+        if self._chat_template is not None and self.tokenizer is not None:
+            try:
+                return await self._render_chat_locally(messages)
+            except ChatTemplateError:
+                pass  # the template refuses this chat: the engine says how, by its own rules
         if not self._renders_chats:
             return await self.tokenize_array(render_chat(messages))
+        return _token_array(await self._engine_chat_ids(messages))
+
+    async def _render_chat_locally(self, messages: list[tuple[str, str]]) -> TokenArray:
+        """The chat's ids from the model's template and tokenizer, here."""
+        template, tokenizer, special = self._chat_template, self.tokenizer, self._chat_special
+        assert template is not None and tokenizer is not None
+
+        def ids() -> TokenArray:
+            text = template.render(messages)
+            return _local_array(tokenizer.encode(text, add_special_tokens=special))
+
+        if sum(len(content) for _, content in messages) <= INLINE_TOKENIZE_CHARS:
+            return ids()
+        return await asyncio.to_thread(ids)
+
+    async def _engine_chat_ids(self, messages: list[tuple[str, str]]) -> list[int]:
+        """The engine's ids of a chat (its `/tokenize` with `messages`); an engine that refuses
+        chats is sent the plain transcript from then on."""
+        assert self._client is not None
+        if not self._renders_chats:
+            return await self.tokenize(render_chat(messages))
         body = {"messages": [{"role": role, "content": content} for role, content in messages]}
         try:
             response = await self._client.request(
@@ -382,7 +523,7 @@ class SGLangHTTPEngine(EngineBase):
                 _error_message(response.content, response.status),
             )
             self._renders_chats = False
-            return await self.tokenize_array(render_chat(messages))
+            return await self.tokenize(render_chat(messages))
         if response.status != HTTPStatus.OK:
             status = response.status
             raise _status_error(status, _error_message(response.content, status))
@@ -392,7 +533,7 @@ class SGLangHTTPEngine(EngineBase):
             raise EngineProtocolError("SGLang /tokenize sent a malformed body") from error
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineProtocolError("SGLang /tokenize sent no token list")
-        return _token_array(tokens)
+        return tokens
 
     async def context_length(self) -> int | None:
         """SGLang's context length (`max_model_len` of its `/tokenize`), asked once."""

@@ -164,6 +164,11 @@ class AuctionService:
         """The engine's name, as `/health` and `/server_info` report it."""
         return self._engine.name
 
+    @property
+    def engine_model_name(self) -> str | None:
+        """The model the engine says it serves (None until it has said)."""
+        return self._engine.model_name
+
     async def engine_healthy(self) -> bool:
         """Whether the engine answers its health check."""
         return await self._engine.health()

@@ -23,9 +23,22 @@ ROUTER_KEYS: dict[str, Any] = {
     "return_entropy": False,
     "return_text_in_logprobs": False,
     "return_logprob": False,
-    "priority": 3,
     "stream": False,
 }
+# The names a bid is likely sent under by mistake: the answer's (`bid_micros`), the SDK's
+# parameter (`value`), other APIs' (`max_bid`) and SGLang's scheduling field (`priority`).
+WRONG_BID_NAMES: dict[str, Any] = {
+    "bid_micros": 50_000,
+    "value": "0.5",
+    "max_bid": "0.5",
+    "priority": 3,
+    "Bid_Micros": 50_000,
+}
+ROUTES: list[tuple[str, dict[str, Any]]] = [
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+]
 
 
 @pytest.fixture(scope="module")
@@ -95,25 +108,55 @@ def test_near_misses_of_fields_are_refused_with_a_suggestion(
     assert ledger_snapshot(newcomer_server.ledger.engine) == before
 
 
-def test_router_keys_and_other_unknown_keys_stay_accepted(newcomer_server: RunningServer) -> None:
+def test_router_keys_and_openai_labels_stay_accepted(newcomer_server: RunningServer) -> None:
     key = newcomer_server.create_user("router")
     body = {
         "text": "hi",
         "bid": "0.01",
         "sampling_params": {"max_new_tokens": 2},
-        "my_own_annotation": {"anything": 1},
         **ROUTER_KEYS,
     }
     with newcomer_server.client(key) as client:
         reply = client.post("/generate", json=body)
         assert reply.status_code == 200, reply.text
         assert reply.json()["meta_info"]["auction"]["bid_micros"] == 10_000
-        for path, base in [
-            ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
-            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-        ]:
-            extra = {"user": "u-1", "logprobs": None, "top_k": 5, "model": "m"}
-            assert client.post(path, json={**base, **extra}).status_code == 200
+        for path, base in ROUTES[1:]:
+            extra = {"user": "u-1", "logprobs": None, "top_k": 5, "metadata": {"a": "b"}}
+            reply = client.post(path, json={**base, **extra, "bid": "0.01"})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["auction"]["bid_micros"] == 10_000
+
+
+def test_a_bid_under_another_name_is_refused_by_name(newcomer_server: RunningServer) -> None:
+    """`{"bid_micros": 50000}` must never be served at bid 0: each likely wrong name of the
+    bid, on each generation route, is a 400 that names it and points at `bid`."""
+    key = newcomer_server.create_user("wrong-bid-name")
+    before = ledger_snapshot(newcomer_server.ledger.engine)
+    with newcomer_server.client(key) as client:
+        for path, base in ROUTES:
+            for name, value in WRONG_BID_NAMES.items():
+                error = _error(client.post(path, json={**base, name: value}))
+                assert error["param"] == name, (path, error)
+                message = error["message"]
+                assert message.startswith(f"unknown field {name!r}: the bid is 'bid'"), message
+                assert "in credits" in message
+    assert ledger_snapshot(newcomer_server.ledger.engine) == before
+
+
+def test_an_unknown_field_is_refused_not_ignored(newcomer_server: RunningServer) -> None:
+    key = newcomer_server.create_user("unknown-field")
+    with newcomer_server.client(key) as client:
+        for path, base in ROUTES:
+            error = _error(client.post(path, json={**base, "my_own_annotation": {"x": 1}}))
+            assert error["param"] == "my_own_annotation"
+            assert "does not read it" in error["message"], error
+        # SGLang's own request keys stay accepted on `/generate` (SGLang ignores them too),
+        # but not on the OpenAI routes, which take OpenAI's fields.
+        sglang_only = {"return_hidden_states": False, "lora_path": None}
+        generate, chat = ROUTES[0], ROUTES[2]
+        assert client.post(generate[0], json={**generate[1], **sglang_only}).status_code == 200
+        error = _error(client.post(chat[0], json={**chat[1], "return_hidden_states": False}))
+        assert error["param"] == "return_hidden_states"
 
 
 def test_a_missing_bid_is_zero(newcomer_server: RunningServer) -> None:

@@ -35,9 +35,10 @@ class PathCounter:
 
 
 @contextmanager
-def serve(app: Any) -> Iterator[str]:
-    """Run `app` under uvicorn in a thread; yields its base URL and stops it on exit."""
-    port = free_port()
+def serve(app: Any, **options: Any) -> Iterator[str]:
+    """Run `app` under uvicorn in a thread; yields its base URL and stops it on exit. With
+    `ssl_certfile` and `ssl_keyfile` among `options`, it serves https; `port` picks the port."""
+    port = options.pop("port", None) or free_port()
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
@@ -47,7 +48,9 @@ def serve(app: Any) -> Iterator[str]:
         http="h11",
         ws="none",
         timeout_graceful_shutdown=5,
+        **options,
     )
+    scheme = "https" if "ssl_certfile" in options else "http"
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
@@ -57,7 +60,7 @@ def serve(app: Any) -> Iterator[str]:
             raise RuntimeError("the test server did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{scheme}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

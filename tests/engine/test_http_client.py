@@ -444,6 +444,9 @@ async def test_numpy_arrays_and_authorization_go_out() -> None:
     assert request.json() == {"ids": [1, 2, 2**31 - 1]}
 
 
-def test_only_http_urls() -> None:
-    with pytest.raises(ValueError, match="http://"):
-        HTTPClient("https://sglang.example")
+def test_only_http_and_https_urls() -> None:
+    for url in ("ftp://sglang.example", "sglang.example:30000", "http://"):
+        with pytest.raises(ValueError, match=r"http:// or https://"):
+            HTTPClient(url)
+    # TLS itself: tests/engine/test_engine_access.py
+    assert HTTPClient("https://sglang.example")._port == 443

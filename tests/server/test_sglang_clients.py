@@ -101,9 +101,8 @@ def test_sglangs_deprecated_info_routes_are_served(sglang_server: RunningServer)
             current, alias = client.get(path), client.get("/get_" + path[1:])
             assert current.status_code == alias.status_code == 200, alias.text
             assert alias.json() == current.json()
-        assert client.get("/get_model_info").json()["model_path"] == (
-            sglang_server.settings.model_name
-        )
+        # The model the embedded emulator serves, as `/v1/models` names it.
+        assert client.get("/get_model_info").json()["model_path"] == "inference-auction-emulated"
     with sglang_server.client(None) as anonymous:
         assert anonymous.get("/get_model_info").status_code == 401
 

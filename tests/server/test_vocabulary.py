@@ -84,7 +84,9 @@ def test_a_vocabulary_size_in_the_settings_wins_and_the_engine_is_not_asked(
 ) -> None:
     url, counts = emulator
     asked = counts.paths["/model_info"]
-    with running_server(ledger_db, engine_url=url, engine_vocab_size=100) as server:
+    # `--tokenizer engine`: `auto` reads /model_info once at start for the tokenizer's path.
+    settings = {"engine_url": url, "engine_vocab_size": 100, "tokenizer": "engine"}
+    with running_server(ledger_db, **settings) as server:
         key = server.create_user("mallory", budget=GRANT)
         with server.client(key) as client:
             reply = client.post("/generate", json={"input_ids": [99, 100], "bid": "0.1"})

@@ -323,7 +323,7 @@ def test_sglang_management_endpoints(server: RunningServer) -> None:
     user = server.create_user("quinn")
     admin = server.create_user("root", admin=True)
     with server.client(user) as client:
-        assert client.get("/model_info").json()["model_path"] == server.settings.model_name
+        assert client.get("/model_info").json()["model_path"] == "inference-auction-emulated"
         assert client.get("/server_info").json()["engine"] == "embedded"
         assert client.post("/flush_cache").status_code == 403  # everyone's cache: admins only
     with server.client(admin) as client:
