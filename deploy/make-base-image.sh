@@ -25,8 +25,9 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 # `apt` variant: Essential packages plus apt, what python3 needs to run and pip to install.
-# ca-certificates so that pip in the build stage can reach an HTTPS index.
-mmdebstrap --variant=apt --include=python3,python3-venv,ca-certificates \
+# ca-certificates so that pip in the build stage can reach an HTTPS index; tzdata for the
+# budget periods' time zones (python:3.11-slim carries both).
+mmdebstrap --variant=apt --include=python3,python3-venv,ca-certificates,tzdata \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
   --aptopt='APT::Install-Recommends "false"' \
