@@ -130,7 +130,8 @@ def _transactions_through(url: str) -> int:
         result = console.pgconn.exec_(b"SHOW STATS")
         names = [result.fname(i) for i in range(result.nfields)]
         for row in range(result.ntuples):
-            values = dict(zip(names, (result.get_value(row, i) for i in range(result.nfields))))
+            cells = (result.get_value(row, i) for i in range(result.nfields))
+            values = dict(zip(names, cells, strict=True))
             if values[b"database"] == b"ledger":
                 return int(values[b"total_xact_count"] or 0)
     return 0

@@ -25,9 +25,7 @@ UNIT = DEPLOY / "systemd" / "inference-auction.service"
 
 def _env_file() -> dict[str, str]:
     lines = (DEPLOY / "systemd" / "inference-auction.env").read_text().splitlines()
-    return dict(
-        line.split("=", 1) for line in lines if line.strip() and not line.startswith("#")
-    )
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
 
 
 def _unit() -> dict[str, str]:
