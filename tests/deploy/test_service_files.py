@@ -76,6 +76,7 @@ def test_compose_runs_the_server_after_the_schema_on_postgresql() -> None:
     assert migrate["build"]["dockerfile"] == "deploy/Containerfile"
     assert (DEPLOY.parent / migrate["build"]["context"].removeprefix("../")).is_dir()
     assert server["image"] == migrate["image"]
+    assert server["build"] == migrate["build"]  # built here, never pulled
     assert server["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
     assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
     environment = server["environment"]

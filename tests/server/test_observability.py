@@ -58,6 +58,22 @@ def test_refused_requests_are_counted_by_status_and_reason(server: RunningServer
     assert samples[("inference_auction_requests_total", (("status", "served"),))] == 1.0
 
 
+def test_rate_limited_requests_are_counted(ledger_db: MigratedDatabase) -> None:
+    with running_server(ledger_db, rate_limit_per_second=0.001, rate_limit_burst=1) as server:
+        key = server.create_user("hasty")
+        with server.client(key) as client:
+            first = client.post("/generate", json={"text": "a b", "bid": "0.01"})
+            assert first.status_code == 200, first.text
+            second = client.post("/generate", json={"text": "a b", "bid": "0.01"})
+            assert second.status_code == 429
+        samples = _samples(server.url)
+    key_429 = (
+        "inference_auction_refused_requests_total",
+        (("reason", "rate_limited"), ("status", "429")),
+    )
+    assert samples[key_429] == 1.0
+
+
 def test_process_metrics_are_exported(server: RunningServer) -> None:
     samples = _samples(server.url)
     names = {name for name, _ in samples}
