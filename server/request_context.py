@@ -25,7 +25,6 @@ __all__ = [
     "RequestFields",
     "bind_user",
     "current_request_id",
-    "current_ticket",
     "current_trace_headers",
     "request_context",
     "request_id_var",
@@ -50,11 +49,6 @@ def bind_user(name: str) -> None:
 def current_request_id() -> str | None:
     """The id of the request running now, if any."""
     return request_id_var.get()
-
-
-def current_ticket() -> Ticket | None:
-    """The admitted request running now, if any."""
-    return ticket_var.get()
 
 
 def current_trace_headers() -> bytes:

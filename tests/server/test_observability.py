@@ -129,7 +129,14 @@ def test_trace_headers_go_on_to_the_engine(ledger_db: MigratedDatabase) -> None:
             assert chat.status_code == 200, chat.text
             plain = client.post("/generate", json={"text": "a b c", "bid": "0.01", "rid": "plain"})
             assert plain.status_code == 200, plain.text
+            odd = client.post(
+                "/generate",
+                json={"text": "a b c", "bid": "0.01", "rid": "odd"},
+                headers={"traceparent": b"00-\xffab\tcd", "tracestate": "a=1"},
+            )
+            assert odd.status_code == 200, odd.text
     sent = {received.rid.removeprefix("alice/"): received for received in faulty.received}
     assert sent["traced"].trace_headers == {"traceparent": TRACEPARENT, "tracestate": TRACESTATE}
     assert sent["traced-chat"].trace_headers == {"traceparent": TRACEPARENT}
     assert sent["plain"].trace_headers == {}  # nothing made up, nothing left from the others
+    assert sent["odd"].trace_headers == {"tracestate": "a=1"}  # not printable ASCII: dropped
