@@ -46,14 +46,16 @@ fi
   -e INFERENCE_AUCTION_MAX_WAIT_MS=200 "$IMAGE" serve --log-format json >/dev/null
 
 echo "waiting for the server's /health on 127.0.0.1:$PORT"
+ready=0
 for _ in $(seq 1 120); do
   if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" 2>/dev/null; then
+    ready=1
     break
   fi
   sleep 0.5
 done
-[ "$("$PODMAN" inspect --format '{{.State.Running}}' "$name")" = true ] || {
-  "$PODMAN" logs "$name"; echo "the server exited" >&2; exit 1; }
+[ "$ready" = 1 ] || {
+  "$PODMAN" logs "$name"; echo "the server did not become ready in 60 s" >&2; exit 1; }
 [ "$("$PODMAN" inspect --format '{{.Config.User}}' "$name")" = auction ] || {
   echo "the server does not run as the user auction" >&2; exit 1; }
 
