@@ -6,17 +6,18 @@ STAMP := $(VENV)/.installed
 # What `make run` and `make demo` need: the server and the SDK, without the dev tool chain.
 RUNTIME_STAMP := $(VENV)/.runtime
 
-.PHONY: demo run run-sglang sglang-env test test-cluster lint types check bench experiments clean
+.PHONY: demo run run-sglang sglang-env test test-cluster test-deploy lint types check bench experiments clean
 
 # `make test` leaves out the scale-out tests (SMG in front of several servers), the packaging
-# tests (they build both wheels and install the SDK's alone) and the tests against the real
-# SGLang (its CPU environment takes minutes to build once); CI sets
-# INFERENCE_AUCTION_FULL_SUITE=1, builds that environment first and runs everything.
+# tests (they build both wheels and install the SDK's alone), the tests against the real
+# SGLang (its CPU environment takes minutes to build once) and the container image's (podman
+# builds it in minutes); CI sets INFERENCE_AUCTION_FULL_SUITE=1, builds that environment first
+# and runs everything but the image, which `make test-deploy` builds and runs where podman can.
 ifeq ($(INFERENCE_AUCTION_FULL_SUITE),1)
-TEST_SELECTION :=
+TEST_SELECTION := -m "not deploy"
 TEST_PREREQUISITES := sglang-env
 else
-TEST_SELECTION := -m "not cluster and not packaging and not sglang"
+TEST_SELECTION := -m "not cluster and not packaging and not sglang and not deploy"
 TEST_PREREQUISITES :=
 endif
 
@@ -49,6 +50,9 @@ test: $(STAMP) $(TEST_PREREQUISITES)  ## Run the test suite (PostgreSQL tests ru
 
 test-cluster: $(STAMP)  ## Run the scale-out tests: SMG in front of several auction servers
 	$(BIN)/python -m pytest -m cluster
+
+test-deploy: $(STAMP)  ## Build the container image with podman, run it, drain it (BASE_IMAGE=...)
+	$(BIN)/python -m pytest -m deploy
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -91,6 +91,9 @@ def create_ledger_engine(
     poolclass = kwargs.get("poolclass") or dialect.get_pool_class(parsed)
     if issubclass(poolclass, QueuePool):  # SQLite in memory has a connection per thread
         kwargs.setdefault("pool_use_lifo", True)  # see the module docstring
+    else:  # a pool without a size: the size settings do not apply
+        kwargs.pop("pool_size", None)
+        kwargs.pop("max_overflow", None)
     if parsed.get_backend_name() != "sqlite":
         # No `pool_pre_ping`: the ledger runs a transaction again when its pooled connection
         # turns out dead before the commit (`Ledger._write`), instead of paying a round trip

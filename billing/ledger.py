@@ -170,16 +170,27 @@ class Ledger:
         clock: Callable[[], datetime] = _utc_now,
         checkpoint_in_background: bool = False,
         sqlite_busy_timeout: float | None = None,
+        pool_size: int | None = None,
+        max_overflow: int | None = None,
     ) -> Self:
         """A ledger on a new engine for `url`; `close()` disposes of the engine. With
         `checkpoint_in_background`, a SQLite file's WAL is checkpointed by a thread of its
         own, not by the connections that commit (`billing.wal_checkpoints`); a server's ledger,
-        whose commits requests wait on. `sqlite_busy_timeout`: see `create_ledger_engine`."""
+        whose commits requests wait on. `sqlite_busy_timeout`: see `create_ledger_engine`.
+        `pool_size`, `max_overflow`: the connection pool's (SQLAlchemy's 5 and 10 where None)."""
+        pool = {
+            key: value
+            for key, value in (("pool_size", pool_size), ("max_overflow", max_overflow))
+            if value is not None
+        }
         if not checkpoint_in_background:
-            engine = create_ledger_engine(url, sqlite_busy_timeout=sqlite_busy_timeout)
+            engine = create_ledger_engine(url, sqlite_busy_timeout=sqlite_busy_timeout, **pool)
             return cls(engine, clock=clock, owns_engine=True)
         engine = create_ledger_engine(
-            url, wal_autocheckpoint=BACKSTOP_PAGES, sqlite_busy_timeout=sqlite_busy_timeout
+            url,
+            wal_autocheckpoint=BACKSTOP_PAGES,
+            sqlite_busy_timeout=sqlite_busy_timeout,
+            **pool,
         )
         ledger = cls(engine, clock=clock, owns_engine=True)
         if checkpoints_apply(engine):

@@ -30,3 +30,12 @@ class LedgerSettings(BaseSettings):
     """How often stale holds are expired."""
     reconcile_interval_seconds: float = Field(default=3600.0, gt=0)
     """How often balances are reconciled against the entries."""
+    # SQLAlchemy's pool of connections to the database, per process: `pool_size` kept open,
+    # `max_overflow` more opened at a peak and closed after. The serving path writes from one
+    # thread (`server.ledger_writer`), so a few are enough; what a process may open in all,
+    # times its replicas, must stay under PostgreSQL's `max_connections` (or PgBouncer's pool).
+    database_pool_size: int = Field(default=5, ge=1, le=1000)
+    """Connections to the ledger's database each server keeps open (SQLAlchemy's `pool_size`)."""
+    database_max_overflow: int = Field(default=10, ge=0, le=1000)
+    """Connections opened beyond `database_pool_size` at a peak, closed when returned
+    (SQLAlchemy's `max_overflow`)."""

@@ -62,7 +62,12 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         upgrade_schema(settings.database_url)
         # The WAL checkpoints of a SQLite file run beside this process's ledger thread
         # (`billing.wal_checkpoints`).
-        ledger = Ledger.from_url(settings.database_url, checkpoint_in_background=True)
+        ledger = Ledger.from_url(
+            settings.database_url,
+            checkpoint_in_background=True,
+            pool_size=settings.database_pool_size,
+            max_overflow=settings.database_max_overflow,
+        )
         agreement = await _agreed_rule(app, ledger, settings)
         backend = engine or make_engine_from(settings)
         await backend.start()

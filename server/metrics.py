@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
@@ -16,6 +24,10 @@ class Metrics:
     def __init__(self, queue_length: Callable[[], int], inflight: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # The process's CPU, memory and file descriptors (`process_*`, Linux only) and the
+        # Python it runs (`python_info`), as prometheus_client's default registry has them.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         self.queue_length = Gauge(
             "inference_auction_queue_length", "Requests waiting for a batch", registry=r
         )
@@ -118,6 +130,15 @@ class Metrics:
         self.requests = Counter(
             "inference_auction_requests", "Requests by outcome", ["status"], registry=r
         )
+        # Every error answer the app's exception handlers render (`api.error_handlers`):
+        # 402, 429 and the ledger's 503 never reach the engine, so `requests` misses them.
+        self.refused = Counter(
+            "inference_auction_refused_requests",
+            "Requests answered with an error status before or instead of the engine's answer, "
+            "by status and reason (the error's type)",
+            ["status", "reason"],
+            registry=r,
+        )
         # Batches sent to the engine ahead of their settlement's commit
         # (server.serving.dispatch_ahead).
         self.batches_ahead = Counter(
@@ -160,12 +181,22 @@ class Metrics:
         # so /metrics shows an outcome once it has happened): `labels` takes a lock and
         # builds its key on every call, several times the cost of the increment itself.
         self._outcomes: dict[str, Counter] = {}
+        self._refusals: dict[tuple[int, str], Counter] = {}
 
     def count_request(self, status: str) -> None:
         """Count one request that ended with `status` (served, failed)."""
         counter = self._outcomes.get(status)
         if counter is None:
             counter = self._outcomes[status] = self.requests.labels(status=status)
+        counter.inc()
+
+    def count_refusal(self, status: int, reason: str) -> None:
+        """Count one request answered with error `status` for `reason` (`insufficient_funds`,
+        `rate_limited`, `unavailable`...)."""
+        counter = self._refusals.get((status, reason))
+        if counter is None:
+            counter = self.refused.labels(status=str(status), reason=reason)
+            self._refusals[(status, reason)] = counter
         counter.inc()
 
     def record_cache(self, prompt_tokens: int, cached_tokens: int) -> None:

@@ -303,6 +303,10 @@ class ServerSettings(LedgerSettings):
     jobs_leader_election: bool = False
     """Run those jobs only on the replica that holds a PostgreSQL advisory lock."""
 
+    log_format: Literal["text", "json"] = "text"
+    """The server's log lines: `text`, or `json` (one object a line, with the `request_id`,
+    `user` and `batch` of the request a line belongs to)."""
+
     @model_validator(mode="after")
     def _slots_hold_a_batch(self) -> ServerSettings:
         if self.priority_slots is not None and self.priority_slots < self.batch_size:

@@ -45,8 +45,9 @@ def http_api() -> str:
         "",
         "Every endpoint of the server, from its OpenAPI schema (`/openapi.json`; browse it at",
         "`/docs` on a running server). Requests need `Authorization: Bearer <api key>` except",
-        "`/health`, `/metrics`, `/server_info`, `/version` and `/v1/models`. Money is integer",
-        "micro-credits (`*_micros`); bids go in as credits. Errors: [errors.md](errors.md).",
+        "`/health`, `/health/live`, `/metrics`, `/server_info`, `/version` and `/v1/models`. Money",
+        "is integer micro-credits (`*_micros`); bids go in as credits. Errors:",
+        "[errors.md](errors.md).",
     ]
     for tag, rows in groups.items():
         lines += ["", f"## {tag}", "", "| endpoint | what | other statuses |", "|---|---|---|"]
@@ -116,13 +117,21 @@ def metrics() -> str:
         "",
         "`GET /metrics` (no key needed) in Prometheus' text format. Money is in micro-credits.",
         "With `INFERENCE_AUCTION_REPLICA_NAME` set, every sample carries a `replica` label.",
+        "`process_*` (Linux only) and `python_info` describe the server's process.",
         "",
         "| metric | type | labels | what |",
         "|---|---|---|---|",
     ]
     for family in sorted(registry.collect(), key=lambda family: family.name):
-        collector = registry._names_to_collectors[family.name]
-        labels = ", ".join(getattr(collector, "_labelnames", ()))
+        names_to_collectors = registry._names_to_collectors
+        collector = names_to_collectors.get(family.name) or names_to_collectors.get(
+            family.name + "_total"
+        )
+        # A metric's own labels; for a collector's (`python_info`), its samples' labels.
+        names = getattr(collector, "_labelnames", None)
+        if names is None:
+            names = sorted({label for sample in family.samples for label in sample.labels})
+        labels = ", ".join(names)
         suffix = "_total" if family.type == "counter" else ""
         lines.append(
             f"| `{family.name}{suffix}` | {family.type} | {labels} | {family.documentation} |"

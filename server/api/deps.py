@@ -18,6 +18,7 @@ from inference_auctions.server.api.market_prices import MarketPrices
 from inference_auctions.server.cluster.rule_agreement import RuleAgreement
 from inference_auctions.server.dashboard.snapshot import DashboardState
 from inference_auctions.server.errors import Forbidden, RateLimited, Unauthenticated
+from inference_auctions.server.request_context import bind_user
 from inference_auctions.server.serving.service import AuctionService
 from inference_auctions.server.settings import ServerSettings
 
@@ -139,6 +140,7 @@ async def current_user(request: Request, state: State) -> UserInfo:
     user = state.keys.get(key) or await state.keys.lookup(key, state.ledger.authenticate)
     if user is None:
         raise Unauthenticated("the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
+    bind_user(user.name)  # on this request's log lines (`server.request_context`)
     if user.disabled:
         raise Forbidden(f"user {user.name!r} is disabled")
     state.limiter.check(user.name)

@@ -24,41 +24,52 @@ from inference_auctions.server.errors import (
 log = logging.getLogger(__name__)
 
 
-def _render(error: ServiceError) -> JSONBytes:
+def _render(error: ServiceError, request: Request | None = None) -> JSONBytes:
+    if request is not None:
+        _count_refusal(request, error)
     return JSONBytes(error.body(), status_code=error.status_code, headers=error.headers)
+
+
+def _count_refusal(request: Request, error: ServiceError) -> None:
+    """Count an error answer in `inference_auction_refused_requests_total`, by status and
+    reason (the error's type), on the server's metrics once they exist."""
+    services = getattr(request.app.state, "services", None)
+    if services is not None:
+        services.service.metrics.count_refusal(error.status_code, error.error_type)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Render every error as JSON with the right status; never a traceback."""
 
-    async def service_error(_: Request, error: Exception) -> JSONBytes:
+    async def service_error(request: Request, error: Exception) -> JSONBytes:
         assert isinstance(error, ServiceError)
-        return _render(error)
+        return _render(error, request)
 
-    async def ledger_error(_: Request, error: Exception) -> JSONBytes:
+    async def ledger_error(request: Request, error: Exception) -> JSONBytes:
         assert isinstance(error, billing.LedgerError)
         if isinstance(error, billing.LedgerUnavailable):
             # Unreachable, locked past its timeout or out of connections: the transaction did
             # not commit, so nothing was written. One line in the log, a 503 out.
             log.warning("ledger unavailable: %s", error.cause)
-        return _render(from_ledger_error(error))
+        return _render(from_ledger_error(error), request)
 
-    async def validation_error(_: Request, error: Exception) -> JSONBytes:
+    async def validation_error(request: Request, error: Exception) -> JSONBytes:
         assert isinstance(error, RequestValidationError)
-        return _render(validation_to_invalid_request(error.errors()))
+        return _render(validation_to_invalid_request(error.errors()), request)
 
-    async def http_error(_: Request, error: Exception) -> JSONBytes:
+    async def http_error(request: Request, error: Exception) -> JSONBytes:
         assert isinstance(error, StarletteHTTPException)
         kind = {404: NotFound, 401: Unauthenticated, 403: Forbidden}.get(error.status_code)
         if kind is not None:
-            return _render(kind(str(error.detail)))
+            return _render(kind(str(error.detail)), request)
         failure = ServiceError(str(error.detail))
         failure.status_code, failure.error_type = error.status_code, "http_error"
-        return _render(failure)
+        return _render(failure, request)
 
-    async def unexpected(_: Request, error: Exception) -> JSONBytes:
+    async def unexpected(request: Request, error: Exception) -> JSONBytes:
         log.exception("unhandled error", exc_info=error)
-        return _render(ServiceError("internal error; the request changed nothing it reported"))
+        failure = ServiceError("internal error; the request changed nothing it reported")
+        return _render(failure, request)
 
     app.add_exception_handler(ServiceError, service_error)
     app.add_exception_handler(billing.LedgerError, ledger_error)

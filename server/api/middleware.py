@@ -39,12 +39,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inference_auctions.server.request_context import request_id_var, trace_headers_var
+
 __all__ = ["DirectRoutes", "RequestIdMiddleware", "find_routes"]
 
 HEADER = "x-request-id"
 _RAW_HEADER = HEADER.encode()
 # What a sensible id looks like; anything else from outside is replaced, not echoed.
 _ACCEPTED = re.compile(r"^[A-Za-z0-9._:@+=/-]{1,128}$")
+# W3C Trace Context: passed on to the engine, so that a trace does not break at this hop.
+_TRACE_HEADERS = (b"traceparent", b"tracestate")
+_TRACE_VALUE = re.compile(rb"^[\x20-\x7e]{1,512}$")  # printable ASCII, as the spec allows
 
 
 def new_request_id() -> str:
@@ -64,9 +69,13 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = _header(scope, HEADER.encode())
+        given, trace = _id_and_trace(scope)
         request_id = given if given is not None and _ACCEPTED.match(given) else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
+        # For the log lines of this request and the engine's request (`server.request_context`).
+        request_id_var.set(request_id)
+        if trace:
+            trace_headers_var.set(trace)
 
         started = False
 
@@ -94,14 +103,21 @@ class RequestIdMiddleware:
             await response(scope, receive, send_with_id)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def _id_and_trace(scope: Scope) -> tuple[str | None, bytes]:
+    """The request id the client sent, and its W3C trace headers as header lines for the
+    engine (a well-formed value only: a line break in it would forge headers there)."""
+    given: str | None = None
+    trace = b""
     for key, value in scope.get("headers", []):
-        if key.lower() == name:
+        name = key.lower()
+        if name == _RAW_HEADER:
             try:
-                return str(value.decode("ascii"))
+                given = value.decode("ascii")
             except UnicodeDecodeError:
-                return None
-    return None
+                given = None
+        elif name in _TRACE_HEADERS and _TRACE_VALUE.match(value):
+            trace += name + b": " + value + b"\r\n"
+    return given, trace
 
 
 Handler = Callable[[Request, Exception], Awaitable[Response | None]]

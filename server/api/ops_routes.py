@@ -1,6 +1,13 @@
-"""`GET /health`, `GET /metrics` (Prometheus) and `GET /version`; no key needed.
+"""`GET /health`, `GET /health/live`, `GET /metrics` (Prometheus) and `GET /version`; no key
+needed.
 
-All three answer for this replica alone. `/health` names it, and when it has a configured
+`/health` is the readiness check: it fails while the engine or the ledger does, so that a load
+balancer sends this replica nothing it cannot serve. `/health/live` is the liveness check: it
+answers while the process's event loop does, whatever the engine and the ledger do, so that a
+supervisor restarts a hung process but not one waiting for SGLang to come back (a restart
+would not bring SGLang back, and would drop the requests this one holds).
+
+All of them answer for this replica alone. `/health` names it, and when it has a configured
 name (`INFERENCE_AUCTION_REPLICA_NAME`) every metric sample carries it as the label `replica`,
 so that a scraper of several replicas can tell them apart.
 """
@@ -51,6 +58,13 @@ async def health(state: State) -> Response:
         "replica": replica_name(state.settings),
     }
     return JSONResponse(body, status_code=503 if problems else 200)
+
+
+@router.get("/health/live")
+async def liveness(state: State) -> dict[str, str]:
+    """200 while the server's event loop answers, whatever the engine and the ledger do: for
+    a liveness probe (`/health` is the readiness probe)."""
+    return {"status": "alive", "replica": replica_name(state.settings)}
 
 
 async def _ledger_answers(state: State) -> bool:

@@ -11,6 +11,7 @@ import click
 import uvicorn
 from pydantic import ValidationError
 
+from inference_auctions.server.log_format import configure_logging, uvicorn_log_config
 from inference_auctions.server.settings import ServerSettings, without_password
 
 
@@ -171,6 +172,12 @@ from inference_auctions.server.settings import ServerSettings, without_password
 # Removed: the ledger's group commits run on threads of the server. Still parsed, so that
 # `--ledger-writer process` is refused by name rather than as an unknown option.
 @click.option("--ledger-writer", hidden=True)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text, or as JSON objects with the request id, user and batch of the "
+    "request each belongs to.  [default: text]",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve(log_level: str, **options: Any) -> None:
     """Run the auction server (FastAPI on uvicorn).
@@ -195,9 +202,7 @@ def serve(log_level: str, **options: Any) -> None:
     if settings.engine_url is not None:
         _check_tokenizer(settings.tokenizer)
     _check_database(settings.database_url, given="database_url" in given)
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(log_level, settings.log_format)
     listener = _listen(settings.host, settings.port)  # a busy port fails before the banner
     # Imported late: the app pulls in the engine and the web stack, which --help never needs.
     from inference_auctions.server.api.connections import uvicorn_config  # noqa: PLC0415
@@ -206,7 +211,9 @@ def serve(log_level: str, **options: Any) -> None:
 
     click.echo(_first_steps(settings))
     app = create_app(settings)
-    config = uvicorn_config(app, settings, log_level=log_level)
+    uvicorn_logs = uvicorn_log_config(settings.log_format)
+    logs = {} if uvicorn_logs is None else {"log_config": uvicorn_logs}
+    config = uvicorn_config(app, settings, log_level=log_level, **logs)
     # A refusal at start is its one line in the log (the app's), and nothing after it.
     quiet = QuietStartupFailure(lambda: bool(app.state.start_refused))
     logging.getLogger("uvicorn.error").addFilter(quiet)

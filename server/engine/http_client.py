@@ -478,9 +478,11 @@ class HTTPClient:
         *,
         timeout: float | None = None,
         on_sent: Callable[[], object] | None = None,
+        headers: bytes = b"",
     ) -> Response:
-        """Send a request and read its whole answer; `timeout` bounds all of it."""
-        outgoing = self._outgoing(method, path, json, timeout, on_sent)
+        """Send a request and read its whole answer; `timeout` bounds all of it. `headers`:
+        more header lines (`name: value\r\n`), sent as given."""
+        outgoing = self._outgoing(method, path, json, timeout, on_sent, headers)
         connection, status = await self._exchange(outgoing)
         try:
             parts = []
@@ -498,13 +500,14 @@ class HTTPClient:
         *,
         timeout: float | None = None,
         on_sent: Callable[[], object] | None = None,
+        headers: bytes = b"",
     ) -> StreamRequest:
         """`async with client.stream(...) as response:` reads the body as it comes.
 
         Leaving the block before the body's end closes the connection. The request is written
         when the block is entered, or before with `send_now()`.
         """
-        return StreamRequest(self, self._outgoing(method, path, json, timeout, on_sent))
+        return StreamRequest(self, self._outgoing(method, path, json, timeout, on_sent, headers))
 
     async def aclose(self) -> None:
         """Close every connection; requests still running fail with `ConnectionLost`."""
@@ -514,8 +517,10 @@ class HTTPClient:
         self._idle.clear()
         await asyncio.sleep(0)  # let the transports report their end
 
-    def _encode(self, method: str, path: str, body: Any) -> bytes:
+    def _encode(self, method: str, path: str, body: Any, headers: bytes = b"") -> bytes:
         start = f"{method} {self._prefix}{path} HTTP/1.1\r\n".encode("latin-1") + self._headers
+        if headers:
+            start += headers
         if body is None:
             if method == "GET":
                 return start + b"\r\n"
@@ -531,9 +536,10 @@ class HTTPClient:
         body: Any,
         timeout: float | None,
         on_sent: Callable[[], object] | None,
+        headers: bytes = b"",
     ) -> _Outgoing:
         """The request encoded, with its deadline counted from now."""
-        data = self._encode(method, path, body)
+        data = self._encode(method, path, body, headers)
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         return _Outgoing(data, deadline, on_sent)
 

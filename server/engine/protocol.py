@@ -91,6 +91,9 @@ class EngineRequest:
     sampling_params: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     stream: bool = False
+    # Header lines (`name: value\r\n`) sent with it to an engine over HTTP: the W3C trace
+    # headers its client sent, so that a trace goes on through the engine.
+    headers: bytes = b""
 
     def __post_init__(self) -> None:
         if not self.rid:

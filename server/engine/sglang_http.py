@@ -738,6 +738,7 @@ class SGLangHTTPEngine(EngineBase):
             self._body(generation),
             timeout=self.request_timeout,
             on_sent=self._on_sent(generation),
+            headers=generation.request.headers,
         )
 
     async def _generate(
@@ -791,7 +792,12 @@ class SGLangHTTPEngine(EngineBase):
         on_sent: Callable[[], None] | None,
     ) -> None:
         response = await client.request(
-            "POST", "/generate", body, timeout=self.request_timeout, on_sent=on_sent
+            "POST",
+            "/generate",
+            body,
+            timeout=self.request_timeout,
+            on_sent=on_sent,
+            headers=generation.request.headers,
         )
         status = response.status
         if status != HTTPStatus.OK:

@@ -45,6 +45,7 @@ from inference_auctions.server.auction import AuctionOutcome
 from inference_auctions.server.engine.protocol import Engine, EngineRequest, Generation
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
+from inference_auctions.server.request_context import request_context
 from inference_auctions.server.serving.deferral import (
     BatchPrefixes,
     DeferralSettings,
@@ -135,13 +136,16 @@ class BatchDispatch:
                     sampling_params=self._engine_sampling(ticket),
                     priority=clearance.sequence,
                     stream=True,
+                    headers=ticket.trace_headers,
                 )
             )
         settled = None if ahead is None else ahead.settled
 
         def follow(place: int, generation: Generation) -> None:
-            task = self._follow(self._follower.serve(ordered[place], generation, batch, settled))
-            sent(ordered[place], generation.cancel)
+            ticket = ordered[place]
+            work = self._follower.serve(ticket, generation, batch, settled)
+            task = self._follow(work, ticket)
+            sent(ticket, generation.cancel)
             if ahead is not None:
                 ahead.follow(generation, task)
 
@@ -186,8 +190,9 @@ class BatchDispatch:
         self._deferral.first_token(engine_rid)  # a request held back for its prefix may go
         self._wakeup.set()
 
-    def _follow(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.create_task(work)
+    def _follow(self, work: Coroutine[Any, Any, None], ticket: Ticket) -> asyncio.Task[None]:
+        # In a context of the request's own, so that its log lines name it (`request_context`).
+        task = asyncio.create_task(work, context=request_context(ticket))
         self._followers.add(task)
         task.add_done_callback(self._followers.discard)
         return task

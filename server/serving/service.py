@@ -46,6 +46,11 @@ from inference_auctions.server.errors import (
 )
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
+from inference_auctions.server.request_context import (
+    current_request_id,
+    current_trace_headers,
+    ticket_var,
+)
 from inference_auctions.server.serving.admission import (
     Admission,
     Admissions,
@@ -245,6 +250,7 @@ class AuctionService:
         if known is not None:
             if known.fingerprint != fingerprint:
                 raise conflict(rid)
+            ticket_var.set(known)
             return known
         await self._check_context(tokens, sampling_params)
         ticket = Ticket(
@@ -257,7 +263,10 @@ class AuctionService:
             fingerprint=fingerprint,
             fee_micros=self.settings.request_fee_micros,
             streamed=streamed,
+            request_id=current_request_id(),
+            trace_headers=current_trace_headers(),
         )
+        ticket_var.set(ticket)  # the batch on this request's log lines, once it is cleared
         self._shares.check(ticket)  # 400 for a free request bigger than free traffic's share
         self._answers.reserve(ticket, self.settings.max_new_tokens_limit)  # 503 if over
         # Claimed before the first await, so a concurrent retry joins instead of racing.

@@ -93,6 +93,11 @@ class Ticket:
     # Times it was sent to the engine in a batch that was then cleared again
     # (`server.serving.dispatch_ahead`); each time goes to the engine under a rid of its own.
     resent: int = 0
+    # The `x-request-id` of the HTTP request that admitted it, and the W3C trace headers its
+    # client sent as header lines (`server.request_context`): for the log lines written while
+    # it is followed at the engine, and for the engine's request.
+    request_id: str | None = None
+    trace_headers: bytes = b""
 
     @property
     def engine_rid(self) -> str:

@@ -24,7 +24,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Literal
 
@@ -58,6 +58,8 @@ class Received:
     stream: bool
     prompt_tokens: int
     sampling_params: dict[str, Any]
+    # The W3C trace headers it came with (`traceparent`, `tracestate`), when it had them.
+    trace_headers: dict[str, str] = field(default_factory=dict)
 
 
 def _output(rid: str, prompt_tokens: int, produced: int, finished: bool) -> dict[str, Any]:
@@ -142,7 +144,12 @@ class FaultySGLang:
         prompt = len(body.get("input_ids") or []) or len(token_ids(str(body.get("text") or "")))
         stream = body.get("stream") is True
         sampling = body.get("sampling_params") or {}
-        self.received.append(Received(rid, body.get("priority"), stream, prompt, sampling))
+        trace = {
+            name: request.headers[name]
+            for name in ("traceparent", "tracestate")
+            if name in request.headers
+        }
+        self.received.append(Received(rid, body.get("priority"), stream, prompt, sampling, trace))
         mode = self.modes.get(rid, self.mode)
         if mode == "hang":
             await self._until_stopped()
