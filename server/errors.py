@@ -103,11 +103,13 @@ def from_ledger_error(error: billing.LedgerError, fee_micros: int = 0) -> Servic
             message = message.replace(repr(named), repr(billing.client_rid(named)))
     if isinstance(error, billing.UserDisabled):
         return Forbidden(message)
+    if isinstance(error, billing.UnknownApiKey):
+        return NotFound(message, param="key_name")
     if isinstance(error, billing.UnknownUser | billing.UnknownBatch):
         return NotFound(message)
     if isinstance(error, billing.IdempotencyConflict):
         return Conflict(message, param="rid")
-    if isinstance(error, billing.DuplicateUser):
+    if isinstance(error, billing.DuplicateUser | billing.DuplicateApiKey):
         return Conflict(message, param="name")
     if isinstance(error, billing.InvalidInput):
         return InvalidRequest(message, param=error.field)

@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 
 from inference_auctions.billing import Ledger, UserInfo
 from inference_auctions.server.api.market_prices import MarketPrices
+from inference_auctions.server.api.user_limits import UserRateLimits
 from inference_auctions.server.dashboard.snapshot import DashboardState
 from inference_auctions.server.errors import Forbidden, RateLimited, Unauthenticated
 from inference_auctions.server.serving.service import AuctionService
@@ -108,6 +109,7 @@ class AppState:
     keys: AuthenticationCache
     market_prices: MarketPrices
     dashboard: DashboardState = field(default_factory=DashboardState)
+    user_limits: UserRateLimits = field(default_factory=UserRateLimits)
 
 
 def _app_state(request: Request) -> AppState:
@@ -140,6 +142,7 @@ async def current_user(request: Request, state: State) -> UserInfo:
     if user.disabled:
         raise Forbidden(f"user {user.name!r} is disabled")
     state.limiter.check(user.name)
+    state.user_limits.take_request(user)
     return user
 
 

@@ -173,6 +173,7 @@ async def _run(
     if tier_value is not None:  # a tier named is part of what a retry must repeat
         payload["service_tier"] = tier_value
     admission = admission_of(user, rid, tokens, bid_micros, sampling, payload, streamed=streamed)
+    state.user_limits.take_tokens(user, len(tokens) + sampling["max_new_tokens"], "max_tokens")
     ticket = await state.service.admit(admission)
     model = state.settings.model_name
     renderer = _Renderer(admission.rid, model, kind, logprobs="return_logprob" in sampling)

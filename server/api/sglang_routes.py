@@ -57,6 +57,9 @@ async def generate(request: Request) -> Response:
     admission = admission_of(
         user, body.rid, tokens, bid_micros, sampling, payload, streamed=body.stream
     )
+    state.user_limits.take_tokens(
+        user, len(tokens) + body.sampling_params.max_new_tokens, "sampling_params.max_new_tokens"
+    )
     ticket = await state.service.admit(admission)
     if body.stream:
         return stream(state.service, ticket, lambda c, k: render(admission.rid, len(tokens), c, k))
