@@ -22,7 +22,7 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 KeyName = Annotated[str, Path(min_length=1, max_length=64)]
 
 
-class NewKey(BaseModel):
+class NewApiKey(BaseModel):
     """Another API key for a user: a name to tell it apart, and when it stops working."""
 
     model_config = ConfigDict(extra="forbid")
@@ -95,12 +95,12 @@ async def list_keys(
     return {"keys": [key_json(key) for key in keys]}
 
 
-@router.post("/users/{name}/keys", status_code=201, openapi_extra=_body_schema(NewKey))
+@router.post("/users/{name}/keys", status_code=201, openapi_extra=_body_schema(NewApiKey))
 async def create_key(
     name: UserName, request: Request, admin: AdminUser, state: State
 ) -> dict[str, Any]:
     """Give the user another named key; the answer holds it, and it is never shown again."""
-    body = await parse_body(request, NewKey)
+    body = await parse_body(request, NewApiKey)
     if body.expires_at is not None and body.expires_at.tzinfo is None:
         raise InvalidRequest(
             "expires_at: give a time zone (for instance 2027-01-01T00:00:00Z)",
