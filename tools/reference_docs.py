@@ -47,6 +47,14 @@ def http_api() -> str:
         "`/docs` on a running server). Requests need `Authorization: Bearer <api key>` except",
         "`/health`, `/metrics`, `/server_info`, `/version` and `/v1/models`. Money is integer",
         "micro-credits (`*_micros`); bids go in as credits. Errors: [errors.md](errors.md).",
+        "",
+        "The admin endpoints make the same ledger calls as the `users`, `budget` and `ledger`",
+        "commands ([cli.md](cli.md)) and record each change with the admin's name",
+        "(`GET /v1/admin/actions`). A user with its own limits",
+        "(`PUT /v1/admin/users/{name}/limits`) that exceeds one gets a 429 with `Retry-After`",
+        "and OpenAI's `x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests`,",
+        "`x-ratelimit-reset-requests` and the `-tokens` equivalents",
+        "([access](../operations/access.md#rate-limits-per-user)).",
     ]
     for tag, rows in groups.items():
         lines += ["", f"## {tag}", "", "| endpoint | what | other statuses |", "|---|---|---|"]

@@ -20,12 +20,13 @@ UserName = Annotated[str, Path(min_length=1, max_length=64)]
 
 
 class NewUser(BaseModel):
-    """A user to create; `budget` in credits per period."""
+    """A user to create; `budget` in credits per period, a day unless told (the SDK paces a
+    period; `none`, a lifetime budget, needs a plan of the client's own)."""
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=64)
     budget: Any = "0"
-    period: Literal["none", "day", "week", "month"] = "none"
+    period: Literal["none", "day", "week", "month"] = "day"
     timezone: str = "UTC"
     batch_cap: Any = None
     admin: bool = False

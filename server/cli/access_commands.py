@@ -159,7 +159,7 @@ def list_actions(
 @click.option("--reason", default=None, help="Why: kept in the entry.")
 @database_option
 def grant(name: str, amount: int, reason: str | None, database_url: str | None) -> None:
-    """Grant NAME AMOUNT more credits for the current period (once per period: a repeat with
+    """Grant NAME CREDITS more for the current period (once per period: a repeat with
     the same amount changes nothing)."""
     started = datetime.now(UTC)
     with open_ledger(database_url) as book:

@@ -174,7 +174,8 @@ def test_every_admin_action_is_readable_with_who_did_it(
 ) -> None:
     server.create_user("alice")
     with admin() as root:
-        root.post("/v1/admin/users", json={"name": "bob", "budget": "1"})
+        bob_created = root.post("/v1/admin/users", json={"name": "bob", "budget": "1"})
+        assert bob_created.json()["period"] == "day"  # what the SDK's pacing needs
         root.post("/v1/admin/users/bob/keys", json={"name": "ci"})
         root.put("/v1/admin/users/bob/limits", json={"tokens_per_minute": 5000})
         root.post("/v1/admin/users/bob/adjust", json={"amount": "1", "reason": "r", "key": "k1"})

@@ -67,7 +67,7 @@ def test_a_key_stops_working_at_its_expiry(ledger_db: MigratedDatabase) -> None:
     assert ledger.authenticate(issued.api_key) is not None
     clock.now = START + timedelta(hours=1)
     assert ledger.authenticate(issued.api_key) is None
-    with pytest.raises(InvalidInput, match="expires_at: .* has already passed"):
+    with pytest.raises(InvalidInput, match=r"expires_at: .* has already passed"):
         ledger.create_api_key("alice", "late", expires_at=START)
     with pytest.raises(InvalidInput, match="key_name"):
         ledger.create_api_key("alice", "no spaces")

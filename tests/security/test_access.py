@@ -137,7 +137,10 @@ def test_no_key_or_a_garbage_key_is_401_everywhere_but_health_and_metrics(
         for method, path, needs in ROUTES:
             for headers in bad_headers:
                 reply = client.request(
-                    method, path.format(name="alice", key_name="default"), json=ATTACKS.get(path), headers=headers
+                    method,
+                    path.format(name="alice", key_name="default"),
+                    json=ATTACKS.get(path),
+                    headers=headers,
                 )
                 if needs is None:
                     assert reply.status_code == 200, (path, headers)
