@@ -13,7 +13,9 @@
      ├── Unavailable             503  shutting down, the queue is full or the ledger is down
      └── EngineTimedOut          504
 
-Every error body is `{"error": {"type": ..., "message": ..., "param": ...}}`. Services raise
+Every error body is `{"error": {"type": ..., "message": ..., "param": ..., "code": ...}}`, with
+`code` the one OpenAI sends for the same failure where it has one (`invalid_api_key`,
+`rate_limit_exceeded`, `insufficient_quota`...), so OpenAI's clients and tools read it. Services raise
 these (or ledger errors, mapped by `from_ledger_error`); `server.api.error_handlers` renders
 them, and routes never build error responses themselves.
 """
@@ -30,6 +32,8 @@ class ServiceError(Exception):
 
     status_code = 500
     error_type = "internal_error"
+    # OpenAI's `code` for the failure (its clients branch on it); our own name where it has none.
+    code = "internal_error"
 
     def __init__(
         self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
@@ -41,51 +45,69 @@ class ServiceError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON body of the response."""
-        return {"error": {"type": self.error_type, "message": self.message, "param": self.param}}
+        return {
+            "error": {
+                "type": self.error_type,
+                "message": self.message,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class InvalidRequest(ServiceError):
     status_code, error_type = 400, "invalid_request"
+    code = "invalid_value"
 
 
 class ClientGone(InvalidRequest):
     error_type = "client_disconnected"
+    code = "client_disconnected"
 
 
 class Unauthenticated(ServiceError):
     status_code, error_type = 401, "unauthenticated"
+    code = "invalid_api_key"
 
 
 class PaymentRequired(ServiceError):
     status_code, error_type = 402, "insufficient_funds"
+    code = "insufficient_quota"
 
 
 class Forbidden(ServiceError):
     status_code, error_type = 403, "forbidden"
+    code = "permission_denied"
 
 
 class NotFound(ServiceError):
     status_code, error_type = 404, "not_found"
+    code = "not_found"
 
 
 class Conflict(ServiceError):
     status_code, error_type = 409, "idempotency_conflict"
+    code = "idempotency_conflict"
 
 
 class RateLimited(ServiceError):
     status_code, error_type = 429, "rate_limited"
+    code = "rate_limit_exceeded"
 
 
 class EngineFailed(ServiceError):
     status_code, error_type = 502, "engine_error"
+    code = "engine_error"
 
 
 class Unavailable(ServiceError):
     status_code, error_type = 503, "unavailable"
+    code = "service_unavailable"
 
 
 class EngineTimedOut(ServiceError):
     status_code, error_type = 504, "engine_timeout"
+    code = "engine_timeout"
 
 
 def from_ledger_error(error: billing.LedgerError, fee_micros: int = 0) -> ServiceError:

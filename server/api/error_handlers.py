@@ -54,6 +54,7 @@ def install_error_handlers(app: FastAPI) -> None:
             return _render(kind(str(error.detail)))
         failure = ServiceError(str(error.detail))
         failure.status_code, failure.error_type = error.status_code, "http_error"
+        failure.code = "http_error"
         return _render(failure)
 
     async def unexpected(_: Request, error: Exception) -> JSONBytes:
