@@ -75,6 +75,8 @@ def list_actions(
     """Actions in the order they were made, after `after_id`, of `user` or of everyone."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise InvalidInput("limit", f"must be an integer from 1 to {MAX_PAGE}")
+    if isinstance(after_id, bool) or not isinstance(after_id, int) or not 0 <= after_id < 2**63:
+        raise InvalidInput("after_id", "must be an action's id, an integer from 0 to 2**63 - 1")
     query = select(AdminAction).where(AdminAction.id > after_id)
     if user is not None:
         query = query.where(AdminAction.user_name == user)

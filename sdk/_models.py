@@ -245,8 +245,8 @@ class ChunkChoice(_Model):
 
 
 class ChatCompletionChunk(_Model):
-    """One event of a streamed chat completion, as OpenAI's `chat.completion.chunk`; the one
-    sent when the batch cleared carries the `auction`."""
+    """One event of a streamed chat completion, as OpenAI's `chat.completion.chunk`, with the
+    `auction` (the first chunk comes as soon as the batch clears)."""
 
     id: str
     object: str = "chat.completion.chunk"

@@ -15,9 +15,9 @@
 
 Every error body is `{"error": {"type": ..., "message": ..., "param": ..., "code": ...}}`, with
 `code` the one OpenAI sends for the same failure where it has one (`invalid_api_key`,
-`rate_limit_exceeded`, `insufficient_quota`...), so OpenAI's clients and tools read it. Services raise
-these (or ledger errors, mapped by `from_ledger_error`); `server.api.error_handlers` renders
-them, and routes never build error responses themselves.
+`rate_limit_exceeded`, `insufficient_quota`...), so OpenAI's clients and tools read it.
+Services raise these (or ledger errors, mapped by `from_ledger_error`);
+`server.api.error_handlers` renders them, and routes never build error responses themselves.
 """
 
 from __future__ import annotations

@@ -63,7 +63,9 @@ def upgrade() -> None:
         sa.Column("details", sa.Text(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("admin_actions_pkey")),
     )
-    op.create_index(op.f("ix_admin_actions_user_name_admin_actions_id"), "admin_actions", ["user_name", "id"])
+    op.create_index(
+        op.f("ix_admin_actions_user_name_admin_actions_id"), "admin_actions", ["user_name", "id"]
+    )
     with op.batch_alter_table("users") as users:
         users.drop_constraint(op.f("users_api_key_prefix_key"), type_="unique")
         users.drop_column("api_key_prefix")

@@ -146,7 +146,7 @@ async def list_actions(
     _: AdminUser,
     state: State,
     user: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, lt=2**63)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """Recorded administrative actions, oldest first: page on with `after` (the last `id`)."""

@@ -33,7 +33,8 @@ def test_an_admin_enables_a_user_and_rotates_its_key(
         assert rotated["name"] == "default" and rotated["api_key"].startswith("iak_")
         assert root.post("/v1/admin/users/zed/enable").status_code == 404
     with server.client(old) as client:
-        assert client.get("/v1/ledger/balance").status_code == 401
+        gone = client.get("/v1/ledger/balance")
+        assert gone.status_code == 401 and gone.json()["error"]["code"] == "invalid_api_key"
     with server.client(rotated["api_key"]) as client:
         assert client.get("/v1/ledger/balance").json()["user"] == "alice"
         # A user's key is no admin key.
@@ -137,6 +138,7 @@ def test_a_users_requests_per_minute_are_limited_as_openai_says(
         limited = client.get("/v1/ledger/balance")
     assert limited.status_code == 429
     assert limited.json()["error"]["type"] == "rate_limited"
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"  # as OpenAI names it
     headers = limited.headers
     assert 1 <= int(headers["retry-after"]) <= 60
     assert headers["x-ratelimit-limit-requests"] == "2"

@@ -47,9 +47,7 @@ def test_limits_are_set_shown_and_removed(run: Invoke, ledger: Ledger) -> None:
     assert worse.exit_code == 2 and "'many' is not a whole number" in worse.output
 
 
-def test_grant_counts_once_per_period_and_actions_name_the_cli(
-    run: Invoke, ledger: Ledger
-) -> None:
+def test_grant_counts_once_per_period_and_actions_name_the_cli(run: Invoke, ledger: Ledger) -> None:
     run("users", "create", "alice", "--budget", "1")
     first = run("ledger", "grant", "alice", "2", "--reason", "launch week")
     assert first.exit_code == 0, first.output and "Granted 'alice' 2" in first.output
