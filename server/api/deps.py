@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 
 from inference_auctions.billing import Ledger, UserInfo
 from inference_auctions.server.api.market_prices import MarketPrices
-from inference_auctions.server.api.user_limits import UserRateLimits
+from inference_auctions.server.api.user_limits import UserRateLimits, remember
 from inference_auctions.server.dashboard.snapshot import DashboardState
 from inference_auctions.server.errors import Forbidden, RateLimited, Unauthenticated
 from inference_auctions.server.serving.service import AuctionService
@@ -142,7 +142,7 @@ async def current_user(request: Request, state: State) -> UserInfo:
     if user.disabled:
         raise Forbidden(f"user {user.name!r} is disabled")
     state.limiter.check(user.name)
-    state.user_limits.take_request(user)
+    remember(request.scope, state.user_limits.take_request(user))
     return user
 
 

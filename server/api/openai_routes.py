@@ -33,6 +33,7 @@ from inference_auctions.server.api.logprobs import (
     refuse_unless_served,
 )
 from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody
+from inference_auctions.server.api.user_limits import remember
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.serving.tickets import Chunk, Clearance
 
@@ -173,7 +174,8 @@ async def _run(
     if tier_value is not None:  # a tier named is part of what a retry must repeat
         payload["service_tier"] = tier_value
     admission = admission_of(user, rid, tokens, bid_micros, sampling, payload, streamed=streamed)
-    state.user_limits.take_tokens(user, len(tokens) + sampling["max_new_tokens"], "max_tokens")
+    counted = len(tokens) + sampling["max_new_tokens"]
+    remember(request.scope, state.user_limits.take_tokens(user, counted, "max_tokens"))
     ticket = await state.service.admit(admission)
     model = state.settings.model_name
     renderer = _Renderer(admission.rid, model, kind, logprobs="return_logprob" in sampling)

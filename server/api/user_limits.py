@@ -8,7 +8,9 @@ times its limit (the server-wide limit, `RateLimiter`, is shared out the same wa
 Every authenticated request counts toward requests per minute. A generation counts its prompt
 tokens plus the most it may generate (`max_tokens`), when it is admitted, as OpenAI counts
 them, so a burst of long requests is refused before it reaches the engine. A refusal is a 429
-with `Retry-After` and OpenAI's `x-ratelimit-*` headers.
+with `Retry-After` and OpenAI's `x-ratelimit-*` headers; an answer to a user with limits carries
+the same `x-ratelimit-*` headers (`RequestIdMiddleware` adds what `remember` left in the
+request's scope).
 """
 
 from __future__ import annotations
@@ -19,10 +21,23 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from starlette.types import Scope
+
 from inference_auctions.billing import UserInfo
 from inference_auctions.server.errors import InvalidRequest, RateLimited
 
 WINDOW_SECONDS = 60.0
+# Where the headers of a request's answer wait in its ASGI scope's state.
+SCOPE_KEY = "ratelimit_headers"
+_NONE: dict[str, str] = {}
+
+
+def remember(scope: Scope, headers: dict[str, str]) -> None:
+    """Keep `headers` for the answer to the request of `scope` (nothing when empty)."""
+    if headers:
+        scope.setdefault("state", {})[SCOPE_KEY] = [
+            (name.encode(), value.encode()) for name, value in headers.items()
+        ]
 
 
 @dataclass
@@ -62,11 +77,12 @@ class UserRateLimits:
         window.expire(now)
         return window
 
-    def take_request(self, user: UserInfo) -> None:
-        """Count one request of `user`, or raise `RateLimited` when its minute is full."""
+    def take_request(self, user: UserInfo) -> dict[str, str]:
+        """Count one request of `user`, or raise `RateLimited` when its minute is full; the
+        `x-ratelimit-*` headers of the answer."""
         rpm, tpm = user.requests_per_minute, user.tokens_per_minute
         if rpm is None and tpm is None:
-            return  # nearly every user: nothing to count
+            return _NONE  # nearly every user: nothing to count
         now = self._clock()
         window = self._window(user.name, now)
         if rpm is not None and len(window.requests) >= rpm:
@@ -85,14 +101,15 @@ class UserRateLimits:
                 headers=self._headers(user, window, now, wait),
             )
         window.requests.append(now)
+        return self._headers(user, window, now)
 
-    def take_tokens(self, user: UserInfo, tokens: int, field_name: str) -> None:
+    def take_tokens(self, user: UserInfo, tokens: int, field_name: str) -> dict[str, str]:
         """Count a generation's `tokens` (prompt plus the most it may generate), or refuse it:
         a 429 while the minute has too few left, a 400 when it needs more than a minute
-        holds."""
+        holds. The `x-ratelimit-*` headers of the answer."""
         tpm = user.tokens_per_minute
         if tpm is None:
-            return
+            return _NONE
         if tokens > tpm:
             raise InvalidRequest(
                 f"{field_name}: this request counts {tokens:,} tokens (prompt plus the most it"
@@ -114,6 +131,7 @@ class UserRateLimits:
             )
         window.tokens.append((now, tokens))
         window.token_total += tokens
+        return self._headers(user, window, now)
 
     @staticmethod
     def _wait_for_tokens(window: _Window, tpm: int, tokens: int, now: float) -> float:
@@ -126,9 +144,12 @@ class UserRateLimits:
         return WINDOW_SECONDS
 
     @staticmethod
-    def _headers(user: UserInfo, window: _Window, now: float, wait: float) -> dict[str, str]:
-        """`Retry-After` and OpenAI's `x-ratelimit-*` for the limits the user has."""
-        headers = {"Retry-After": str(max(1, math.ceil(wait)))}
+    def _headers(
+        user: UserInfo, window: _Window, now: float, wait: float | None = None
+    ) -> dict[str, str]:
+        """OpenAI's `x-ratelimit-*` for the limits the user has, and on a refusal (`wait`
+        seconds) `Retry-After`."""
+        headers = {} if wait is None else {"Retry-After": str(max(1, math.ceil(wait)))}
         rpm, tpm = user.requests_per_minute, user.tokens_per_minute
         if rpm is not None:
             # Reset: when the window is empty again, the newest request having left it.

@@ -133,9 +133,15 @@ def test_a_users_requests_per_minute_are_limited_as_openai_says(
             assert refused.status_code == 400, bad
             assert refused.json()["error"]["param"] == "requests_per_minute"
     with server.client(key) as client:
-        assert client.get("/v1/ledger/balance").status_code == 200
-        assert client.post("/generate", json=GENERATE).status_code == 200
+        first = client.get("/v1/ledger/balance")
+        generated = client.post("/generate", json=GENERATE)
         limited = client.get("/v1/ledger/balance")
+    # Answers carry OpenAI's headers too, counting down.
+    assert first.headers["x-ratelimit-remaining-requests"] == "1"
+    assert generated.status_code == 200
+    assert generated.headers["x-ratelimit-limit-requests"] == "2"
+    assert generated.headers["x-ratelimit-remaining-requests"] == "0"
+    assert "retry-after" not in generated.headers
     assert limited.status_code == 429
     assert limited.json()["error"]["type"] == "rate_limited"
     assert limited.json()["error"]["code"] == "rate_limit_exceeded"  # as OpenAI names it
@@ -158,6 +164,8 @@ def test_a_users_tokens_per_minute_are_limited(
         first = client.post("/generate", json=body)
         assert first.status_code == 200, first.text
         counted = first.json()["meta_info"]["prompt_tokens"] + 60
+        assert first.headers["x-ratelimit-remaining-tokens"] == str(100 - counted)
+        assert first.headers["x-ratelimit-reset-tokens"].endswith("s")
         second = client.post("/generate", json=body)
         huge = client.post(
             "/v1/chat/completions",
