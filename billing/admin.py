@@ -112,9 +112,13 @@ def create_api_key(
 def revoke_api_key(
     session: Session, name: str, key_name: str, *, actor: str, now: datetime
 ) -> ApiKeyView:
-    """Revoke the user's key named `key_name` and record it."""
+    """Revoke the user's key named `key_name`, end the user's dashboard sessions, and record
+    it."""
     audit.check_actor(actor)
-    revoked = keys.revoke_key(session, users.locked_user(session, name), key_name, now=now)
+    user = users.locked_user(session, name)
+    revoked = keys.revoke_key(session, user, key_name, now=now)
+    # Dashboard sessions do not say which key bought them: every one signed in before ends.
+    user.sessions_from = now
     audit.record(
         session,
         actor=actor,

@@ -41,8 +41,11 @@ def test_a_user_holds_several_named_keys_and_each_is_revoked_alone(ledger: Ledge
     assert ci.key.prefix == apikeys.key_prefix(ci.api_key)
     with pytest.raises(DuplicateApiKey, match="already has an API key named 'ci'"):
         ledger.create_api_key("alice", "ci")
+    assert ledger.get_user("alice").sessions_from is None
     revoked = ledger.revoke_api_key("alice", "ci")
     assert revoked.revoked_at is not None
+    # Dashboard sessions do not record their key: revoking one ends them all.
+    assert ledger.get_user("alice").sessions_from == revoked.revoked_at
     assert ledger.authenticate(ci.api_key) is None
     assert ledger.authenticate(laptop.api_key) is not None
     assert [k.name for k in ledger.api_keys("alice")] == ["default", "laptop"]
