@@ -19,6 +19,7 @@ from inference_auctions.billing.activity import (
     MarketActivity,
     Spender,
 )
+from inference_auctions.billing.audit import AdminActionView
 from inference_auctions.billing.database import mask_database_url, sqlite_busy_timeout_seconds
 from inference_auctions.billing.database_url import (
     check_database_url,
@@ -29,6 +30,7 @@ from inference_auctions.billing.decoy_watch import PrefixSquatter
 from inference_auctions.billing.errors import (
     BatchCapExceeded,
     ChargeExceedsHold,
+    DuplicateApiKey,
     DuplicateUser,
     HoldNotOpen,
     IdempotencyConflict,
@@ -41,6 +43,7 @@ from inference_auctions.billing.errors import (
     RefundExceedsCharge,
     RequestNotScheduled,
     RuleDisagreement,
+    UnknownApiKey,
     UnknownBatch,
     UnknownRequest,
     UnknownUser,
@@ -58,6 +61,7 @@ from inference_auctions.billing.inputs import (
     request_key,
 )
 from inference_auctions.billing.jobs import start_scheduler
+from inference_auctions.billing.keys import ApiKeyView, IssuedKey
 from inference_auctions.billing.leadership import LedgerJobs
 from inference_auctions.billing.leadership import start_jobs as start_ledger_jobs
 from inference_auctions.billing.ledger import Ledger
@@ -106,6 +110,8 @@ __all__ = [
     "MAX_MICROS",
     "MICROS_PER_CREDIT",
     "AccountActivity",
+    "AdminActionView",
+    "ApiKeyView",
     "BalanceRecord",
     "BalanceView",
     "BatchCapExceeded",
@@ -119,6 +125,7 @@ __all__ = [
     "CreatedUser",
     "DriftRecord",
     "DriftView",
+    "DuplicateApiKey",
     "DuplicateUser",
     "EntryKind",
     "EntryPage",
@@ -134,6 +141,7 @@ __all__ = [
     "InvalidAmount",
     "InvalidBatch",
     "InvalidInput",
+    "IssuedKey",
     "Ledger",
     "LedgerError",
     "LedgerJobs",
@@ -160,6 +168,7 @@ __all__ = [
     "Spender",
     "SummaryRecord",
     "SummaryView",
+    "UnknownApiKey",
     "UnknownBatch",
     "UnknownRequest",
     "UnknownUser",

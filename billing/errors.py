@@ -6,6 +6,8 @@ LedgerError
  │    └── InvalidBatch          a batch to settle is inconsistent (names the batch)
  ├── UnknownUser                no user has that name
  ├── DuplicateUser              the name is taken
+ ├── UnknownApiKey              the user has no unrevoked key of that name
+ ├── DuplicateApiKey            the user already has an unrevoked key of that name
  ├── UserDisabled               the user may not place new holds
  ├── UnknownRequest             no hold (or no settlement) for that request id
  ├── UnknownBatch               no batch with that id was settled
@@ -74,6 +76,24 @@ class DuplicateUser(LedgerError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"user {name!r} already exists")
+
+
+class UnknownApiKey(LedgerError):
+    """The user has no usable (unrevoked) API key of that name."""
+
+    def __init__(self, user: str, key_name: str) -> None:
+        self.name = user
+        self.key_name = key_name
+        super().__init__(f"user {user!r} has no API key named {key_name!r}")
+
+
+class DuplicateApiKey(LedgerError):
+    """The user already has an unrevoked API key of that name."""
+
+    def __init__(self, user: str, key_name: str) -> None:
+        self.name = user
+        self.key_name = key_name
+        super().__init__(f"user {user!r} already has an API key named {key_name!r}")
 
 
 class UserDisabled(LedgerError):

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from inference_auctions.billing import (
     activity,
+    audit,
     autovacuum,
     decoy_watch,
     grants,
@@ -40,6 +41,7 @@ from inference_auctions.billing import (
     settlement,
     users,
 )
+from inference_auctions.billing import admin as _admin
 from inference_auctions.billing.database import (
     READ_ONLY,
     create_ledger_engine,
@@ -62,6 +64,7 @@ from inference_auctions.billing.inputs import (
     RequestInput,
     ServedInput,
 )
+from inference_auctions.billing.keys import ApiKeyView, IssuedKey
 from inference_auctions.billing.models import EntryKind, RequestStatus
 from inference_auctions.billing.periods import require_aware
 from inference_auctions.billing.users import UNSET, _Unset
@@ -311,7 +314,7 @@ class Ledger:
                     raise unavailable(exc) from exc
         raise AssertionError("unreachable")
 
-    # Users and budgets
+    # Users and budgets. Every change is recorded with `actor`, who made it (`audit`).
 
     def create_user(
         self,
@@ -322,11 +325,14 @@ class Ledger:
         timezone: str = "UTC",
         batch_cap_micros: int | None = None,
         admin: bool = False,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        actor: str = audit.LIBRARY_ACTOR,
     ) -> CreatedUser:
         """Create a user and grant its first period; the API key is in the result, once."""
         now = self._now()
         return self._write(
-            lambda s: users.create_user(
+            lambda s: _admin.create_user(
                 s,
                 name,
                 budget_micros=budget_micros,
@@ -334,13 +340,18 @@ class Ledger:
                 timezone=timezone,
                 batch_cap_micros=batch_cap_micros,
                 admin=admin,
+                requests_per_minute=requests_per_minute,
+                tokens_per_minute=tokens_per_minute,
+                actor=actor,
                 now=now,
             )
         )
 
     def authenticate(self, api_key: str) -> UserInfo | None:
-        """The user holding `api_key`, or None; check `disabled` on the result."""
-        return self._read(lambda s: users.authenticate(s, api_key))
+        """The user holding `api_key` (unrevoked, unexpired), or None; check `disabled` on
+        the result."""
+        now = self._now()
+        return self._read(lambda s: users.authenticate(s, api_key, now))
 
     def get_user(self, name: str) -> UserInfo:
         """The user named `name`; raises `UnknownUser`."""
@@ -350,19 +361,79 @@ class Ledger:
         """All users, by name."""
         return self._read(users.list_users)
 
-    def disable_user(self, name: str) -> UserInfo:
+    def disable_user(self, name: str, *, actor: str = audit.LIBRARY_ACTOR) -> UserInfo:
         """Refuse the user's new holds; holds already placed settle normally. Idempotent."""
         now = self._now()
-        return self._write(lambda s: users.set_disabled(s, name, True, now))
+        return self._write(lambda s: _admin.set_disabled(s, name, True, actor=actor, now=now))
 
-    def enable_user(self, name: str) -> UserInfo:
+    def enable_user(self, name: str, *, actor: str = audit.LIBRARY_ACTOR) -> UserInfo:
         """Undo `disable_user`. Idempotent."""
-        return self._write(lambda s: users.set_disabled(s, name, False))
-
-    def rotate_api_key(self, name: str) -> str:
-        """Give the user a new API key (returned once); the old key stops working."""
         now = self._now()
-        return self._write(lambda s: users.rotate_api_key(s, name, now))
+        return self._write(lambda s: _admin.set_disabled(s, name, False, actor=actor, now=now))
+
+    def rotate_api_key(self, name: str, *, actor: str = audit.LIBRARY_ACTOR) -> str:
+        """Revoke every key of the user and give it a new one named `default` (returned
+        once)."""
+        now = self._now()
+        return self._write(lambda s: _admin.rotate_api_key(s, name, actor=actor, now=now))
+
+    def create_api_key(
+        self,
+        name: str,
+        key_name: str,
+        *,
+        expires_at: datetime | None = None,
+        actor: str = audit.LIBRARY_ACTOR,
+    ) -> IssuedKey:
+        """Give the user another key named `key_name`, working until `expires_at` (None:
+        until revoked); the key is in the result, once."""
+        now = self._now()
+        return self._write(
+            lambda s: _admin.create_api_key(
+                s, name, key_name, expires_at=expires_at, actor=actor, now=now
+            )
+        )
+
+    def revoke_api_key(
+        self, name: str, key_name: str, *, actor: str = audit.LIBRARY_ACTOR
+    ) -> ApiKeyView:
+        """Revoke the user's key named `key_name`; raises `UnknownApiKey`."""
+        now = self._now()
+        return self._write(lambda s: _admin.revoke_api_key(s, name, key_name, actor=actor, now=now))
+
+    def api_keys(self, name: str, *, revoked: bool = False) -> list[ApiKeyView]:
+        """The user's keys, oldest first (the revoked ones too if `revoked`)."""
+        return self._read(lambda s: _admin.list_api_keys(s, name, revoked=revoked))
+
+    def set_rate_limits(
+        self,
+        name: str,
+        *,
+        requests_per_minute: int | _Unset | None = UNSET,
+        tokens_per_minute: int | _Unset | None = UNSET,
+        actor: str = audit.LIBRARY_ACTOR,
+    ) -> UserInfo:
+        """Set the user's own rate limits (None: none of its own; not given: unchanged)."""
+        now = self._now()
+        return self._write(
+            lambda s: _admin.set_limits(
+                s,
+                name,
+                requests_per_minute=requests_per_minute,
+                tokens_per_minute=tokens_per_minute,
+                actor=actor,
+                now=now,
+            )
+        )
+
+    def admin_actions(
+        self, *, user: str | None = None, after_id: int = 0, limit: int = 100
+    ) -> list[audit.AdminActionView]:
+        """Recorded administrative actions after `after_id`, oldest first (of `user` only,
+        if given)."""
+        return self._read(
+            lambda s: audit.list_actions(s, user=user, after_id=after_id, limit=limit)
+        )
 
     def set_budget(
         self,
@@ -372,6 +443,7 @@ class Ledger:
         period: str | None = None,
         timezone: str | None = None,
         batch_cap_micros: int | _Unset | None = UNSET,
+        actor: str = audit.LIBRARY_ACTOR,
     ) -> UserInfo:
         """Change the given budget fields (None: unchanged; a cap of None: no cap).
 
@@ -380,13 +452,14 @@ class Ledger:
         """
         now = self._now()
         return self._write(
-            lambda s: users.set_budget(
+            lambda s: _admin.set_budget(
                 s,
                 name,
                 budget_micros=budget_micros,
                 period=period,
                 timezone=timezone,
                 batch_cap_micros=batch_cap_micros,
+                actor=actor,
                 now=now,
             )
         )
@@ -394,23 +467,39 @@ class Ledger:
     # Grants and corrections
 
     def grant(
-        self, name: str, period_start: datetime, amount_micros: int, *, reason: str | None = None
+        self,
+        name: str,
+        period_start: datetime,
+        amount_micros: int,
+        *,
+        reason: str | None = None,
+        actor: str = audit.LIBRARY_ACTOR,
     ) -> EntryView:
         """Grant more to the current period, the one containing `period_start`; once per user
         and period. A period that has ended or not started is refused (`InvalidInput`)."""
         now = self._now()
         return self._write(
-            lambda s: grants.grant(s, name, period_start, amount_micros, reason=reason, now=now)
+            lambda s: _admin.grant(
+                s, name, period_start, amount_micros, reason=reason, actor=actor, now=now
+            )
         )
 
     def adjust(
-        self, name: str, amount_micros: int, *, reason: str, key: str | None = None
+        self,
+        name: str,
+        amount_micros: int,
+        *,
+        reason: str,
+        key: str | None = None,
+        actor: str = audit.LIBRARY_ACTOR,
     ) -> EntryView:
         """Correct a balance by a signed amount; idempotent under `key` (default: a new one)."""
         now = self._now()
         key = key if key is not None else uuid.uuid4().hex
         return self._write(
-            lambda s: grants.adjust(s, name, amount_micros, reason=reason, key=key, now=now)
+            lambda s: _admin.adjust(
+                s, name, amount_micros, reason=reason, key=key, actor=actor, now=now
+            )
         )
 
     def rollover(self, now: datetime | None = None) -> RolloverResult:

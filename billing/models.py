@@ -144,20 +144,61 @@ class Base(DeclarativeBase):
 
 
 class User(Base):
-    """An account; its API key is stored only as a hash."""
+    """An account; its API keys are rows of `api_keys`, stored only as hashes."""
 
     __tablename__ = "users"
+    __table_args__ = (
+        CheckConstraint(
+            "requests_per_minute IS NULL OR requests_per_minute > 0", name="rpm_positive"
+        ),
+        CheckConstraint("tokens_per_minute IS NULL OR tokens_per_minute > 0", name="tpm_positive"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
-    api_key_prefix: Mapped[str] = mapped_column(String(16), unique=True)
-    api_key_hash: Mapped[str] = mapped_column(String(64))
     is_admin: Mapped[bool] = mapped_column(Boolean)
     disabled: Mapped[bool] = mapped_column(Boolean)
     created_at: Mapped[datetime]
     # Dashboard sessions signed in before this moment are over: set when the key is rotated
     # or the user disabled, so that enabling the user again revives none of them.
     sessions_from: Mapped[datetime | None]
+    # The user's own rate limits (None: only the server-wide one applies).
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class ApiKey(Base):
+    """One of a user's API keys: a name the user tells keys apart by, an optional expiry, and
+    the moment it was revoked (kept, so an audit can say which key did what and until when)."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (Index(None, "user_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="restrict"))
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    key_prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+
+class AdminAction(Base):
+    """One administrative change (a user created, enabled, a key rotated, a budget granted...),
+    who made it and what it was, written in the transaction that made it."""
+
+    __tablename__ = "admin_actions"
+    __table_args__ = (Index(None, "user_name", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    at: Mapped[datetime]
+    # An admin user's name over HTTP, `cli:<login>` from the command line.
+    actor: Mapped[str] = mapped_column(String(ID_LENGTH))
+    action: Mapped[str] = mapped_column(String(32))
+    user_name: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    # The action's arguments as JSON (never a key).
+    details: Mapped[str] = mapped_column(Text)
 
 
 class Budget(Base):

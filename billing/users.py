@@ -1,4 +1,5 @@
-"""Users and their budgets: creation (with the first grant), API keys, disabling, budgets."""
+"""Users and their budgets: creation (with the first grant and key), authentication,
+disabling, budgets, rate limits."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from inference_auctions.billing import apikeys
-from inference_auctions.billing.errors import DuplicateUser
+from inference_auctions.billing import keys
+from inference_auctions.billing.errors import DuplicateUser, InvalidInput
 from inference_auctions.billing.grants import change_budget, post_period_grant
 from inference_auctions.billing.models import Balance, Budget, User
 from inference_auctions.billing.money import check_micros
@@ -25,8 +26,9 @@ class _Unset:
 
 
 UNSET = _Unset()
-# No SHA-256 hex digest is 64 "x" characters.
-_NO_MATCH = "x" * 64
+# A limit above this is no limit anyone means; it also keeps the columns' values small.
+MAX_REQUESTS_PER_MINUTE = 1_000_000
+MAX_TOKENS_PER_MINUTE = 10**12
 
 
 def user_info(user: User, budget: Budget) -> UserInfo:
@@ -45,6 +47,8 @@ def user_info(user: User, budget: Budget) -> UserInfo:
         pending_timezone=budget.pending_timezone,
         pending_from=budget.pending_from,
         sessions_from=user.sessions_from,
+        requests_per_minute=user.requests_per_minute,
+        tokens_per_minute=user.tokens_per_minute,
     )
 
 
@@ -62,26 +66,30 @@ def create_user(
     batch_cap_micros: int | None,
     admin: bool,
     now: datetime,
+    requests_per_minute: int | None = None,
+    tokens_per_minute: int | None = None,
 ) -> CreatedUser:
-    """Create a user with a fresh API key, a budget, and the grant of the current period."""
+    """Create a user with a fresh API key (named `default`), a budget, and the grant of the
+    current period."""
     check_name(name)
     check_micros(budget_micros, "budget_micros")
     budget_period = parse_period(period)
     tz = parse_timezone(timezone)
     _check_cap(batch_cap_micros)
+    check_limits(requests_per_minute, tokens_per_minute)
     if session.scalar(select(User.id).where(User.name == name)) is not None:
         raise DuplicateUser(name)
-    key = apikeys.generate_key()
     user = User(
         name=name,
-        api_key_prefix=key.prefix,
-        api_key_hash=key.digest,
         is_admin=bool(admin),
         disabled=False,
         created_at=now,
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
     )
     session.add(user)
     session.flush()
+    issued = keys.issue_key(session, user, keys.DEFAULT_KEY_NAME, expires_at=None, now=now)
     start = now if budget_period is Period.NONE else period_start(now, budget_period, tz)
     budget = Budget(
         user_id=user.id,
@@ -97,7 +105,7 @@ def create_user(
     )
     session.flush()
     post_period_grant(session, lock_account(session, name), budget, start, now=now)
-    return CreatedUser(user=user_info(user, budget), api_key=key.key)
+    return CreatedUser(user=user_info(user, budget), api_key=issued.api_key)
 
 
 def budget_of(session: Session, user: User) -> Budget:
@@ -107,21 +115,11 @@ def budget_of(session: Session, user: User) -> Budget:
     return budget
 
 
-def authenticate(session: Session, api_key: str) -> UserInfo | None:
-    """The user whose API key this is, or None; disabled users are returned with the flag set."""
-    if not isinstance(api_key, str):
-        return None
-    prefix = apikeys.key_prefix(api_key)
-    user = (
-        None
-        if prefix is None
-        else session.scalar(select(User).where(User.api_key_prefix == prefix))
-    )
-    # Hash and compare even without a match, so timing does not tell which prefixes exist.
-    valid = apikeys.matches(api_key, user.api_key_hash if user is not None else _NO_MATCH)
-    if user is None or not valid:
-        return None
-    return user_info(user, budget_of(session, user))
+def authenticate(session: Session, api_key: str, now: datetime) -> UserInfo | None:
+    """The user whose usable API key this is, or None; disabled users are returned with the
+    flag set."""
+    user = keys.key_owner(session, api_key, now)
+    return None if user is None else user_info(user, budget_of(session, user))
 
 
 def get_user_info(session: Session, name: str) -> UserInfo:
@@ -143,26 +141,55 @@ def set_disabled(
 ) -> UserInfo:
     """Disable or re-enable a user; open holds stay and settle normally. Disabling ends the
     user's dashboard sessions for good (`sessions_from`)."""
-    user = _locked_user(session, name)
+    user = locked_user(session, name)
     user.disabled = disabled
     if disabled and now is not None:
         user.sessions_from = now
     return user_info(user, budget_of(session, user))
 
 
-def rotate_api_key(session: Session, name: str, now: datetime | None = None) -> str:
-    """Replace the user's API key; the old one and the dashboard sessions it bought stop
-    working. Returns the new key, shown once."""
-    user = _locked_user(session, name)
-    if now is not None:
-        user.sessions_from = now
-    key = apikeys.generate_key()
-    user.api_key_prefix = key.prefix
-    user.api_key_hash = key.digest
-    return key.key
+def rotate_api_key(session: Session, name: str, now: datetime) -> str:
+    """Revoke every key of the user and issue one named `default`; the old keys and the
+    dashboard sessions they bought stop working. Returns the new key, shown once."""
+    user = locked_user(session, name)
+    user.sessions_from = now
+    keys.revoke_all(session, user, now=now)
+    return keys.issue_key(session, user, keys.DEFAULT_KEY_NAME, expires_at=None, now=now).api_key
 
 
-def _locked_user(session: Session, name: str) -> User:
+def check_limits(requests_per_minute: int | None, tokens_per_minute: int | None) -> None:
+    """Refuse a rate limit that is not None or a positive integer within bounds."""
+    for field, value, most in (
+        ("requests_per_minute", requests_per_minute, MAX_REQUESTS_PER_MINUTE),
+        ("tokens_per_minute", tokens_per_minute, MAX_TOKENS_PER_MINUTE),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise InvalidInput(field, f"must be null (no limit) or an integer from 1 to {most}")
+
+
+def set_limits(
+    session: Session,
+    name: str,
+    *,
+    requests_per_minute: int | _Unset | None,
+    tokens_per_minute: int | _Unset | None,
+) -> UserInfo:
+    """Set the user's rate limits (None: no limit of its own; UNSET: unchanged)."""
+    check_limits(
+        None if isinstance(requests_per_minute, _Unset) else requests_per_minute,
+        None if isinstance(tokens_per_minute, _Unset) else tokens_per_minute,
+    )
+    user = locked_user(session, name)
+    if not isinstance(requests_per_minute, _Unset):
+        user.requests_per_minute = requests_per_minute
+    if not isinstance(tokens_per_minute, _Unset):
+        user.tokens_per_minute = tokens_per_minute
+    return user_info(user, budget_of(session, user))
+
+
+def locked_user(session: Session, name: str) -> User:
     """The user row of `name`, its account locked first (as every write to it does)."""
     user = session.get(User, lock_account(session, name).user_id, populate_existing=True)
     assert user is not None
@@ -201,4 +228,4 @@ def set_budget(
     )
     if not isinstance(batch_cap_micros, _Unset):
         budget.batch_cap_micros = batch_cap_micros
-    return user_info(_locked_user(session, name), budget)
+    return user_info(locked_user(session, name), budget)

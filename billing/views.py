@@ -92,6 +92,9 @@ class UserInfo:
     pending_from: datetime | None = None
     # Dashboard sessions signed in before this moment are over (key rotated, user disabled).
     sessions_from: datetime | None = None
+    # The user's own rate limits (None: only the server-wide one).
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

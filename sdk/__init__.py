@@ -40,7 +40,10 @@ from ._models import (
     BudgetPeriod,
     ChatChoice,
     ChatCompletion,
+    ChatCompletionChunk,
     ChatMessage,
+    ChoiceDelta,
+    ChunkChoice,
     Completion,
     CompletionChoice,
     Generation,
@@ -61,7 +64,7 @@ from ._models import (
 )
 from ._money import format_credits, to_micros
 from ._pacing import PacingBidder
-from ._streaming import AsyncStream, Stream
+from ._streaming import AsyncChatCompletionStream, AsyncStream, ChatCompletionStream, Stream
 from ._tiers import choose_tier, expected_gain_micros
 from ._types import NOT_GIVEN, NotGiven
 from ._version import __version__
@@ -74,6 +77,7 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "AsyncAuctionClient",
+    "AsyncChatCompletionStream",
     "AsyncLedger",
     "AsyncMarket",
     "AsyncModels",
@@ -90,7 +94,11 @@ __all__ = [
     "BudgetPeriod",
     "ChatChoice",
     "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionStream",
     "ChatMessage",
+    "ChoiceDelta",
+    "ChunkChoice",
     "ClientClosedError",
     "Completion",
     "CompletionChoice",

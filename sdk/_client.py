@@ -28,7 +28,9 @@ from ._ledger import AsyncLedger, AsyncMarket, AsyncModels, Ledger, Market, Mode
 from ._logs import logger
 from ._models import BudgetPeriod, ChatCompletion, Completion, Generation, Spend
 from ._streaming import (
+    AsyncChatCompletionStream,
     AsyncStream,
+    ChatCompletionStream,
     ChatParser,
     CompletionParser,
     GenerateParser,
@@ -45,9 +47,32 @@ _OPTION_NAMES = ("extra_headers", "extra_query", "extra_body", "max_retries", "t
 
 
 def _split_options(kwargs: dict[str, Any]) -> tuple[RequestOptions, dict[str, Any]]:
-    """The per-call options among `kwargs`, and the rest."""
+    """The per-call options among `kwargs` (`service_tier` joins the body), and the rest."""
     options = {k: kwargs.pop(k) for k in _OPTION_NAMES if k in kwargs}
+    options["extra_body"] = _with_tier(options.get("extra_body"), kwargs.pop("service_tier", None))
     return RequestOptions(**options), kwargs
+
+
+def _with_tier(
+    extra_body: Mapping[str, Any] | None, service_tier: str | None
+) -> Mapping[str, Any] | None:
+    """The body's extra fields with OpenAI's `service_tier` (None: not sent)."""
+    if service_tier is None:
+        return extra_body
+    return {**(extra_body or {}), "service_tier": service_tier}
+
+
+def _options(
+    extra_headers: Mapping[str, str] | None,
+    extra_query: Mapping[str, str | int] | None,
+    extra_body: Mapping[str, Any] | None,
+    service_tier: str | None,
+    max_retries: int | NotGiven,
+    timeout: TimeoutTypes | NotGiven,
+) -> RequestOptions:
+    """A public call's options, its `service_tier` in the body."""
+    body = _with_tier(extra_body, service_tier)
+    return RequestOptions(extra_headers, extra_query, body, max_retries, timeout)
 
 
 def _generate_args(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +183,8 @@ class AuctionClient(BaseClient):
         """What places in the queue have recently cost."""
         self.completions = Completions(self)
         """OpenAI-style text completions with a bid."""
+        self.chat = Chat(self)
+        """`client.chat(...)`, and OpenAI's `client.chat.completions.create(...)`."""
 
     @property
     def is_closed(self) -> bool:
@@ -225,6 +252,7 @@ class AuctionClient(BaseClient):
         sampling_params: Mapping[str, Any] | None = None,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -246,6 +274,7 @@ class AuctionClient(BaseClient):
         sampling_params: Mapping[str, Any] | None = None,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -267,6 +296,7 @@ class AuctionClient(BaseClient):
         sampling_params: Mapping[str, Any] | None = None,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -287,6 +317,7 @@ class AuctionClient(BaseClient):
         sampling_params: Mapping[str, Any] | None = None,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -307,107 +338,9 @@ class AuctionClient(BaseClient):
             sampling_params=sampling_params,
             max_bid=max_bid,
             rid=rid,
-            options=RequestOptions(extra_headers, extra_query, extra_body, max_retries, timeout),
-        )
-        return result
-
-    @overload
-    def chat(
-        self,
-        messages: Iterable[ChatMessageParam],
-        *,
-        value: Money,
-        stream: Literal[False] = False,
-        model: str | NotGiven = NOT_GIVEN,
-        max_tokens: int | NotGiven = NOT_GIVEN,
-        temperature: float | NotGiven = NOT_GIVEN,
-        top_p: float | NotGiven = NOT_GIVEN,
-        stop: str | list[str] | NotGiven = NOT_GIVEN,
-        max_bid: Money | None = None,
-        rid: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str | int] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        max_retries: int | NotGiven = NOT_GIVEN,
-        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
-    ) -> ChatCompletion: ...
-
-    @overload
-    def chat(
-        self,
-        messages: Iterable[ChatMessageParam],
-        *,
-        value: Money,
-        stream: Literal[True],
-        model: str | NotGiven = NOT_GIVEN,
-        max_tokens: int | NotGiven = NOT_GIVEN,
-        temperature: float | NotGiven = NOT_GIVEN,
-        top_p: float | NotGiven = NOT_GIVEN,
-        stop: str | list[str] | NotGiven = NOT_GIVEN,
-        max_bid: Money | None = None,
-        rid: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str | int] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        max_retries: int | NotGiven = NOT_GIVEN,
-        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
-    ) -> Stream[ChatCompletion]: ...
-
-    @overload
-    def chat(
-        self,
-        messages: Iterable[ChatMessageParam],
-        *,
-        value: Money,
-        stream: bool,
-        model: str | NotGiven = NOT_GIVEN,
-        max_tokens: int | NotGiven = NOT_GIVEN,
-        temperature: float | NotGiven = NOT_GIVEN,
-        top_p: float | NotGiven = NOT_GIVEN,
-        stop: str | list[str] | NotGiven = NOT_GIVEN,
-        max_bid: Money | None = None,
-        rid: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str | int] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        max_retries: int | NotGiven = NOT_GIVEN,
-        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
-    ) -> ChatCompletion | Stream[ChatCompletion]: ...
-
-    def chat(
-        self,
-        messages: Iterable[ChatMessageParam],
-        *,
-        value: Money,
-        stream: bool = False,
-        model: str | NotGiven = NOT_GIVEN,
-        max_tokens: int | NotGiven = NOT_GIVEN,
-        temperature: float | NotGiven = NOT_GIVEN,
-        top_p: float | NotGiven = NOT_GIVEN,
-        stop: str | list[str] | NotGiven = NOT_GIVEN,
-        max_bid: Money | None = None,
-        rid: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str | int] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        max_retries: int | NotGiven = NOT_GIVEN,
-        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
-    ) -> ChatCompletion | Stream[ChatCompletion]:
-        """An OpenAI-style chat completion, bidding for priority worth `value` credits."""
-        result, _ = self._chat(
-            messages,
-            value=value,
-            stream=stream,
-            fields={
-                "model": model,
-                "max_tokens": max_tokens,
-                "temperature": temperature,
-                "top_p": top_p,
-                "stop": stop,
-            },
-            max_bid=max_bid,
-            rid=rid,
-            options=RequestOptions(extra_headers, extra_query, extra_body, max_retries, timeout),
+            options=_options(
+                extra_headers, extra_query, extra_body, service_tier, max_retries, timeout
+            ),
         )
         return result
 
@@ -590,6 +523,237 @@ class AuctionClient(BaseClient):
             attempt += 1
 
 
+class Chat:
+    """`client.chat(...)`: a chat completion with a bid; `client.chat.completions.create(...)`
+    is the same request in OpenAI's shape."""
+
+    def __init__(self, client: AuctionClient) -> None:
+        self._client = client
+        self.completions = ChatCompletions(client)
+        """OpenAI's `chat.completions.create`, with a bid."""
+
+    @overload
+    def __call__(
+        self,
+        messages: Iterable[ChatMessageParam],
+        *,
+        value: Money,
+        stream: Literal[False] = False,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion: ...
+
+    @overload
+    def __call__(
+        self,
+        messages: Iterable[ChatMessageParam],
+        *,
+        value: Money,
+        stream: Literal[True],
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> Stream[ChatCompletion]: ...
+
+    @overload
+    def __call__(
+        self,
+        messages: Iterable[ChatMessageParam],
+        *,
+        value: Money,
+        stream: bool,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion | Stream[ChatCompletion]: ...
+
+    def __call__(
+        self,
+        messages: Iterable[ChatMessageParam],
+        *,
+        value: Money,
+        stream: bool = False,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion | Stream[ChatCompletion]:
+        """An OpenAI-style chat completion, bidding for priority worth `value` credits."""
+        result, _ = self._client._chat(
+            messages,
+            value=value,
+            stream=stream,
+            fields={
+                "model": model,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "top_p": top_p,
+                "stop": stop,
+            },
+            max_bid=max_bid,
+            rid=rid,
+            options=_options(
+                extra_headers, extra_query, extra_body, service_tier, max_retries, timeout
+            ),
+        )
+        return result
+
+
+class ChatCompletions:
+    """`client.chat.completions.create(...)`: where an OpenAI user looks for it. Without
+    `value`, the request bids 0 (it goes after those who bid in its batch, and pays nothing
+    but the request fee); streamed, it yields typed `ChatCompletionChunk`s."""
+
+    def __init__(self, client: AuctionClient) -> None:
+        self._client = client
+
+    @overload
+    def create(
+        self,
+        *,
+        messages: Iterable[ChatMessageParam],
+        value: Money = 0,
+        stream: Literal[False] = False,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion: ...
+
+    @overload
+    def create(
+        self,
+        *,
+        messages: Iterable[ChatMessageParam],
+        value: Money = 0,
+        stream: Literal[True],
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletionStream: ...
+
+    @overload
+    def create(
+        self,
+        *,
+        messages: Iterable[ChatMessageParam],
+        value: Money = 0,
+        stream: bool,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion | ChatCompletionStream: ...
+
+    def create(
+        self,
+        *,
+        messages: Iterable[ChatMessageParam],
+        value: Money = 0,
+        stream: bool = False,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion | ChatCompletionStream:
+        """A chat completion of `messages`, bidding for priority worth `value` credits."""
+        result, _ = self._client._chat(
+            messages,
+            value=value,
+            stream=stream,
+            fields={
+                "model": model,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "top_p": top_p,
+                "stop": stop,
+            },
+            max_bid=max_bid,
+            rid=rid,
+            options=_options(
+                extra_headers, extra_query, extra_body, service_tier, max_retries, timeout
+            ),
+        )
+        return ChatCompletionStream(result) if isinstance(result, Stream) else result
+
+
 class Completions:
     """`POST /v1/completions` with a bid, as `client.completions.create(...)`."""
 
@@ -610,6 +774,7 @@ class Completions:
         stop: str | list[str] | NotGiven = NOT_GIVEN,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -631,6 +796,7 @@ class Completions:
         stop: str | list[str] | NotGiven = NOT_GIVEN,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -652,6 +818,7 @@ class Completions:
         stop: str | list[str] | NotGiven = NOT_GIVEN,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -672,6 +839,7 @@ class Completions:
         stop: str | list[str] | NotGiven = NOT_GIVEN,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -692,7 +860,9 @@ class Completions:
             },
             max_bid=max_bid,
             rid=rid,
-            options=RequestOptions(extra_headers, extra_query, extra_body, max_retries, timeout),
+            options=_options(
+                extra_headers, extra_query, extra_body, service_tier, max_retries, timeout
+            ),
         )
         return result
 
@@ -777,6 +947,8 @@ class AsyncAuctionClient(BaseClient):
         """What places in the queue have recently cost."""
         self.completions = AsyncCompletions(self)
         """OpenAI-style text completions with a bid."""
+        self.chat = AsyncChat(self)
+        """`await client.chat(...)`, and `await client.chat.completions.create(...)`."""
 
     @property
     def is_closed(self) -> bool:
@@ -844,6 +1016,7 @@ class AsyncAuctionClient(BaseClient):
         sampling_params: Mapping[str, Any] | None = None,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -865,6 +1038,7 @@ class AsyncAuctionClient(BaseClient):
         sampling_params: Mapping[str, Any] | None = None,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -886,6 +1060,7 @@ class AsyncAuctionClient(BaseClient):
         sampling_params: Mapping[str, Any] | None = None,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -906,6 +1081,7 @@ class AsyncAuctionClient(BaseClient):
         sampling_params: Mapping[str, Any] | None = None,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -926,107 +1102,9 @@ class AsyncAuctionClient(BaseClient):
             sampling_params=sampling_params,
             max_bid=max_bid,
             rid=rid,
-            options=RequestOptions(extra_headers, extra_query, extra_body, max_retries, timeout),
-        )
-        return result
-
-    @overload
-    async def chat(
-        self,
-        messages: Iterable[ChatMessageParam],
-        *,
-        value: Money,
-        stream: Literal[False] = False,
-        model: str | NotGiven = NOT_GIVEN,
-        max_tokens: int | NotGiven = NOT_GIVEN,
-        temperature: float | NotGiven = NOT_GIVEN,
-        top_p: float | NotGiven = NOT_GIVEN,
-        stop: str | list[str] | NotGiven = NOT_GIVEN,
-        max_bid: Money | None = None,
-        rid: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str | int] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        max_retries: int | NotGiven = NOT_GIVEN,
-        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
-    ) -> ChatCompletion: ...
-
-    @overload
-    async def chat(
-        self,
-        messages: Iterable[ChatMessageParam],
-        *,
-        value: Money,
-        stream: Literal[True],
-        model: str | NotGiven = NOT_GIVEN,
-        max_tokens: int | NotGiven = NOT_GIVEN,
-        temperature: float | NotGiven = NOT_GIVEN,
-        top_p: float | NotGiven = NOT_GIVEN,
-        stop: str | list[str] | NotGiven = NOT_GIVEN,
-        max_bid: Money | None = None,
-        rid: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str | int] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        max_retries: int | NotGiven = NOT_GIVEN,
-        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
-    ) -> AsyncStream[ChatCompletion]: ...
-
-    @overload
-    async def chat(
-        self,
-        messages: Iterable[ChatMessageParam],
-        *,
-        value: Money,
-        stream: bool,
-        model: str | NotGiven = NOT_GIVEN,
-        max_tokens: int | NotGiven = NOT_GIVEN,
-        temperature: float | NotGiven = NOT_GIVEN,
-        top_p: float | NotGiven = NOT_GIVEN,
-        stop: str | list[str] | NotGiven = NOT_GIVEN,
-        max_bid: Money | None = None,
-        rid: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str | int] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        max_retries: int | NotGiven = NOT_GIVEN,
-        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
-    ) -> ChatCompletion | AsyncStream[ChatCompletion]: ...
-
-    async def chat(
-        self,
-        messages: Iterable[ChatMessageParam],
-        *,
-        value: Money,
-        stream: bool = False,
-        model: str | NotGiven = NOT_GIVEN,
-        max_tokens: int | NotGiven = NOT_GIVEN,
-        temperature: float | NotGiven = NOT_GIVEN,
-        top_p: float | NotGiven = NOT_GIVEN,
-        stop: str | list[str] | NotGiven = NOT_GIVEN,
-        max_bid: Money | None = None,
-        rid: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str | int] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        max_retries: int | NotGiven = NOT_GIVEN,
-        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
-    ) -> ChatCompletion | AsyncStream[ChatCompletion]:
-        """An OpenAI-style chat completion, bidding for priority worth `value` credits."""
-        result, _ = await self._chat(
-            messages,
-            value=value,
-            stream=stream,
-            fields={
-                "model": model,
-                "max_tokens": max_tokens,
-                "temperature": temperature,
-                "top_p": top_p,
-                "stop": stop,
-            },
-            max_bid=max_bid,
-            rid=rid,
-            options=RequestOptions(extra_headers, extra_query, extra_body, max_retries, timeout),
+            options=_options(
+                extra_headers, extra_query, extra_body, service_tier, max_retries, timeout
+            ),
         )
         return result
 
@@ -1211,6 +1289,237 @@ class AsyncAuctionClient(BaseClient):
             attempt += 1
 
 
+class AsyncChat:
+    """`client.chat(...)`: a chat completion with a bid; `client.chat.completions.create(...)`
+    is the same request in OpenAI's shape."""
+
+    def __init__(self, client: AsyncAuctionClient) -> None:
+        self._client = client
+        self.completions = AsyncChatCompletions(client)
+        """OpenAI's `chat.completions.create`, with a bid."""
+
+    @overload
+    async def __call__(
+        self,
+        messages: Iterable[ChatMessageParam],
+        *,
+        value: Money,
+        stream: Literal[False] = False,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion: ...
+
+    @overload
+    async def __call__(
+        self,
+        messages: Iterable[ChatMessageParam],
+        *,
+        value: Money,
+        stream: Literal[True],
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> AsyncStream[ChatCompletion]: ...
+
+    @overload
+    async def __call__(
+        self,
+        messages: Iterable[ChatMessageParam],
+        *,
+        value: Money,
+        stream: bool,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion | AsyncStream[ChatCompletion]: ...
+
+    async def __call__(
+        self,
+        messages: Iterable[ChatMessageParam],
+        *,
+        value: Money,
+        stream: bool = False,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion | AsyncStream[ChatCompletion]:
+        """An OpenAI-style chat completion, bidding for priority worth `value` credits."""
+        result, _ = await self._client._chat(
+            messages,
+            value=value,
+            stream=stream,
+            fields={
+                "model": model,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "top_p": top_p,
+                "stop": stop,
+            },
+            max_bid=max_bid,
+            rid=rid,
+            options=_options(
+                extra_headers, extra_query, extra_body, service_tier, max_retries, timeout
+            ),
+        )
+        return result
+
+
+class AsyncChatCompletions:
+    """`client.chat.completions.create(...)`: where an OpenAI user looks for it. Without
+    `value`, the request bids 0 (it goes after those who bid in its batch, and pays nothing
+    but the request fee); streamed, it yields typed `ChatCompletionChunk`s."""
+
+    def __init__(self, client: AsyncAuctionClient) -> None:
+        self._client = client
+
+    @overload
+    async def create(
+        self,
+        *,
+        messages: Iterable[ChatMessageParam],
+        value: Money = 0,
+        stream: Literal[False] = False,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion: ...
+
+    @overload
+    async def create(
+        self,
+        *,
+        messages: Iterable[ChatMessageParam],
+        value: Money = 0,
+        stream: Literal[True],
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> AsyncChatCompletionStream: ...
+
+    @overload
+    async def create(
+        self,
+        *,
+        messages: Iterable[ChatMessageParam],
+        value: Money = 0,
+        stream: bool,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion | AsyncChatCompletionStream: ...
+
+    async def create(
+        self,
+        *,
+        messages: Iterable[ChatMessageParam],
+        value: Money = 0,
+        stream: bool = False,
+        model: str | NotGiven = NOT_GIVEN,
+        max_tokens: int | NotGiven = NOT_GIVEN,
+        temperature: float | NotGiven = NOT_GIVEN,
+        top_p: float | NotGiven = NOT_GIVEN,
+        stop: str | list[str] | NotGiven = NOT_GIVEN,
+        max_bid: Money | None = None,
+        rid: str | None = None,
+        service_tier: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str | int] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> ChatCompletion | AsyncChatCompletionStream:
+        """A chat completion of `messages`, bidding for priority worth `value` credits."""
+        result, _ = await self._client._chat(
+            messages,
+            value=value,
+            stream=stream,
+            fields={
+                "model": model,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "top_p": top_p,
+                "stop": stop,
+            },
+            max_bid=max_bid,
+            rid=rid,
+            options=_options(
+                extra_headers, extra_query, extra_body, service_tier, max_retries, timeout
+            ),
+        )
+        return AsyncChatCompletionStream(result) if isinstance(result, AsyncStream) else result
+
+
 class AsyncCompletions:
     """`POST /v1/completions` with a bid, as `client.completions.create(...)`."""
 
@@ -1231,6 +1540,7 @@ class AsyncCompletions:
         stop: str | list[str] | NotGiven = NOT_GIVEN,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -1252,6 +1562,7 @@ class AsyncCompletions:
         stop: str | list[str] | NotGiven = NOT_GIVEN,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -1273,6 +1584,7 @@ class AsyncCompletions:
         stop: str | list[str] | NotGiven = NOT_GIVEN,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -1293,6 +1605,7 @@ class AsyncCompletions:
         stop: str | list[str] | NotGiven = NOT_GIVEN,
         max_bid: Money | None = None,
         rid: str | None = None,
+        service_tier: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str | int] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -1313,7 +1626,9 @@ class AsyncCompletions:
             },
             max_bid=max_bid,
             rid=rid,
-            options=RequestOptions(extra_headers, extra_query, extra_body, max_retries, timeout),
+            options=_options(
+                extra_headers, extra_query, extra_body, service_tier, max_retries, timeout
+            ),
         )
         return result
 

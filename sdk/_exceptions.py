@@ -99,6 +99,8 @@ class APIError(AuctionError):
     body: object | None
     type: str | None
     param: str | None
+    code: str | None
+    """The error body's `code`, as OpenAI sends it (`rate_limit_exceeded`, `invalid_api_key`...)."""
     request_id: str | None
     """The server's `x-request-id` of the failed response, to quote to its operator."""
 
@@ -110,6 +112,7 @@ class APIError(AuctionError):
         error = _error_object(body)
         self.type = _str_or_none(error.get("type"))
         self.param = _str_or_none(error.get("param"))
+        self.code = _str_or_none(error.get("code"))
         self.request_id = None
 
 

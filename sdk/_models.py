@@ -16,7 +16,10 @@ __all__ = [
     "BudgetPeriod",
     "ChatChoice",
     "ChatCompletion",
+    "ChatCompletionChunk",
     "ChatMessage",
+    "ChoiceDelta",
+    "ChunkChoice",
     "Completion",
     "CompletionChoice",
     "Generation",
@@ -224,6 +227,39 @@ class ChatCompletion(_Model):
     def text(self) -> str:
         """The first choice's content."""
         return (self.choices[0].message.content or "") if self.choices else ""
+
+
+class ChoiceDelta(_Model):
+    """What one streamed chunk adds to a choice's message."""
+
+    role: str | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Model):
+    """One choice of a streamed chunk."""
+
+    index: int = 0
+    delta: ChoiceDelta = ChoiceDelta()
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(_Model):
+    """One event of a streamed chat completion, as OpenAI's `chat.completion.chunk`, with the
+    `auction` (the first chunk comes as soon as the batch clears)."""
+
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int = 0
+    model: str = ""
+    choices: list[ChunkChoice] = []
+    usage: Usage | None = None
+    auction: Auction | None = None
+
+    @property
+    def text(self) -> str:
+        """The first choice's new content ("" when the chunk adds none)."""
+        return (self.choices[0].delta.content or "") if self.choices else ""
 
 
 class CompletionChoice(_Model):

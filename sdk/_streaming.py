@@ -1,7 +1,9 @@
 """Server-sent event streams of `generate` and `chat`.
 
-Iterating a stream yields the `Auction` first, as soon as the batch clears, then text chunks.
-Decoding and bookkeeping live in `StreamCore`; `Stream` and `AsyncStream` only move bytes.
+Iterating a stream yields the `Auction` first, as soon as the batch clears, then text chunks;
+`.text_stream` yields the text alone. `client.chat.completions.create(stream=True)` gives a
+`ChatCompletionStream` instead, whose items are typed `ChatCompletionChunk`s as OpenAI's client
+yields them. Decoding and bookkeeping live in `StreamCore`; the stream classes only move bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ._models import (
     Auction,
     ChatChoice,
     ChatCompletion,
+    ChatCompletionChunk,
     ChatMessage,
     Completion,
     CompletionChoice,
@@ -38,7 +41,9 @@ from ._models import (
 from ._settlement import Settlement
 
 __all__ = [
+    "AsyncChatCompletionStream",
     "AsyncStream",
+    "ChatCompletionStream",
     "ChatParser",
     "CompletionParser",
     "GenerateParser",
@@ -147,9 +152,19 @@ class ChatParser(StreamParser[ChatCompletion]):
         self._model = ""
         self._created = 0
         self._finish_reason: str | None = None
+        # Every event as a typed chunk, kept only for a `ChatCompletionStream` to take.
+        self.collect_chunks = False
+        self._chunks: list[ChatCompletionChunk] = []
+
+    def take_chunks(self) -> list[ChatCompletionChunk]:
+        """The chunks received since the last call."""
+        chunks, self._chunks = self._chunks, []
+        return chunks
 
     def feed(self, payload: Mapping[str, Any]) -> list[Auction | str]:
         """Items carried by one chunk."""
+        if self.collect_chunks:
+            self._chunks.append(ChatCompletionChunk.model_validate({"id": self._id, **payload}))
         items = self._take_auction(payload.get("auction"))
         self._id = str(payload.get("id") or self._id)
         self._model = str(payload.get("model") or self._model)
@@ -347,6 +362,11 @@ class Stream(_StreamBase[R]):
         # A stream closed before its batch cleared may still be charged by the server.
         self._core.settlement.unknown()
 
+    @property
+    def text_stream(self) -> Iterator[str]:
+        """The text as it arrives, without the auction (which stays on `.auction`)."""
+        return (item for item in self._iterator if isinstance(item, str))
+
     def get_final(self) -> R:
         """Read the rest of the stream and return the complete response.
 
@@ -414,6 +434,16 @@ class AsyncStream(_StreamBase[R]):
         await self.response.aclose()
         self._core.settlement.unknown()
 
+    @property
+    def text_stream(self) -> AsyncIterator[str]:
+        """The text as it arrives, without the auction (which stays on `.auction`)."""
+        return self._texts()
+
+    async def _texts(self) -> AsyncGenerator[str, None]:
+        async for item in self._iterator:
+            if isinstance(item, str):
+                yield item
+
     async def get_final(self) -> R:
         """Read the rest of the stream and return the complete response.
 
@@ -449,3 +479,144 @@ class AsyncStream(_StreamBase[R]):
             raise
         finally:
             await self.response.aclose()
+
+
+class _ChunkStreamBase:
+    """What the chunk streams share: the stream they read, and its figures."""
+
+    def __init__(self, stream: Stream[ChatCompletion] | AsyncStream[ChatCompletion]) -> None:
+        self._stream = stream
+        parser = stream._core.parser
+        assert isinstance(parser, ChatParser)
+        parser.collect_chunks = True
+        self._parser = parser
+        self.response = stream.response
+
+    @property
+    def auction(self) -> Auction | None:
+        """The auction outcome, once the batch has cleared."""
+        return self._stream.auction
+
+    @property
+    def text(self) -> str:
+        """The text received so far."""
+        return self._stream.text
+
+    @property
+    def usage(self) -> Usage | None:
+        """Token counts from the latest chunk that carried them."""
+        return self._stream.usage
+
+    @property
+    def rid(self) -> str:
+        """The request id, which is also its idempotency key."""
+        return self._stream.rid
+
+    @property
+    def request_id(self) -> str | None:
+        """The server's `x-request-id` of this response."""
+        return self._stream.request_id
+
+
+class ChatCompletionStream(_ChunkStreamBase):
+    """A streamed chat completion whose items are `ChatCompletionChunk`s, as OpenAI's client
+    yields them (`chunk.choices[0].delta.content`); `.text_stream` yields the text alone."""
+
+    def __init__(self, stream: Stream[ChatCompletion]) -> None:
+        super().__init__(stream)
+        self._sync = stream
+        self._iterator = self._iterate()
+
+    def __iter__(self) -> Iterator[ChatCompletionChunk]:
+        return self._iterator
+
+    def __next__(self) -> ChatCompletionChunk:
+        return next(self._iterator)
+
+    def __enter__(self) -> ChatCompletionStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def text_stream(self) -> Iterator[str]:
+        """The text as it arrives."""
+        return (chunk.text for chunk in self._iterator if chunk.text)
+
+    def close(self) -> None:
+        """Stop reading and release the connection."""
+        self._iterator.close()
+        self._sync.close()
+
+    def get_final(self) -> ChatCompletion:
+        """Read the rest of the stream and return the complete response."""
+        for _ in self._iterator:
+            pass
+        return self._sync.get_final()
+
+    def _iterate(self) -> Generator[ChatCompletionChunk, None, None]:
+        # The underlying stream yields only events that carry an item (the auction, text);
+        # the chunks of the others (the role, the finish reason) come out with the next one.
+        for _ in self._sync:
+            yield from self._parser.take_chunks()
+        yield from self._parser.take_chunks()
+
+
+class AsyncChatCompletionStream(_ChunkStreamBase):
+    """`ChatCompletionStream` for the asynchronous client."""
+
+    def __init__(self, stream: AsyncStream[ChatCompletion]) -> None:
+        super().__init__(stream)
+        self._async = stream
+        self._iterator = self._iterate()
+
+    def __aiter__(self) -> AsyncIterator[ChatCompletionChunk]:
+        return self._iterator
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        return await self._iterator.__anext__()
+
+    async def __aenter__(self) -> AsyncChatCompletionStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def text_stream(self) -> AsyncIterator[str]:
+        """The text as it arrives."""
+        return self._texts()
+
+    async def _texts(self) -> AsyncGenerator[str, None]:
+        async for chunk in self._iterator:
+            if chunk.text:
+                yield chunk.text
+
+    async def close(self) -> None:
+        """Stop reading and release the connection."""
+        await self._iterator.aclose()
+        await self._async.close()
+
+    async def get_final(self) -> ChatCompletion:
+        """Read the rest of the stream and return the complete response."""
+        async for _ in self._iterator:
+            pass
+        return await self._async.get_final()
+
+    async def _iterate(self) -> AsyncGenerator[ChatCompletionChunk, None]:
+        async for _ in self._async:
+            for chunk in self._parser.take_chunks():
+                yield chunk
+        for chunk in self._parser.take_chunks():
+            yield chunk

@@ -10,6 +10,8 @@ from fastapi import FastAPI
 
 from inference_auctions.billing import Ledger, RuleDisagreement, start_ledger_jobs, upgrade_schema
 from inference_auctions.server.api import (
+    admin_access_routes,
+    admin_money_routes,
     admin_routes,
     dashboard_page,
     dashboard_routes,
@@ -131,6 +133,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
             pacing_routes,
             market_rule_routes,
             admin_routes,
+            admin_access_routes,
+            admin_money_routes,
             ops_routes,
             dashboard_routes,
             dashboard_page,

@@ -14,9 +14,11 @@
      ├── Unavailable             503  shutting down, the queue is full or the ledger is down
      └── EngineTimedOut          504
 
-Every error body is `{"error": {"type": ..., "message": ..., "param": ...}}`. Services raise
-these (or ledger errors, mapped by `from_ledger_error`); `server.api.error_handlers` renders
-them, and routes never build error responses themselves.
+Every error body is `{"error": {"type": ..., "message": ..., "param": ..., "code": ...}}`, with
+`code` the one OpenAI sends for the same failure where it has one (`invalid_api_key`,
+`rate_limit_exceeded`, `insufficient_quota`...), so OpenAI's clients and tools read it.
+Services raise these (or ledger errors, mapped by `from_ledger_error`);
+`server.api.error_handlers` renders them, and routes never build error responses themselves.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class ServiceError(Exception):
 
     status_code = 500
     error_type = "internal_error"
+    # OpenAI's `code` for the failure (its clients branch on it); our own name where it has none.
+    code = "internal_error"
 
     def __init__(
         self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
@@ -42,55 +46,74 @@ class ServiceError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON body of the response."""
-        return {"error": {"type": self.error_type, "message": self.message, "param": self.param}}
+        return {
+            "error": {
+                "type": self.error_type,
+                "message": self.message,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class InvalidRequest(ServiceError):
     status_code, error_type = 400, "invalid_request"
+    code = "invalid_value"
 
 
 class ClientGone(InvalidRequest):
     error_type = "client_disconnected"
+    code = "client_disconnected"
 
 
 class Unauthenticated(ServiceError):
     status_code, error_type = 401, "unauthenticated"
+    code = "invalid_api_key"
 
 
 class PaymentRequired(ServiceError):
     status_code, error_type = 402, "insufficient_funds"
+    code = "insufficient_quota"
 
 
 class Forbidden(ServiceError):
     status_code, error_type = 403, "forbidden"
+    code = "permission_denied"
 
 
 class NotFound(ServiceError):
     status_code, error_type = 404, "not_found"
+    code = "not_found"
 
 
 class ModelNotFound(NotFound):
     error_type = "model_not_found"  # OpenAI's code for the same mistake
+    code = "model_not_found"
 
 
 class Conflict(ServiceError):
     status_code, error_type = 409, "idempotency_conflict"
+    code = "idempotency_conflict"
 
 
 class RateLimited(ServiceError):
     status_code, error_type = 429, "rate_limited"
+    code = "rate_limit_exceeded"
 
 
 class EngineFailed(ServiceError):
     status_code, error_type = 502, "engine_error"
+    code = "engine_error"
 
 
 class Unavailable(ServiceError):
     status_code, error_type = 503, "unavailable"
+    code = "service_unavailable"
 
 
 class EngineTimedOut(ServiceError):
     status_code, error_type = 504, "engine_timeout"
+    code = "engine_timeout"
 
 
 def from_ledger_error(error: billing.LedgerError, fee_micros: int = 0) -> ServiceError:
@@ -108,11 +131,13 @@ def from_ledger_error(error: billing.LedgerError, fee_micros: int = 0) -> Servic
             message = message.replace(repr(named), repr(billing.client_rid(named)))
     if isinstance(error, billing.UserDisabled):
         return Forbidden(message)
+    if isinstance(error, billing.UnknownApiKey):
+        return NotFound(message, param="key_name")
     if isinstance(error, billing.UnknownUser | billing.UnknownBatch):
         return NotFound(message)
     if isinstance(error, billing.IdempotencyConflict):
         return Conflict(message, param="rid")
-    if isinstance(error, billing.DuplicateUser):
+    if isinstance(error, billing.DuplicateUser | billing.DuplicateApiKey):
         return Conflict(message, param="name")
     if isinstance(error, billing.InvalidInput):
         return InvalidRequest(message, param=error.field)

@@ -48,6 +48,14 @@ def http_api() -> str:
         "`/health`, `/health/live`, `/metrics`, `/server_info`, `/version` and `/v1/models`. Money",
         "is integer micro-credits (`*_micros`); bids go in as credits. Errors:",
         "[errors.md](errors.md).",
+        "",
+        "The admin endpoints make the same ledger calls as the `users`, `budget` and `ledger`",
+        "commands ([cli.md](cli.md)) and record each change with the admin's name",
+        "(`GET /v1/admin/actions`). A user with its own limits",
+        "(`PUT /v1/admin/users/{name}/limits`) gets OpenAI's `x-ratelimit-limit-requests`,",
+        "`x-ratelimit-remaining-requests`, `x-ratelimit-reset-requests` and the `-tokens`",
+        "equivalents on every answer, and a 429 with `Retry-After` past a limit",
+        "([access](../operations/access.md#rate-limits-per-user)).",
     ]
     for tag, rows in groups.items():
         lines += ["", f"## {tag}", "", "| endpoint | what | other statuses |", "|---|---|---|"]

@@ -20,12 +20,13 @@ UserName = Annotated[str, Path(min_length=1, max_length=64)]
 
 
 class NewUser(BaseModel):
-    """A user to create; `budget` in credits per period."""
+    """A user to create; `budget` in credits per period, a day unless told (the SDK paces a
+    period; `none`, a lifetime budget, needs a plan of the client's own)."""
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=64)
     budget: Any = "0"
-    period: Literal["none", "day", "week", "month"] = "none"
+    period: Literal["none", "day", "week", "month"] = "day"
     timezone: str = "UTC"
     batch_cap: Any = None
     admin: bool = False
@@ -50,6 +51,9 @@ def user_json(user: UserInfo) -> dict[str, Any]:
         "period": str(user.period),
         "timezone": user.timezone,
         "batch_cap_micros": user.batch_cap_micros,
+        # The user's own rate limits (None: only the server-wide one applies).
+        "requests_per_minute": user.requests_per_minute,
+        "tokens_per_minute": user.tokens_per_minute,
         "created_at": user.created_at.isoformat(),
         # A budget change that waits for the next period boundary (all None when there is none).
         "pending_budget_micros": user.pending_budget_micros,
@@ -69,7 +73,7 @@ def user_json(user: UserInfo) -> dict[str, Any]:
         }
     },
 )
-async def create_user(request: Request, _: AdminUser, state: State) -> dict[str, Any]:
+async def create_user(request: Request, admin: AdminUser, state: State) -> dict[str, Any]:
     """Create a user; the response holds its API key, which is never shown again."""
     body = await parse_body(request, NewUser)
     budget = parse_credits(body.budget, "budget")
@@ -83,6 +87,7 @@ async def create_user(request: Request, _: AdminUser, state: State) -> dict[str,
             timezone=body.timezone,
             batch_cap_micros=cap,
             admin=body.admin,
+            actor=admin.name,
         )
     )
     return {**user_json(created.user), "api_key": created.api_key}
@@ -96,9 +101,10 @@ async def list_users(_: AdminUser, state: State) -> dict[str, Any]:
 
 
 @router.post("/users/{name}/disable")
-async def disable_user(name: UserName, _: AdminUser, state: State) -> dict[str, Any]:
-    """Disable a user: its key stops working and it can place no new holds."""
-    return user_json(await asyncio.to_thread(state.ledger.disable_user, name))
+async def disable_user(name: UserName, admin: AdminUser, state: State) -> dict[str, Any]:
+    """Disable a user: its keys stop working and it can place no new holds."""
+    disable = partial(state.ledger.disable_user, name, actor=admin.name)
+    return user_json(await asyncio.to_thread(disable))
 
 
 @router.put(
@@ -111,7 +117,7 @@ async def disable_user(name: UserName, _: AdminUser, state: State) -> dict[str, 
     },
 )
 async def set_budget(
-    name: UserName, request: Request, _: AdminUser, state: State
+    name: UserName, request: Request, admin: AdminUser, state: State
 ) -> dict[str, Any]:
     """Change a user's budget."""
     body = await parse_body(request, BudgetChange)
@@ -123,6 +129,7 @@ async def set_budget(
             budget_micros=budget,
             period=body.period,
             timezone=body.timezone,
+            actor=admin.name,
         )
     )
     return user_json(user)

@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 from inference_auctions.billing import Ledger, UserInfo
 from inference_auctions.server.api.bearer import bearer_key
 from inference_auctions.server.api.market_prices import MarketPrices
+from inference_auctions.server.api.user_limits import UserRateLimits, remember
 from inference_auctions.server.cluster.rule_agreement import RuleAgreement
 from inference_auctions.server.dashboard.snapshot import DashboardState
 from inference_auctions.server.errors import Forbidden, RateLimited, Unauthenticated
@@ -113,6 +114,7 @@ class AppState:
     # This process's heartbeat in the ledger: its pricing rule, and a write on a schedule.
     agreement: RuleAgreement
     dashboard: DashboardState = field(default_factory=DashboardState)
+    user_limits: UserRateLimits = field(default_factory=UserRateLimits)
 
 
 def _app_state(request: Request) -> AppState:
@@ -144,6 +146,7 @@ async def current_user(request: Request, state: State) -> UserInfo:
     if user.disabled:
         raise Forbidden(f"user {user.name!r} is disabled")
     state.limiter.check(user.name)
+    remember(request.scope, state.user_limits.take_request(user))
     return user
 
 

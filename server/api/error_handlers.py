@@ -64,6 +64,7 @@ def install_error_handlers(app: FastAPI) -> None:
             return _render(kind(str(error.detail)), request)
         failure = ServiceError(str(error.detail))
         failure.status_code, failure.error_type = error.status_code, "http_error"
+        failure.code = "http_error"
         return _render(failure, request)
 
     async def unexpected(request: Request, error: Exception) -> JSONBytes:

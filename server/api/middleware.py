@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inference_auctions.server.api.user_limits import SCOPE_KEY as RATELIMIT_SCOPE_KEY
 from inference_auctions.server.request_context import request_id_var, trace_headers_var
 
 __all__ = ["DirectRoutes", "RequestIdMiddleware", "find_routes"]
@@ -88,6 +89,12 @@ class RequestIdMiddleware:
                 ]
                 headers.append((_RAW_HEADER, request_id.encode()))
                 headers += self._extra_headers
+                # A user with rate limits of its own: OpenAI's x-ratelimit-* (`user_limits`),
+                # unless the answer has its own (a 429 tells the state that refused it).
+                limits = scope["state"].get(RATELIMIT_SCOPE_KEY)
+                if limits:
+                    sent = {k.lower() for k, _ in headers}
+                    headers += [(k, v) for k, v in limits if k not in sent]
                 message = {**message, "headers": headers}
             await send(message)
 

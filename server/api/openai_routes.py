@@ -38,6 +38,7 @@ from inference_auctions.server.api.logprobs import (
 from inference_auctions.server.api.model_name import check_model, served_model
 from inference_auctions.server.api.openai_fields import json_schema_of
 from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody, OpenAIBody
+from inference_auctions.server.api.user_limits import remember
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.serving.tickets import Chunk, Clearance
 
@@ -196,6 +197,8 @@ async def _run(
     if tier_value is not None:  # a tier named is part of what a retry must repeat
         payload["service_tier"] = tier_value
     admission = admission_of(user, rid, tokens, bid_micros, sampling, payload, streamed=streamed)
+    counted = len(tokens) + sampling["max_new_tokens"]
+    remember(request.scope, state.user_limits.take_tokens(user, counted, "max_tokens"))
     ticket = await state.service.admit(admission)
     model = served_model(state)
     renderer = _Renderer(admission.rid, model, kind, logprobs="return_logprob" in sampling)

@@ -20,6 +20,7 @@ from inference_auctions.server.api.generation import (
 from inference_auctions.server.api.json_response import JSONBytes
 from inference_auctions.server.api.logprobs import native_options, refuse_unless_served
 from inference_auctions.server.api.schemas import GenerateBody
+from inference_auctions.server.api.user_limits import remember
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.serving.tickets import Chunk, Clearance
 
@@ -57,6 +58,9 @@ async def generate(request: Request) -> Response:
     admission = admission_of(
         user, body.rid, tokens, bid_micros, sampling, payload, streamed=body.stream
     )
+    counted = len(tokens) + body.sampling_params.max_new_tokens
+    limits = state.user_limits.take_tokens(user, counted, "sampling_params.max_new_tokens")
+    remember(request.scope, limits)
     ticket = await state.service.admit(admission)
     if body.stream:
         return stream(state.service, ticket, lambda c, k: render(admission.rid, len(tokens), c, k))

@@ -23,6 +23,7 @@ def main() -> None:
 def _register() -> None:
     # Imported here so that `main` exists before the command modules attach to it.
     from inference_auctions.server.cli import (  # noqa: PLC0415
+        access_commands,
         auction_command,
         cluster_command,
         demo_command,
@@ -36,6 +37,8 @@ def _register() -> None:
     main.add_command(demo_command.demo)
     main.add_command(emulate_command.emulate_sglang)
     main.add_command(cluster_command.cluster)
+    # Its commands (the `keys` group among them) join `users` and `ledger`, added below.
+    assert access_commands.keys.name == "keys"
     for group in ledger_commands.GROUPS:
         main.add_command(group)
     from inference_auctions.server.cli.experiment_command import experiment  # noqa: PLC0415  (as above)

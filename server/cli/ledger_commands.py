@@ -10,8 +10,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import enum
+import getpass
 import io
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -76,6 +78,15 @@ def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> da
             f"{value!r} is not an ISO 8601 time like 2025-01-31T12:00Z", ctx, param
         ) from None
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def cli_actor() -> str:
+    """Who the ledger records as making a change from the command line: `cli:<login>`."""
+    try:
+        login = getpass.getuser()
+    except (OSError, KeyError):  # no login name in a bare container: the uid says who
+        login = f"uid{os.getuid()}"
+    return f"cli:{login}"
 
 
 def database_option(command: F) -> F:
@@ -280,7 +291,13 @@ def users() -> None:
     required=True,
     help="Credits per period.",
 )
-@click.option("--period", type=PERIODS, default="none", show_default=True, help="Budget period.")
+@click.option(
+    "--period",
+    type=PERIODS,
+    default="day",
+    show_default=True,
+    help="Budget period (`none`: a lifetime budget, which the SDK cannot pace).",
+)
 @click.option("--timezone", default="UTC", show_default=True, help="Zone of the periods.")
 @click.option(
     "--batch-cap",
@@ -312,6 +329,7 @@ def create_user(
             timezone=timezone,
             batch_cap_micros=batch_cap,
             admin=admin,
+            actor=cli_actor(),
         )
     if fmt == "json":
         _json({**_record(created.user), "api_key": created.api_key})
@@ -345,7 +363,7 @@ _TAKES_EFFECT = (
 def disable_user(name: str, database_url: str | None) -> None:
     """Refuse new requests from NAME (requests already admitted settle normally)."""
     with open_ledger(database_url) as ledger:
-        ledger.disable_user(name)
+        ledger.disable_user(name, actor=cli_actor())
     click.echo(f"Disabled user {name!r}. {_TAKES_EFFECT}")
 
 
@@ -355,7 +373,7 @@ def disable_user(name: str, database_url: str | None) -> None:
 def enable_user(name: str, database_url: str | None) -> None:
     """Accept requests from NAME again."""
     with open_ledger(database_url) as ledger:
-        ledger.enable_user(name)
+        ledger.enable_user(name, actor=cli_actor())
     click.echo(f"Enabled user {name!r}. {_TAKES_EFFECT}")
 
 
@@ -363,9 +381,10 @@ def enable_user(name: str, database_url: str | None) -> None:
 @click.argument("name")
 @database_option
 def rotate_key(name: str, database_url: str | None) -> None:
-    """Give NAME a new API key (shown only this once); the old key stops working."""
+    """Give NAME a new API key named `default` (shown only this once); every older key of
+    NAME stops working."""
     with open_ledger(database_url) as ledger:
-        key = ledger.rotate_api_key(name)
+        key = ledger.rotate_api_key(name, actor=cli_actor())
     click.echo(f"New API key of {name!r} (shown only now, store it safely): {key}")
     click.echo(_TAKES_EFFECT)
 
@@ -421,7 +440,7 @@ def set_budget(
         changes["batch_cap_micros"] = batch_cap
     with open_ledger(database_url) as ledger:
         before = ledger.get_user(name)
-        info = ledger.set_budget(name, **changes)
+        info = ledger.set_budget(name, **changes, actor=cli_actor())
     cap = "none" if info.batch_cap_micros is None else format_micros(info.batch_cap_micros)
     click.echo(f"Budget of {name!r}: {_schedule(info.budget_micros, info.period, info.timezone)}.")
     if info.pending_from is not None:
@@ -600,7 +619,9 @@ def adjust(
     """Correct NAME's balance by AMOUNT credits with an adjustment entry."""
     started = datetime.now(UTC)
     with open_ledger(database_url) as book:
-        entry = book.adjust(name, -amount if debit else amount, reason=reason, key=key)
+        entry = book.adjust(
+            name, -amount if debit else amount, reason=reason, key=key, actor=cli_actor()
+        )
     if entry.created_at < started:  # the key's entry was written before: a replay
         when = entry.created_at.strftime("%Y-%m-%d %H:%M:%SZ")
         click.echo(

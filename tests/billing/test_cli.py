@@ -60,8 +60,17 @@ def test_money_options_are_exact_and_checked(run: Invoke) -> None:
         assert "--budget" in result.output and problem in result.output
 
 
+def test_users_create_defaults_to_a_daily_budget(run: Invoke, ledger: Ledger) -> None:
+    # A daily budget is what the SDK paces by default; a lifetime one must be asked for.
+    result = run("users", "create", "alice", "--budget", "1")
+    assert result.exit_code == 0, result.output
+    assert "1.000000 credits per day" in result.output
+    assert ledger.get_user("alice").period.value == "day"
+    assert "which the SDK cannot pace" in " ".join(run("users", "create", "--help").output.split())
+
+
 def test_disable_budget_and_balance(run: Invoke, ledger: Ledger) -> None:
-    run("users", "create", "alice", "--budget", "1")
+    run("users", "create", "alice", "--budget", "1", "--period", "none")
     assert run("users", "disable", "alice").exit_code == 0
     assert ledger.get_user("alice").disabled
     result = run("budget", "set", "alice", "--budget", "3", "--period", "day", "--batch-cap", "0.5")

@@ -16,7 +16,7 @@ def test_create_user_grants_the_budget_and_shows_the_key_once(
     assert created.user.is_admin and created.user.period is Period.DAY
     assert ledger.balance("alice").available_micros == 2_000_000
     with ledger_db.engine.connect() as connection:
-        stored = connection.execute(text("SELECT api_key_hash FROM users")).scalar_one()
+        stored = connection.execute(text("SELECT key_hash FROM api_keys")).scalar_one()
     assert created.api_key not in stored and len(stored) == 64
 
 

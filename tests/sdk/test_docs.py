@@ -23,6 +23,8 @@ def test_the_docs_have_runnable_examples() -> None:
     blocks = python_blocks()
     assert len(blocks) >= 6
     assert any("stream=True" in block and "Auction" in block for block in blocks)
+    assert any("openai.OpenAI(" in block for block in blocks)
+    assert any("client.chat.completions.create(" in block for block in blocks)
 
 
 def test_the_docs_snippets_run_against_a_real_server(
@@ -40,6 +42,10 @@ def test_the_docs_snippets_run_against_a_real_server(
     out = capsys.readouterr().out
     assert "not sent:" in out  # the exhausted-budget example took its documented path
     assert "inference-auction-emulated" in out
+    # OpenAI's own client got an answer with the auction, and an error with OpenAI's code.
+    assert re.search(r"^openai: .* \d+$", out, re.MULTILINE), out
+    assert "openai error code: invalid_api_key" in out
+    assert "bid 0" in out  # chat.completions.create without a value bids 0
 
 
 def test_the_first_example_works_for_the_user_the_readme_creates(

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from inference_auctions.billing import apikeys
-from inference_auctions.billing import users as billing_users
-from inference_auctions.billing.models import Base, User
+from inference_auctions.billing import keys as billing_keys
+from inference_auctions.billing.models import ApiKey, Base, User
 from tests.db_fixtures import MigratedDatabase
 from tests.security.conftest import ledger_snapshot
 from tests.server.harness import RunningServer, running_server
@@ -37,6 +37,15 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/v1/admin/users", "admin"),
     ("POST", "/v1/admin/users", "admin"),
     ("POST", "/v1/admin/users/{name}/disable", "admin"),
+    ("POST", "/v1/admin/users/{name}/enable", "admin"),
+    ("POST", "/v1/admin/users/{name}/rotate-key", "admin"),
+    ("GET", "/v1/admin/users/{name}/keys", "admin"),
+    ("POST", "/v1/admin/users/{name}/keys", "admin"),
+    ("DELETE", "/v1/admin/users/{name}/keys/{key_name}", "admin"),
+    ("PUT", "/v1/admin/users/{name}/limits", "admin"),
+    ("POST", "/v1/admin/users/{name}/grant", "admin"),
+    ("POST", "/v1/admin/users/{name}/adjust", "admin"),
+    ("GET", "/v1/admin/actions", "admin"),
     ("PUT", "/v1/admin/users/{name}/budget", "admin"),
     ("GET", "/v1/admin/users/{name}/balance", "admin"),
     ("GET", "/v1/admin/reconcile", "admin"),
@@ -69,12 +78,16 @@ ATTACKS: dict[str, Any] = {
     },
     "/v1/admin/users": {"name": "alice", "budget": "1000", "admin": True},
     "/v1/admin/users/{name}/budget": {"budget": "0"},
+    "/v1/admin/users/{name}/keys": {"name": "mine"},
+    "/v1/admin/users/{name}/limits": {"requests_per_minute": 1},
+    "/v1/admin/users/{name}/grant": {"amount": "1000"},
+    "/v1/admin/users/{name}/adjust": {"amount": "1000", "reason": "mine", "key": "k"},
 }
 
 
 def _call(client: httpx.Client, method: str, path: str, target: str = "alice") -> httpx.Response:
     body = ATTACKS.get(path)
-    return client.request(method, path.format(name=target), json=body)
+    return client.request(method, path.format(name=target, key_name="default"), json=body)
 
 
 def _spend(
@@ -124,7 +137,10 @@ def test_no_key_or_a_garbage_key_is_401_everywhere_but_health_and_metrics(
         for method, path, needs in ROUTES:
             for headers in bad_headers:
                 reply = client.request(
-                    method, path.format(name="alice"), json=ATTACKS.get(path), headers=headers
+                    method,
+                    path.format(name="alice", key_name="default"),
+                    json=ATTACKS.get(path),
+                    headers=headers,
                 )
                 if needs is None:
                     assert reply.status_code == 200, (path, headers)
@@ -251,17 +267,22 @@ def test_api_keys_are_stored_only_as_hashes(server: RunningServer) -> None:
     rotated = server.ledger.rotate_api_key("alice")
     old_alice, keys["alice"] = keys["alice"], rotated
     with server.ledger.engine.connect() as connection:
-        rows = {row.name: row for row in connection.execute(select(User.__table__))}
+        active = (
+            select(User.name, ApiKey.key_prefix, ApiKey.key_hash)
+            .join(ApiKey, ApiKey.user_id == User.id)
+            .where(ApiKey.revoked_at.is_(None))
+        )
+        rows = {row.name: row for row in connection.execute(active)}
     dump = repr(ledger_snapshot(server.ledger.engine))
     for name, key in keys.items():
         secret = _secret(key)
-        assert rows[name].api_key_hash == hashlib.sha256(key.encode()).hexdigest()
-        assert key.removeprefix("iak_").startswith(rows[name].api_key_prefix)
+        assert rows[name].key_hash == hashlib.sha256(key.encode()).hexdigest()
+        assert key.removeprefix("iak_").startswith(rows[name].key_prefix)
         for text in (key, secret, secret[:16], secret[-16:]):
             assert text not in dump, name
             assert text not in listing
     assert _secret(old_alice) not in dump
-    assert "api_key_hash" not in listing and rows["alice"].api_key_hash not in listing
+    assert "key_hash" not in listing and rows["alice"].key_hash not in listing
     # Only the users table holds key material at all.
     key_columns = {
         f"{table.name}.{column.name}"
@@ -269,7 +290,7 @@ def test_api_keys_are_stored_only_as_hashes(server: RunningServer) -> None:
         for column in table.columns
         if "key" in column.name and "idempotency" not in column.name
     }
-    assert key_columns == {"users.api_key_prefix", "users.api_key_hash"}
+    assert key_columns == {"api_keys.key_prefix", "api_keys.key_hash"}
     with server.client(old_alice) as client:
         assert client.get("/v1/ledger/balance").status_code == 401
     with server.client(rotated) as client:
@@ -278,7 +299,7 @@ def test_api_keys_are_stored_only_as_hashes(server: RunningServer) -> None:
 
 def test_keys_are_compared_in_constant_time(server: RunningServer) -> None:
     assert "hmac.compare_digest(" in inspect.getsource(apikeys.matches)
-    assert "apikeys.matches(" in inspect.getsource(billing_users.authenticate)
+    assert "apikeys.matches(" in inspect.getsource(billing_keys.key_owner)
     key = server.create_user("alice")
     digest = apikeys.hash_key(key)
     assert apikeys.matches(key, digest)

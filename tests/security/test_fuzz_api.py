@@ -5,7 +5,8 @@ requests that follow it and requests that break it (bodies included: the generat
 routes read their bodies themselves and publish them through `openapi_extra`). Every answer
 must be a deliberate one:
 
-- never a 5xx, and every 4xx is the JSON error object `{"error": {"type", "message", "param"}}`;
+- never a 5xx, and every 4xx is the JSON error object
+  `{"error": {"type", "message", "param", "code"}}`;
 - a body that breaks the published schema is refused;
 - a refused request, and any read, leaves every ledger table exactly as it was;
 - after all of it the ledger still reconciles.
@@ -59,6 +60,15 @@ OPERATIONS = [
     ("GET", "/v1/admin/users/{name}/balance"),
     ("GET", "/v1/admin/reconcile"),
     ("GET", "/v1/admin/timings"),
+    ("POST", "/v1/admin/users/{name}/enable"),
+    ("POST", "/v1/admin/users/{name}/rotate-key"),
+    ("GET", "/v1/admin/users/{name}/keys"),
+    ("POST", "/v1/admin/users/{name}/keys"),
+    ("DELETE", "/v1/admin/users/{name}/keys/{key_name}"),
+    ("PUT", "/v1/admin/users/{name}/limits"),
+    ("POST", "/v1/admin/users/{name}/grant"),
+    ("POST", "/v1/admin/users/{name}/adjust"),
+    ("GET", "/v1/admin/actions"),
     ("GET", "/health"),
     ("GET", "/metrics"),
     ("GET", "/model_info"),
@@ -74,9 +84,18 @@ WITH_BODY = {
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/admin/users"),
     ("PUT", "/v1/admin/users/{name}/budget"),
+    ("POST", "/v1/admin/users/{name}/keys"),
+    ("PUT", "/v1/admin/users/{name}/limits"),
+    ("POST", "/v1/admin/users/{name}/grant"),
+    ("POST", "/v1/admin/users/{name}/adjust"),
 }
 # Successful calls of these change the ledger by design; every other call must not.
-WRITES = WITH_BODY | {("POST", "/v1/admin/users/{name}/disable")}
+WRITES = WITH_BODY | {
+    ("POST", "/v1/admin/users/{name}/disable"),
+    ("POST", "/v1/admin/users/{name}/enable"),
+    ("POST", "/v1/admin/users/{name}/rotate-key"),
+    ("DELETE", "/v1/admin/users/{name}/keys/{key_name}"),
+}
 
 # Valid bids, so that fuzzed requests also get through admission, the auction and settlement.
 VALID_BIDS = st.one_of(
@@ -221,6 +240,7 @@ def _check_answer(response: Response) -> None:
         assert isinstance(error["type"], str) and error["type"] != "internal_error"
         assert isinstance(error["message"], str) and error["message"]
         assert error["param"] is None or isinstance(error["param"], str)
+        assert isinstance(error["code"], str) and error["code"] != "internal_error"
     elif kind.startswith("text/event-stream"):
         events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
         assert not response.stream_cut_short
