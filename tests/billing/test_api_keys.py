@@ -183,7 +183,7 @@ def test_keys_issued_before_the_upgrade_keep_working(ledger_db: MigratedDatabase
     ledger = Ledger(ledger_db.engine)
     alice = ledger.create_user("alice", budget_micros=1).api_key
     ledger.create_api_key("alice", "ci")
-    migrate.downgrade(ledger_db.engine, "8e1b4c7a2f60"  # the schema before named keys)
+    migrate.downgrade(ledger_db.engine, "8e1b4c7a2f60")  # the schema before named keys
     with ledger_db.engine.connect() as connection:
         stored = connection.execute(
             text("SELECT api_key_hash FROM users WHERE name = 'alice'")
