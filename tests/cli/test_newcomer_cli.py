@@ -108,6 +108,9 @@ BAD_URLS = {
     "not-a-url": "'not-a-url' is not a database URL",
     "mysql://user@db.example/ledger": "mysql is not supported",
     "postgresql+asyncpg://user@db.example/ledger": "the asyncpg driver is not installed",
+    # Two slashes: SQLAlchemy reads a host and fails on connecting, with a traceback.
+    "sqlite://x.db": "'sqlite://x.db' names a host, not a file: a SQLite URL has three slashes"
+    " before a relative path (sqlite:///x.db)",
 }
 
 
@@ -133,18 +136,33 @@ def test_serve_checks_the_database_before_its_banner(tmp_path: Path) -> None:
         assert "First steps" not in result.stdout and "serving on" not in result.stdout
         line = _one_line_error(result)
         assert says in line and "--database-url" in line, line
-    missing_folder = f"sqlite:///{tmp_path / 'no-such-folder' / 'ledger.db'}"
-    result = _cli("serve", "--port", str(free_port()), "--database-url", missing_folder)
+    missing_folder = tmp_path / "no-such-folder"
+    url = f"sqlite:///{missing_folder / 'ledger.db'}"
+    result = _cli("serve", "--port", str(free_port()), "--database-url", url)
     assert result.returncode == 2
-    assert "unable to open database file" in _one_line_error(result)
+    assert _missing_folder_named(_one_line_error(result), missing_folder)
 
 
-def test_ledger_commands_refuse_a_bad_url_in_one_line() -> None:
-    for command in (["users", "list"], ["ledger", "balance", "alice"], ["db", "current"]):
+def _missing_folder_named(line: str, folder: Path) -> bool:
+    return f"the folder {folder} of the SQLite file does not exist" in line and (
+        f"mkdir -p {folder}" in line
+    )
+
+
+def test_ledger_commands_refuse_a_bad_url_in_one_line(tmp_path: Path) -> None:
+    missing_folder = tmp_path / "no-such-folder"
+    commands = (["users", "list"], ["ledger", "balance", "alice"], ["db", "current"])
+    for command in (*commands, ["db", "upgrade"]):
         for url, says in BAD_URLS.items():
             result = _run(*command, "--database-url", url)
             assert result.exit_code == 2, (command, url)
             assert says in _one_line_error(result)
+        # Not "run db upgrade": that would fail too, on the folder it did not name.
+        result = _run(*command, "--database-url", f"sqlite:///{missing_folder / 'x.db'}")
+        assert result.exit_code == 2, command
+        line = _one_line_error(result)
+        assert _missing_folder_named(line, missing_folder) and "db upgrade" not in line, line
+    assert not missing_folder.exists()
 
 
 def test_reading_commands_create_no_database_file(tmp_path: Path) -> None:
