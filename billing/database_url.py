@@ -3,7 +3,8 @@
 The ledger runs on SQLite and PostgreSQL. A URL that SQLAlchemy cannot parse, another database
 (`mysql://`), a driver that is not installed, a SQLite URL with two slashes (`sqlite://x.db`,
 which names a host, not a file) or a SQLite file in a folder that does not exist is
-`InvalidInput` on `database_url` with one sentence that says what to give instead; `probe_database` then finds out whether the database answers.
+`InvalidInput` on `database_url` with one sentence that says what to give instead;
+`probe_database` then finds out whether the database answers.
 """
 
 from __future__ import annotations

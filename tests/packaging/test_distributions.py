@@ -73,6 +73,14 @@ def test_the_server_wheel_holds_every_package_folder(wheels: dict[str, Path]) ->
     assert "inference_auctions/migrations/alembic.ini" in files
     for page in ("index.html", "app.js", "charts.js", "format.js", "style.css", "favicon.svg"):
         assert f"inference_auctions/server/dashboard/static/{page}" in files, page
+    for part in (
+        "swagger-ui-bundle.js",
+        "swagger-ui.css",
+        "favicon-32x32.png",
+        "LICENSE",
+        "NOTICE",
+    ):
+        assert f"inference_auctions/server/api/swagger_ui/{part}" in files, part
     assert not [name for name in files if name.startswith("inference_auctions/sdk/")]
 
 
