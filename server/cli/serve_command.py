@@ -11,7 +11,8 @@ import click
 import uvicorn
 from pydantic import ValidationError
 
-from inference_auctions.server.settings import ServerSettings, without_password
+from inference_auctions.server.cli.first_steps import first_steps
+from inference_auctions.server.settings import ServerSettings
 
 
 @click.command()
@@ -145,7 +146,13 @@ from inference_auctions.server.settings import ServerSettings, without_password
 # Removed: the ledger's group commits run on threads of the server. Still parsed, so that
 # `--ledger-writer process` is refused by name rather than as an unknown option.
 @click.option("--ledger-writer", hidden=True)
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
+    default="warning",
+    show_default=True,
+    help="What the server logs: info adds its start-up, the migrations and every request.",
+)
 def serve(log_level: str, **options: Any) -> None:
     """Run the auction server (FastAPI on uvicorn).
 
@@ -177,7 +184,7 @@ def serve(log_level: str, **options: Any) -> None:
     from inference_auctions.server.api.connections import uvicorn_config  # noqa: PLC0415
     from inference_auctions.server.app import create_app  # noqa: PLC0415
 
-    click.echo(_first_steps(settings))
+    click.echo(first_steps(settings))
     config = uvicorn_config(create_app(settings), settings, log_level=log_level)
     uvicorn.Server(config).run(sockets=[listener])
 
@@ -231,32 +238,3 @@ def _check_tokenizer(setting: str) -> None:
         check_tokenizer_setting(setting)
     except TokenizerSetupError as error:
         raise click.ClickException(str(error)) from None
-
-
-def _first_steps(settings: ServerSettings) -> str:
-    base = f"http://{settings.host}:{settings.port}"
-    default_url = ServerSettings.model_fields["database_url"].default
-    shown_url = without_password(settings.database_url)
-    db = "" if settings.database_url == default_url else f" --database-url '{shown_url}'"
-    if shown_url != settings.database_url:
-        db += "  (with your password for ***)"
-    return f"""
-inference-auction serving on {base}  (ledger: {shown_url})
-
-First steps, in another terminal:
-  1. create a user with a budget of 10 credits a day (prints its API key once):
-       .venv/bin/inference-auction users create alice --budget 10 --period day{db}
-  2. put that key in KEY (KEY=iak_...) and send a request with a bid of 0.05 credits:
-       curl -s {base}/generate -H "Authorization: Bearer $KEY" \\
-            -d '{{"text": "Hello, auction!", "bid": "0.05"}}'
-     its meta_info.auction says where the auction put it and what it paid
-     (request_charge_micros): alone in its batch it delays nobody and pays 0
-  3. see the balance:
-       curl -s {base}/v1/ledger/balance -H "Authorization: Bearer $KEY"
-  4. watch it in a browser, signed in with that key:
-       {base}/dashboard
-     (an admin key shows the whole market:
-       .venv/bin/inference-auction users create root --budget 0 --admin{db})
-  To see users compete for one batch: inference-auction demo
-API docs: {base}/docs
-"""

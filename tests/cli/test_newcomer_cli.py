@@ -12,7 +12,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from inference_auctions.server.cli import main
-from inference_auctions.server.cli.serve_command import _first_steps
+from inference_auctions.server.cli.first_steps import first_steps
 from inference_auctions.server.settings import ServerSettings
 from tests.processes import free_port
 
@@ -44,10 +44,10 @@ def test_serve_on_a_busy_port_fails_before_the_banner(tmp_path: Path) -> None:
 
 def test_serve_never_prints_the_database_password() -> None:
     url = "postgresql+psycopg://auction:s3cret-pa55@db.example:5432/ledger"
-    banner = _first_steps(ServerSettings(database_url=url))
+    banner = first_steps(ServerSettings(database_url=url))
     assert "s3cret-pa55" not in banner
     assert "postgresql+psycopg://auction:***@db.example:5432/ledger" in banner
-    plain = _first_steps(ServerSettings(database_url="sqlite:///other.db"))
+    plain = first_steps(ServerSettings(database_url="sqlite:///other.db"))
     assert "--database-url 'sqlite:///other.db'" in plain
 
 
@@ -93,7 +93,7 @@ def test_the_docs_answer_a_newcomers_configuration_questions() -> None:
 
 
 def test_the_first_steps_create_a_user_the_sdk_can_pace_and_promise_no_charge() -> None:
-    banner = _first_steps(ServerSettings())
+    banner = first_steps(ServerSettings())
     # The SDK's default pacing needs a budget period: a lifetime budget fails its first call.
     assert "users create alice --budget 10 --period day" in banner
     assert "see the charge" not in banner and "pays 0" in banner
