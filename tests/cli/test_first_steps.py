@@ -35,7 +35,9 @@ def _serve(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
         banner = ""
         assert process.stdout is not None
         while not banner.rstrip().endswith("more)"):  # the banner's last line
-            banner += process.stdout.readline()
+            line = process.stdout.readline()
+            assert line, f"the banner ended early:\n{banner}"
+            banner += line
         yield process, banner
     finally:
         process.terminate()
