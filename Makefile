@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # What `make run` and `make demo` need: the server and the SDK, without the dev tool chain.
 RUNTIME_STAMP := $(VENV)/.runtime
+# The SDK's folder is its package (sdk/ is inference_auctions.sdk), which setuptools installs
+# editable only through an import hook, with a note about the layout on every install; the
+# note says nothing a newcomer can act on. (The checkout's own layout needs no hook.)
+PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet
 
 .PHONY: demo run run-sglang sglang-env test test-cluster test-deploy lint types check bench experiments clean
 
@@ -24,13 +28,13 @@ endif
 $(STAMP): pyproject.toml sdk/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ./sdk -e '.[dev,experiments]'
+	$(PIP_INSTALL) -e ./sdk -e '.[dev,experiments]'
 	touch $(STAMP)
 
 $(RUNTIME_STAMP): pyproject.toml sdk/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ./sdk -e .
+	$(PIP_INSTALL) -e ./sdk -e .
 	touch $(RUNTIME_STAMP)
 
 demo: $(RUNTIME_STAMP)  ## Four users bid for one batch on a real server; then the dashboard

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import BigInteger, ColumnElement, and_, cast, func, select
+from sqlalchemy import BigInteger, ColumnElement, and_, case, cast, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from inference_auctions.billing.models import (
@@ -154,6 +154,8 @@ class AccountActivity:
     # When the user's first charge of the period was written (None: nothing spent in it): a
     # rate of spend is taken over the user's own activity, not over the whole period.
     first_spend_at: datetime | None = None
+    # How many batches charged the user in the period: fewer than a few make no rate.
+    charges_this_period: int = 0
     # Every request of each recent batch in which the user had several requests, so that the
     # user's charge there can be split per request (SPEC section 1, "One request's share").
     shared_batches: dict[str, list[PricedRequestView]] = field(default_factory=dict)
@@ -456,6 +458,16 @@ def account_activity(
     batches = _latest_batches(session, user.id, max(clearing, recent))
     latest = _recent_requests(session, user.id, batches[:recent], recent)
     since = start - timedelta(days=31)
+    first_spend_at, charges = session.execute(
+        select(
+            func.min(LedgerEntry.created_at),
+            func.count(case((LedgerEntry.kind == EntryKind.CHARGE, 1))),
+        ).where(
+            LedgerEntry.user_id == user.id,
+            LedgerEntry.kind.in_(_SPEND_KINDS),
+            LedgerEntry.created_at >= start,
+        )
+    ).one()
     return AccountActivity(
         balance=balance(session, name, now),
         budget_micros=budget.amount_micros,
@@ -469,13 +481,8 @@ def account_activity(
         requests_abandoned=int(counts.get(RequestStatus.ABANDONED, 0)),
         recent=latest,
         clearing=_user_clearing(session, user.id, name, [b for b in batches if b[1] >= since]),
-        first_spend_at=session.scalar(
-            select(func.min(LedgerEntry.created_at)).where(
-                LedgerEntry.user_id == user.id,
-                LedgerEntry.kind.in_(_SPEND_KINDS),
-                LedgerEntry.created_at >= start,
-            )
-        ),
+        first_spend_at=first_spend_at,
+        charges_this_period=int(charges),
         shared_batches=_batches_of_several(session, latest),
     )
 

@@ -1,9 +1,10 @@
 """What is wrong with a database URL, said before anything is opened or created.
 
 The ledger runs on SQLite and PostgreSQL. A URL that SQLAlchemy cannot parse, another database
-(`mysql://`), a driver that is not installed, or a SQLite file that does not exist yet (for a
-command that only reads) is `InvalidInput` on `database_url` with one sentence that says what
-to give instead; `probe_database` then finds out whether the database answers.
+(`mysql://`), a driver that is not installed, a SQLite URL with two slashes (`sqlite://x.db`,
+which names a host, not a file) or a SQLite file in a folder that does not exist is
+`InvalidInput` on `database_url` with one sentence that says what to give instead;
+`probe_database` then finds out whether the database answers.
 """
 
 from __future__ import annotations
@@ -48,6 +49,28 @@ def check_database_url(url: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise InvalidInput(
             FIELD, f"the {driver} driver is not installed; use postgresql+psycopg:// (installed)"
+        )
+    if backend == "sqlite":
+        _check_sqlite(parsed, url)
+
+
+def _check_sqlite(parsed: URL, url: str) -> None:
+    # SQLAlchemy reads `sqlite://x.db` as a host and refuses it only on connecting, with a
+    # traceback; a folder that does not exist fails every command with "unable to open".
+    if parsed.host:
+        meant = "/".join(part for part in (parsed.host, parsed.database) if part)
+        raise InvalidInput(
+            FIELD,
+            f"{url!r} names a host, not a file: a SQLite URL has three slashes before a "
+            f"relative path (sqlite:///{meant}) and four before an absolute one "
+            "(sqlite:////var/lib/ledger.db)",
+        )
+    path = sqlite_file(url)
+    if path is not None and not path.parent.is_dir():
+        raise InvalidInput(
+            FIELD,
+            f"the folder {path.parent} of the SQLite file does not exist: create it "
+            f"(mkdir -p {path.parent}) or name a file in a folder that exists",
         )
 
 

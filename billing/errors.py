@@ -121,12 +121,20 @@ class UnknownBatch(LedgerError):
 
 
 class InsufficientFunds(LedgerError):
-    """The user's available funds do not cover the amount."""
+    """The user's available funds do not cover the amount; `renews_at`: when the budget's
+    period ends and its next grant comes (None for a lifetime budget)."""
 
-    def __init__(self, name: str, available_micros: int, requested_micros: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        available_micros: int,
+        requested_micros: int,
+        renews_at: datetime | None = None,
+    ) -> None:
         self.name = name
         self.available_micros = available_micros
         self.requested_micros = requested_micros
+        self.renews_at = renews_at
         super().__init__(
             f"user {name!r} has {available_micros} micro-credits available,"
             f" {requested_micros} requested"

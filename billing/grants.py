@@ -101,7 +101,7 @@ def period_at(budget: Budget | BudgetRow, now: datetime) -> datetime:
     return max(floor, period_start(now, period, parse_timezone(timezone)))
 
 
-def period_end(budget: Budget, now: datetime) -> datetime | None:
+def period_end(budget: Budget | BudgetRow, now: datetime) -> datetime | None:
     """End of the period containing `now`: its next boundary, or None for a lifetime budget."""
     start = max(period_at(budget, now), budget.current_period_start)
     _, period, timezone = schedule_at(budget, now)

@@ -62,7 +62,7 @@ from inference_auctions.billing.errors import (
     UnknownUser,
     UserDisabled,
 )
-from inference_auctions.billing.grants import expire_ended, open_period, period_at
+from inference_auctions.billing.grants import expire_ended, open_period, period_at, period_end
 from inference_auctions.billing.inputs import HoldInput
 from inference_auctions.billing.models import HOLDS, REASON_LENGTH, EntryKind, Hold, HoldState, User
 from inference_auctions.billing.money import check_micros
@@ -398,7 +398,8 @@ class _Group:
             if held + amount > cap:
                 return BatchCapExceeded(name, cap, held, amount)
         if account.available < amount:
-            return InsufficientFunds(name, account.available, amount)
+            renews_at = period_end(account.budget, self.now)
+            return InsufficientFunds(name, account.available, amount, renews_at)
         return None
 
     def place_new(self, request: HoldInput, account: Account) -> HoldResult:

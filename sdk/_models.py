@@ -314,6 +314,8 @@ class Balance(_Model):
     """Charges net of refunds in the current period: what the user paid, positive."""
     period: Literal["none", "day", "week", "month"]
     period_start: datetime | None = None
+    period_end: datetime | None = None
+    """When the period ends and the next grant comes; None for a lifetime budget."""
 
     @property
     def balance(self) -> Decimal:

@@ -23,6 +23,7 @@ Services raise these (or ledger errors, mapped by `from_ledger_error`);
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 from inference_auctions import billing
@@ -163,12 +164,16 @@ def _what_is_held(requested_micros: int, fee_micros: int) -> str:
 
 
 def _insufficient_funds(error: billing.InsufficientFunds, fee_micros: int = 0) -> str:
+    renews = ""
+    if error.renews_at is not None:
+        moment = error.renews_at.astimezone(UTC).isoformat(timespec="seconds")
+        renews = f", wait for the budget to renew at {moment.replace('+00:00', 'Z')}"
     return (
         f"{_what_is_held(error.requested_micros, fee_micros)} is more than the "
         f"{_credits(error.available_micros)} credits available to user {error.name!r} "
         f"({error.requested_micros} micro-credits requested, {error.available_micros} "
-        "available); bid less, wait for held bids to settle, or ask an admin to raise "
-        "the budget"
+        f"available); bid less, wait for held bids to settle{renews}, or ask an admin to "
+        "raise the budget"
     )
 
 

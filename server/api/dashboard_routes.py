@@ -38,6 +38,8 @@ LOW_BID_MICROS = 1_000
 SPEND_POINTS = 120
 RECENT_REQUESTS = 20
 ACCOUNT_CLEARING_POINTS = 300
+# The user view forecasts the period's spend from this many charges of the period on.
+FORECAST_CHARGES = 3
 
 
 async def viewer(request: Request, state: State) -> UserInfo:
@@ -201,7 +203,8 @@ def account_json(activity: AccountActivity, now: datetime) -> dict[str, Any]:
     pace = projection = None
     if end is not None:
         pace = {"t": [_epoch(start), _epoch(end)], "spent_micros": [0, budget]}
-        projection = _projection(spent, budget, activity.first_spend_at or now, end, now)
+        since = activity.first_spend_at or now
+        projection = _projection(spent, budget, since, end, now, activity.charges_this_period)
     return {
         "user": name,
         "balance": balance_json(activity.balance),
@@ -257,14 +260,17 @@ def _spend_json(activity: AccountActivity) -> dict[str, list[Any]]:
 
 
 def _projection(
-    spent: int, budget: int, active_since: datetime, end: datetime, now: datetime
+    spent: int, budget: int, active_since: datetime, end: datetime, now: datetime, charges: int
 ) -> dict[str, Any]:
     """Where the period's spend ends if the user keeps spending at its rate so far, and when
     the budget runs out. The rate is taken over the user's own activity, from its first charge
-    of the period (at least a minute, so that one charge is not read as a rate), not over the
-    whole period: a user who starts late in a day and spends fast is told so."""
+    of the period (at least a minute), not over the whole period: a user who starts late in a
+    day and spends fast is told so. Before `FORECAST_CHARGES` charges there is no rate to
+    speak of (one charge, extrapolated over a day, "runs out" any budget): no forecast."""
+    if charges < FORECAST_CHARGES and now < end:
+        return {"at_period_end_micros": None, "budget_runs_out_at": None, "charges": charges}
     if spent <= 0 or now >= end:
-        return {"at_period_end_micros": spent, "budget_runs_out_at": None}
+        return {"at_period_end_micros": spent, "budget_runs_out_at": None, "charges": charges}
     elapsed = max(_micros_of(now - active_since), 60_000_000)
     left = _micros_of(end - now)
     at_end = spent + spent * left // elapsed
@@ -272,7 +278,7 @@ def _projection(
     if at_end > budget:
         until_out = max(0, budget - spent) * elapsed // spent
         runs_out = (now + timedelta(microseconds=until_out)).isoformat()
-    return {"at_period_end_micros": at_end, "budget_runs_out_at": runs_out}
+    return {"at_period_end_micros": at_end, "budget_runs_out_at": runs_out, "charges": charges}
 
 
 def request_shares(activity: AccountActivity) -> dict[str, int]:

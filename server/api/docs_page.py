@@ -1,18 +1,19 @@
-"""`GET /docs`: Swagger UI for the OpenAPI schema, from files installed with the server.
+"""`GET /docs`: Swagger UI for the OpenAPI schema, from files shipped in this package.
 
-FastAPI's own page loads Swagger UI from a CDN, so without internet it is blank. The scripts
-and styles come here from the `swagger-ui-bundle` distribution instead, a dependency of the
-server, and the page names no other origin.
+FastAPI's own page loads Swagger UI from a CDN, so without internet it is blank, and FastAPI
+writes OpenAPI 3.1, which Swagger UI reads from version 5 on. The scripts and styles are a
+Swagger UI 5 build kept in `swagger_ui/` (its README says which and where from), and the page
+names no other origin.
 """
 
 from __future__ import annotations
 
 from functools import cache
+from importlib.resources import files
 
 from fastapi import APIRouter
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
-from swagger_ui_bundle import swagger_ui_path
 
 from inference_auctions.server.errors import NotFound
 
@@ -28,8 +29,7 @@ _ASSETS = {
 
 @cache
 def _read(name: str) -> bytes:
-    content: bytes = (swagger_ui_path / name).read_bytes()
-    return content
+    return (files("inference_auctions.server.api") / "swagger_ui" / name).read_bytes()
 
 
 @router.get("/docs")
@@ -42,6 +42,8 @@ async def docs() -> HTMLResponse:
         swagger_css_url=f"{ASSETS_PATH}/swagger-ui.css",
         swagger_favicon_url=f"{ASSETS_PATH}/favicon-32x32.png",
         oauth2_redirect_url=None,
+        # Swagger UI would otherwise send the schema to an online validator for a badge.
+        swagger_ui_parameters={"validatorUrl": None},
     )
 
 

@@ -23,6 +23,24 @@ from inference_auctions.server.errors import (
 
 log = logging.getLogger(__name__)
 
+# Paths a client of SGLang or OpenAI tries on this server, and the route it means.
+_MEANT = {
+    "/v1/generate": "/generate",
+    "/chat/completions": "/v1/chat/completions",
+    "/completions": "/v1/completions",
+    "/models": "/v1/models",
+    "/v1/balance": "/v1/ledger/balance",
+    "/balance": "/v1/ledger/balance",
+}
+
+
+def _no_route(request: Request) -> NotFound:
+    """A 404 for a path no route serves, naming the route a client most likely meant."""
+    path = request.url.path
+    meant = _MEANT.get(path)
+    hint = f"did you mean {meant}? " if meant else ""
+    return NotFound(f"this server has no route {path[:128]!r}; {hint}every route is at /docs")
+
 
 def _render(error: ServiceError, request: Request | None = None) -> JSONBytes:
     if request is not None:
@@ -59,6 +77,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(request: Request, error: Exception) -> JSONBytes:
         assert isinstance(error, StarletteHTTPException)
+        if error.status_code == 404 and error.detail == "Not Found":  # the router's own
+            return _render(_no_route(request))
         kind = {404: NotFound, 401: Unauthenticated, 403: Forbidden}.get(error.status_code)
         if kind is not None:
             return _render(kind(str(error.detail)), request)

@@ -11,8 +11,9 @@ import click
 import uvicorn
 from pydantic import ValidationError
 
+from inference_auctions.server.cli.first_steps import first_steps
 from inference_auctions.server.log_format import configure_logging, uvicorn_log_config
-from inference_auctions.server.settings import ServerSettings, without_password
+from inference_auctions.server.settings import ServerSettings
 
 
 @click.command()
@@ -178,7 +179,13 @@ from inference_auctions.server.settings import ServerSettings, without_password
     help="Log lines as text, or as JSON objects with the request id, user and batch of the "
     "request each belongs to.  [default: text]",
 )
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
+    default="warning",
+    show_default=True,
+    help="What the server logs: info adds its start-up, the migrations and every request.",
+)
 def serve(log_level: str, **options: Any) -> None:
     """Run the auction server (FastAPI on uvicorn).
 
@@ -209,7 +216,7 @@ def serve(log_level: str, **options: Any) -> None:
     from inference_auctions.server.app import create_app  # noqa: PLC0415
     from inference_auctions.server.start_refusal import QuietStartupFailure  # noqa: PLC0415
 
-    click.echo(_first_steps(settings))
+    click.echo(first_steps(settings))
     app = create_app(settings)
     uvicorn_logs = uvicorn_log_config(settings.log_format)
     logs = {} if uvicorn_logs is None else {"log_config": uvicorn_logs}
@@ -269,32 +276,3 @@ def _check_tokenizer(setting: str) -> None:
         check_tokenizer_setting(setting)
     except TokenizerSetupError as error:
         raise click.ClickException(str(error)) from None
-
-
-def _first_steps(settings: ServerSettings) -> str:
-    base = f"http://{settings.host}:{settings.port}"
-    default_url = ServerSettings.model_fields["database_url"].default
-    shown_url = without_password(settings.database_url)
-    db = "" if settings.database_url == default_url else f" --database-url '{shown_url}'"
-    if shown_url != settings.database_url:
-        db += "  (with your password for ***)"
-    return f"""
-inference-auction serving on {base}  (ledger: {shown_url})
-
-First steps, in another terminal:
-  1. create a user with a budget of 10 credits a day (prints its API key once):
-       .venv/bin/inference-auction users create alice --budget 10 --period day{db}
-  2. put that key in KEY (KEY=iak_...) and send a request with a bid of 0.05 credits:
-       curl -s {base}/generate -H "Authorization: Bearer $KEY" \\
-            -d '{{"text": "Hello, auction!", "bid": "0.05"}}'
-     its meta_info.auction says where the auction put it and what it paid
-     (request_charge_micros): alone in its batch it delays nobody and pays 0
-  3. see the balance:
-       curl -s {base}/v1/ledger/balance -H "Authorization: Bearer $KEY"
-  4. watch it in a browser, signed in with that key:
-       {base}/dashboard
-     (an admin key shows the whole market:
-       .venv/bin/inference-auction users create root --budget 0 --admin{db})
-  To see users compete for one batch: inference-auction demo
-API docs: {base}/docs
-"""

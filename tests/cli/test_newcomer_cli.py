@@ -12,7 +12,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from inference_auctions.server.cli import main
-from inference_auctions.server.cli.serve_command import _first_steps
+from inference_auctions.server.cli.first_steps import first_steps
 from inference_auctions.server.settings import ServerSettings
 from tests.processes import free_port
 
@@ -44,10 +44,10 @@ def test_serve_on_a_busy_port_fails_before_the_banner(tmp_path: Path) -> None:
 
 def test_serve_never_prints_the_database_password() -> None:
     url = "postgresql+psycopg://auction:s3cret-pa55@db.example:5432/ledger"
-    banner = _first_steps(ServerSettings(database_url=url))
+    banner = first_steps(ServerSettings(database_url=url))
     assert "s3cret-pa55" not in banner
     assert "postgresql+psycopg://auction:***@db.example:5432/ledger" in banner
-    plain = _first_steps(ServerSettings(database_url="sqlite:///other.db"))
+    plain = first_steps(ServerSettings(database_url="sqlite:///other.db"))
     assert "--database-url 'sqlite:///other.db'" in plain
 
 
@@ -93,7 +93,7 @@ def test_the_docs_answer_a_newcomers_configuration_questions() -> None:
 
 
 def test_the_first_steps_create_a_user_the_sdk_can_pace_and_promise_no_charge() -> None:
-    banner = _first_steps(ServerSettings())
+    banner = first_steps(ServerSettings())
     # The SDK's default pacing needs a budget period: a lifetime budget fails its first call.
     assert "users create alice --budget 10 --period day" in banner
     assert "see the charge" not in banner and "pays 0" in banner
@@ -108,6 +108,9 @@ BAD_URLS = {
     "not-a-url": "'not-a-url' is not a database URL",
     "mysql://user@db.example/ledger": "mysql is not supported",
     "postgresql+asyncpg://user@db.example/ledger": "the asyncpg driver is not installed",
+    # Two slashes: SQLAlchemy reads a host and fails on connecting, with a traceback.
+    "sqlite://x.db": "'sqlite://x.db' names a host, not a file: a SQLite URL has three slashes"
+    " before a relative path (sqlite:///x.db)",
 }
 
 
@@ -133,18 +136,33 @@ def test_serve_checks_the_database_before_its_banner(tmp_path: Path) -> None:
         assert "First steps" not in result.stdout and "serving on" not in result.stdout
         line = _one_line_error(result)
         assert says in line and "--database-url" in line, line
-    missing_folder = f"sqlite:///{tmp_path / 'no-such-folder' / 'ledger.db'}"
-    result = _cli("serve", "--port", str(free_port()), "--database-url", missing_folder)
+    missing_folder = tmp_path / "no-such-folder"
+    url = f"sqlite:///{missing_folder / 'ledger.db'}"
+    result = _cli("serve", "--port", str(free_port()), "--database-url", url)
     assert result.returncode == 2
-    assert "unable to open database file" in _one_line_error(result)
+    assert _missing_folder_named(_one_line_error(result), missing_folder)
 
 
-def test_ledger_commands_refuse_a_bad_url_in_one_line() -> None:
-    for command in (["users", "list"], ["ledger", "balance", "alice"], ["db", "current"]):
+def _missing_folder_named(line: str, folder: Path) -> bool:
+    return f"the folder {folder} of the SQLite file does not exist" in line and (
+        f"mkdir -p {folder}" in line
+    )
+
+
+def test_ledger_commands_refuse_a_bad_url_in_one_line(tmp_path: Path) -> None:
+    missing_folder = tmp_path / "no-such-folder"
+    commands = (["users", "list"], ["ledger", "balance", "alice"], ["db", "current"])
+    for command in (*commands, ["db", "upgrade"]):
         for url, says in BAD_URLS.items():
             result = _run(*command, "--database-url", url)
             assert result.exit_code == 2, (command, url)
             assert says in _one_line_error(result)
+        # Not "run db upgrade": that would fail too, on the folder it did not name.
+        result = _run(*command, "--database-url", f"sqlite:///{missing_folder / 'x.db'}")
+        assert result.exit_code == 2, command
+        line = _one_line_error(result)
+        assert _missing_folder_named(line, missing_folder) and "db upgrade" not in line, line
+    assert not missing_folder.exists()
 
 
 def test_reading_commands_create_no_database_file(tmp_path: Path) -> None:

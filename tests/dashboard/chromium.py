@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 FLAGS = (
@@ -43,6 +45,16 @@ def browser_problem() -> str | None:
         if _find(path) is None:
             return f"{path} is missing (apt-get install -y chromium chromium-driver)"
     return None
+
+
+def require_browser() -> None:
+    """Skip (or fail, under INFERENCE_AUCTION_REQUIRE_BROWSER=1) without Chromium."""
+    problem = browser_problem()
+    if problem is None:
+        return
+    if os.environ.get("INFERENCE_AUCTION_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{problem} (INFERENCE_AUCTION_REQUIRE_BROWSER=1)", pytrace=False)
+    pytest.skip(problem)
 
 
 @contextmanager

@@ -5,13 +5,12 @@ INFERENCE_AUCTION_REQUIRE_BROWSER=1 (set by CI)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.dashboard.chromium import browser_problem, chromium
+from tests.dashboard.chromium import chromium, require_browser
 from tests.db_fixtures import MigratedDatabase, ledger, ledger_db
 from tests.server.harness import RunningServer, running_server
 
@@ -23,16 +22,6 @@ def server(ledger_db: MigratedDatabase) -> Iterator[RunningServer]:
     """The auction server with the embedded engine, on SQLite and on PostgreSQL."""
     with running_server(ledger_db) as running:
         yield running
-
-
-def require_browser() -> None:
-    """Skip (or fail, under INFERENCE_AUCTION_REQUIRE_BROWSER=1) without Chromium."""
-    problem = browser_problem()
-    if problem is None:
-        return
-    if os.environ.get("INFERENCE_AUCTION_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"{problem} (INFERENCE_AUCTION_REQUIRE_BROWSER=1)", pytrace=False)
-    pytest.skip(problem)
 
 
 @pytest.fixture(scope="module")

@@ -167,7 +167,7 @@ def test_a_periodic_budget_gets_a_pacing_line_and_a_projection(server: RunningSe
     key = server.ledger.create_user(
         "dora", budget_micros=5_000_000, period="month", timezone="Europe/Berlin"
     ).api_key
-    send_traffic(server, {"dora": key, "eve": server.create_user("eve")}, rounds=2)
+    send_traffic(server, {"dora": key, "eve": server.create_user("eve")}, rounds=4)
     with _sign_in(server, key) as client:
         body = client.get("/v1/dashboard/account").json()
     start = datetime.fromisoformat(body["period_start"])
@@ -176,6 +176,8 @@ def test_a_periodic_budget_gets_a_pacing_line_and_a_projection(server: RunningSe
     assert start.tzinfo is not None and (end - start) >= timedelta(days=28)
     assert body["pace"]["spent_micros"] == [0, 5_000_000]
     assert body["pace"]["t"] == [start.timestamp(), end.timestamp()]
+    charges = [e for e in server.ledger.entries("dora").entries if e.kind == "charge"]
+    assert body["projection"]["charges"] == len(charges) >= 3
     assert body["projection"]["at_period_end_micros"] >= body["balance"]["spent_this_period_micros"]
 
 
@@ -183,15 +185,16 @@ def test_the_projection_is_exact_integer_arithmetic() -> None:
     start = datetime(2026, 3, 1, tzinfo=UTC)
     end = datetime(2026, 3, 5, tzinfo=UTC)
     quarter = start + (end - start) / 4
-    assert _projection(1_000_001, 10_000_000, start, end, quarter) == {
+    assert _projection(1_000_001, 10_000_000, start, end, quarter, 3) == {
         "at_period_end_micros": 4_000_004,
         "budget_runs_out_at": None,
+        "charges": 3,
     }
-    projection = _projection(5_000_000, 10_000_000, start, end, quarter)
+    projection = _projection(5_000_000, 10_000_000, start, end, quarter, 3)
     assert projection["at_period_end_micros"] == 20_000_000
     # Twice the pace: the budget runs out half-way through the period.
     assert projection["budget_runs_out_at"] == datetime(2026, 3, 3, tzinfo=UTC).isoformat()
-    assert _projection(0, 0, start, end, start)["at_period_end_micros"] == 0
+    assert _projection(0, 0, start, end, start, 3)["at_period_end_micros"] == 0
 
 
 def test_the_projection_takes_the_rate_over_the_users_own_activity() -> None:
@@ -199,19 +202,35 @@ def test_the_projection_takes_the_rate_over_the_users_own_activity() -> None:
     # at 16:16:37.5, not "2.85 by period end, within budget" (the rate over the whole day).
     day = datetime(2026, 12, 3, tzinfo=UTC)
     first, now = day + timedelta(hours=16, minutes=1), day + timedelta(hours=16, minutes=7)
-    projection = _projection(1_920_000, 5_000_000, first, day + timedelta(days=1), now)
+    projection = _projection(1_920_000, 5_000_000, first, day + timedelta(days=1), now, 4)
     assert projection["at_period_end_micros"] == 1_920_000 + 1_920_000 * (473 * 60) // (6 * 60)
     assert projection["budget_runs_out_at"] == (now + timedelta(seconds=577.5)).isoformat()
-    # One charge a moment ago is not a rate: the activity counts as at least a minute long.
-    just = _projection(100_000, 5_000_000, now, now + timedelta(minutes=10), now)
+    # Charges a moment ago are not a rate: the activity counts as at least a minute long.
+    just = _projection(100_000, 5_000_000, now, now + timedelta(minutes=10), now, 3)
     assert just["at_period_end_micros"] == 100_000 + 100_000 * 10
-    idle = _projection(0, 5_000_000, now, now + timedelta(hours=1), now)
+    idle = _projection(0, 5_000_000, now, now + timedelta(hours=1), now, 3)
     assert idle["budget_runs_out_at"] is None
+
+
+def test_one_or_two_charges_make_no_forecast() -> None:
+    # 0.05 of a 1-credit day, once, a minute after the day began: at that "rate" the budget
+    # would run out in 20 minutes, and the dashboard drew it in red.
+    day = datetime(2026, 12, 3, tzinfo=UTC)
+    now = day + timedelta(minutes=1)
+    for charges in (1, 2):
+        early = _projection(50_000, 1_000_000, day, day + timedelta(days=1), now, charges)
+        assert early == {
+            "at_period_end_micros": None,
+            "budget_runs_out_at": None,
+            "charges": charges,
+        }
+    third = _projection(50_000, 1_000_000, day, day + timedelta(days=1), now, 3)
+    assert third["budget_runs_out_at"] == (day + timedelta(minutes=20)).isoformat()
 
 
 def test_a_late_starter_who_spends_fast_is_told_the_budget_runs_out(server: RunningServer) -> None:
     key = server.ledger.create_user("ada", budget_micros=2_000_000, period="month").api_key
-    send_traffic(server, {"ada": key, "eve": server.create_user("eve")}, rounds=2)
+    send_traffic(server, {"ada": key, "eve": server.create_user("eve")}, rounds=4)
     with _sign_in(server, key) as client:
         body = client.get("/v1/dashboard/account").json()
     spent = body["balance"]["spent_this_period_micros"]

@@ -14,7 +14,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from inference_auctions.billing import format_micros
+from inference_auctions.billing import Ledger, format_micros
 from inference_auctions.billing.models import BatchRequest, User
 from inference_auctions.server.dashboard.sessions import COOKIE_NAME
 from tests.dashboard.seeding import create_users_before, seed_batches, send_traffic
@@ -141,6 +141,34 @@ def _request_count(server: RunningServer, name: str) -> int:
 
 def _recent(server: RunningServer, name: str) -> list[Any]:
     return list(server.ledger.account_activity(name, points=10, recent=20, clearing=10).recent)
+
+
+def test_a_single_charge_is_no_forecast_in_red(browser: Any, tmp_path: Path) -> None:
+    """One charge a minute into a daily budget, extrapolated over the day, "ran out" the
+    budget: the tile was red and the chart drew the line. Now it waits for a rate."""
+    from selenium.webdriver.common.by import By
+
+    # A server of its own: the market's operator view counts the market fixture's users only.
+    with migrated_database("sqlite", tmp_path) as db, running_server(db) as server:
+        minute_ago = datetime.now(UTC) - timedelta(minutes=1)
+        past = Ledger(server.ledger.engine, clock=lambda: minute_ago)
+        key = past.create_user("gus", budget_micros=100_000, period="day").api_key
+        past.create_user("hal", budget_micros=10**9)
+        charged = seed_batches(server.ledger, ["gus", "hal"], 1, span=timedelta(seconds=20))
+        assert charged["gus"] > 0 and "hal" not in charged
+        _sign_in(browser, server.url, key, "account")
+        try:
+            assert _text(browser, "a-projection") == "–"
+            projection = browser.find_element(By.ID, "a-projection")
+            assert "bad" not in projection.get_attribute("class")
+            sub = _text(browser, "a-projection-sub")
+            assert sub == "too early to forecast: 1 charge this period"
+            legend = browser.find_element(By.ID, "c-spend").text
+            assert "even pacing" in legend and "at this rate" not in legend
+        finally:
+            # Leave the page before its server stops: its polls would fail into the console
+            # log the next test reads.
+            browser.get("about:blank")
 
 
 def test_a_user_sees_the_ledgers_numbers_and_drawn_charts(

@@ -73,6 +73,14 @@ def test_the_server_wheel_holds_every_package_folder(wheels: dict[str, Path]) ->
     assert "inference_auctions/migrations/alembic.ini" in files
     for page in ("index.html", "app.js", "charts.js", "format.js", "style.css", "favicon.svg"):
         assert f"inference_auctions/server/dashboard/static/{page}" in files, page
+    for part in (
+        "swagger-ui-bundle.js",
+        "swagger-ui.css",
+        "favicon-32x32.png",
+        "LICENSE",
+        "NOTICE",
+    ):
+        assert f"inference_auctions/server/api/swagger_ui/{part}" in files, part
     assert not [name for name in files if name.startswith("inference_auctions/sdk/")]
 
 
@@ -174,3 +182,30 @@ def test_the_sdk_tests_pass_with_only_the_sdk_wheel_installed(
         check=True,
     )
     assert str(env_dir) in probe.stdout
+
+
+def test_an_editable_install_of_the_server_prints_no_setuptools_warning(tmp_path: Path) -> None:
+    """`make` installs this checkout editable; setuptools warns of a layout it needs an import
+    hook for, in every newcomer's first install."""
+    env_dir = tmp_path / "editable-venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    # This environment's pip, new enough to show the build backend's warnings.
+    pip = [sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python")]
+    installed = subprocess.run(
+        [*pip, "install", "--no-deps", "-e", str(ROOT)],
+        check=True,
+        timeout=600,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    output = installed.stdout + installed.stderr
+    assert "Editable installation" not in output and "Warning" not in output, output
+    probe = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-c", "import inference_auctions.server as s; print(s)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert str(ROOT / "inference_auctions" / "server") in probe.stdout

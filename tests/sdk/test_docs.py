@@ -25,6 +25,8 @@ def test_the_docs_have_runnable_examples() -> None:
     assert any("stream=True" in block and "Auction" in block for block in blocks)
     assert any("openai.OpenAI(" in block for block in blocks)
     assert any("client.chat.completions.create(" in block for block in blocks)
+    # The async client's stream: `async for`, and a `get_final()` that must be awaited.
+    assert any("async for" in block and "await stream.get_final()" in block for block in blocks)
 
 
 def test_the_docs_snippets_run_against_a_real_server(

@@ -297,6 +297,18 @@ def test_without_a_budget_every_process_paces_the_server_period(live: LiveServer
         assert first.bidder.target_micros == pytest.approx(second.bidder.target_micros, rel=0.01)
 
 
+def test_the_balance_has_its_period_as_times(live: LiveServer) -> None:
+    _, daily = live.new_user(budget_micros=1_000_000, period="day")
+    _, lifetime = live.new_user(budget_micros=1_000_000, period="none")
+    with AuctionClient(live.url, daily) as client:
+        balance = client.ledger.balance()
+    assert isinstance(balance.period_start, datetime) and isinstance(balance.period_end, datetime)
+    assert balance.period_end - balance.period_start == timedelta(days=1)
+    assert balance.period_end.tzinfo is not None and balance.period_end > datetime.now(UTC)
+    with AuctionClient(live.url, lifetime) as client:
+        assert client.ledger.balance().period_end is None
+
+
 def test_a_spent_budget_raises_or_bids_zero_with_a_warning(live: LiveServer) -> None:
     _, key = live.new_user()
     start = datetime.now(UTC) - timedelta(seconds=1)

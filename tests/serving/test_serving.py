@@ -8,6 +8,7 @@ import itertools
 import json
 import random
 from collections import defaultdict
+from datetime import UTC
 from typing import Any
 
 import httpx
@@ -148,6 +149,22 @@ def test_a_bid_the_budget_cannot_cover_is_402_and_changes_nothing(server: Runnin
         e for e in before if e.kind not in ("hold", "release")
     ]
     assert server.ledger.balance("carol").balance_micros == 1_000_000
+
+
+def test_a_402_under_a_daily_budget_says_when_it_renews(server: RunningServer) -> None:
+    key = server.ledger.create_user("erin", budget_micros=100_000, period="day").api_key
+    lifetime_key = server.create_user("frank", budget=100_000)
+    with server.client(key) as client, server.client(lifetime_key) as lifetime:
+        refused = client.post("/generate", json={"text": "hi", "bid": "0.2"})
+        assert refused.status_code == 402
+        renews = server.ledger.balance("erin").period_end
+        assert renews is not None and renews.hour == 0 and renews.minute == 0  # midnight UTC
+        when = renews.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        message = refused.json()["error"]["message"]
+        assert f"wait for the budget to renew at {when}" in message, message
+        # A lifetime budget never renews: the answer promises nothing.
+        never = lifetime.post("/generate", json={"text": "hi", "bid": "0.2"})
+        assert never.status_code == 402 and "renew" not in never.json()["error"]["message"]
 
 
 def test_bad_input_is_a_4xx_that_names_the_problem_and_changes_nothing(

@@ -266,19 +266,27 @@ function drawAccount(data) {
   setText("a-requests", count(data.requests.total));
   setText("a-requests-sub", `${count(data.requests.served)} served · ${count(data.requests.failed)} failed · ${count(data.requests.abandoned)} abandoned`);
   const p = data.projection;
-  if (p) {
+  // The server forecasts only from a few charges on: one charge is no rate, and no reason
+  // to draw the budget as running out.
+  const forecast = p && p.at_period_end_micros !== null;
+  if (forecast) {
     setText("a-projection", credits(p.at_period_end_micros));
     setText("a-projection-sub", p.budget_runs_out_at ? `budget runs out ${when(p.budget_runs_out_at)}` : "within budget");
     $("a-projection").className = `value mono ${p.budget_runs_out_at ? "bad" : "ok"}`;
   } else {
     setText("a-projection", "–");
-    setText("a-projection-sub", "a lifetime budget has no period end");
+    const charges = p ? `${count(p.charges)} charge${p.charges === 1 ? "" : "s"} this period` : "";
+    setText("a-projection-sub", p ? `too early to forecast: ${charges}` : "a lifetime budget has no period end");
+    $("a-projection").className = "value mono";
   }
   const spend = data.spend;
   const series = [{ name: "spent", color: BLUE, t: spend.t, values: spend.spent_micros, width: 2.5 }];
   let domain = [spend.t[0], spend.t[spend.t.length - 1]];
   if (data.pace) {
     series.push({ name: "even pacing", color: GREY, t: data.pace.t, values: data.pace.spent_micros, dash: "2 3" });
+    domain = data.pace.t;
+  }
+  if (data.pace && forecast) {
     // The projection is drawn up to twice the budget at most: early in a period a short burst
     // projects far beyond it, and the spend and pacing lines must stay readable.
     const [nowT, endT] = [spend.t[spend.t.length - 1], data.pace.t[1]];
@@ -290,7 +298,6 @@ function drawAccount(data) {
       toV = cap;
     }
     series.push({ name: "at this rate", color: ORANGE, t: [nowT, toT], values: [spentNow, toV], dash: "6 4" });
-    domain = data.pace.t;
   }
   lineChart($("c-spend"), { series, xDomain: domain, yFormat: creditsShort, empty: "nothing spent yet" });
   const c = data.clearing;
