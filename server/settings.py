@@ -131,6 +131,10 @@ class ServerSettings(LedgerSettings):
     """`rolling`: auction the whole waiting pool at every engine opening and send only what the
     engine can start; `batches`: the oldest waiting requests, sent whole (the default under
     `pricing_rule batch-size`, which prices whole batches)."""
+    free_traffic: Literal["idle", "shared"] = "idle"
+    """Under `rolling`: `idle` sends free requests (zero bids, a free tier) only while no paying
+    request is at the engine, whose decoding their prefills would stall; `shared` lets them
+    take what the bidders leave, within `zero_bid_share`."""
     dispatch_lookahead: int = Field(default=0, ge=0, le=1_000)
     """Under `rolling`: requests sent beyond what the engine can start at its next step."""
     max_wait_ms: float = Field(default=0.0, ge=0)

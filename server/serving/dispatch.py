@@ -95,6 +95,8 @@ class BatchDispatch:
         # -> prompt tokens. Their total is how saturated the engine is (`saturated`).
         self._unstarted: dict[str, int] = {}
         self._unstarted_tokens = 0
+        # Engine rids of the requests at the engine that pay (a positive bid or tier price).
+        self._paying: set[str] = set()
         # Recent (overhead, batching wait) of each request, for benchmarks and operators.
         self._timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._followers: set[asyncio.Task[None]] = set()
@@ -125,6 +127,8 @@ class BatchDispatch:
             ticket.dispatched = now
             self._unstarted[ticket.engine_rid] = len(ticket.tokens)
             self._unstarted_tokens += len(ticket.tokens)
+            if ticket.bid_micros > 0:
+                self._paying.add(ticket.engine_rid)
             self._metrics.dispatch_lag.observe(now - ticket.arrived)
             if ticket.overhead is not None and ticket.batching_wait is not None:
                 self._metrics.overhead.observe(ticket.overhead)
@@ -160,6 +164,10 @@ class BatchDispatch:
         """Whether the engine has what it can admit at its next step (`engine_capacity`)."""
         return self.capacity.saturated(self._unstarted_tokens, len(self._unstarted), self.inflight)
 
+    def paying(self) -> int:
+        """How many requests that pay are at the engine (sent, not ended)."""
+        return len(self._paying)
+
     def startable(self) -> tuple[int, int]:
         """Requests and prompt tokens the engine can still start at its next step."""
         return self.capacity.startable(self._unstarted_tokens, len(self._unstarted), self.inflight)
@@ -167,6 +175,7 @@ class BatchDispatch:
     def freed(self, engine_rid: str) -> None:
         """A request left the engine (or failed before it started)."""
         self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)
+        self._paying.discard(engine_rid)
         self._deferral.ended(engine_rid)  # a request held back for this one's prefix may go
         self.inflight -= 1
         self._wakeup.set()

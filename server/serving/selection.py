@@ -7,6 +7,12 @@ Under `scheduling rolling` (the default) every clearing looks at the whole waiti
   and come after every bidder, in arrival order, within `zero_bid_share`;
 * `tiers`: dearest tier first, first come first served within one; `fcfs`: arrival order.
 
+Free requests (a zero bid, a free tier) go, under `free_traffic idle` (the default), only
+while no paying request is at the engine or goes in the same clearing: SGLang runs a new
+prefill before its next decode step, so a free long prompt sent beside paying requests would
+stall their decoding however they bid. Under `free_traffic shared` they take what the engine
+has left after the bidders, within `zero_bid_share`.
+
 The batch is the head of that order that the engine can start at its next step: at most the
 pool's room in requests (`BatchPool`), and prompts up to the engine's prefill budget
 (`token_room`); requests over a user's or free traffic's share are passed over and wait
@@ -45,11 +51,17 @@ class PoolSelector:
         settings: ServerSettings,
         shares: EngineShares,
         token_room: Callable[[], int | None],
+        paying_at_engine: Callable[[], int] = lambda: 0,
     ) -> None:
         """`token_room`: prompt tokens the engine can still start at its next step (None: no
-        bound)."""
+        bound); `paying_at_engine`: how many requests that pay are at the engine now."""
         self._mode = settings.pricing
         self._rolling = settings.scheduling == "rolling"
+        # Free requests go only while nothing that pays is at the engine (`free_traffic`).
+        self._free_waits = (
+            self._rolling and settings.free_traffic == "idle" and settings.pricing != "fcfs"
+        )
+        self._paying_at_engine = paying_at_engine
         self._slots = settings.priority_slots or settings.batch_size
         self._shares = shares
         self._token_room = token_room
@@ -62,9 +74,39 @@ class PoolSelector:
         order = list(range(len(waiting)))
         if self._mode == "tiers":
             order.sort(key=lambda place: -waiting[place].bid_micros)  # stable: arrival within
-        token_room = self._token_room() if self._rolling else None
-        chosen = self._shares.select([waiting[place] for place in order], room, token_room)
-        return Selection([order[index] for index in chosen])
+        if not self._rolling:
+            chosen = self._shares.select([waiting[place] for place in order], room)
+            return Selection([order[index] for index in chosen])
+        paying = [place for place in order if waiting[place].bid_micros > 0]
+        free = [place for place in order if waiting[place].bid_micros <= 0]
+        if self._mode == "fcfs":  # nobody pays: everyone in arrival order
+            paying, free = order, []
+        contested = len({ticket.user for ticket in waiting}) > 1
+        chosen = self._shares.select(
+            [waiting[place] for place in paying], room, self._token_room(), contested=contested
+        )
+        places = [paying[index] for index in chosen]
+        return Selection(places + self._free_head(waiting, free, places, room, contested))
+
+    def _free_head(
+        self, waiting: list[Ticket], free: list[int], taken: list[int], room: int, contested: bool
+    ) -> list[int]:
+        """What of the free requests (`free`, in order) goes now, after the paying ones
+        `taken`: under `free_traffic idle`, nothing while a paying request is at the engine or
+        goes now, since a free prompt's prefill would stall its decoding."""
+        if not free or len(taken) >= room:
+            return []
+        if self._free_waits and (taken or self._paying_at_engine() > 0):
+            return []
+        token_room = self._token_room()
+        if token_room is not None:
+            token_room -= sum(len(waiting[place].tokens) for place in taken)
+            if token_room <= 0:
+                return []
+        chosen = self._shares.select(
+            [waiting[place] for place in free], room - len(taken), token_room, contested=contested
+        )
+        return [free[index] for index in chosen]
 
     def _auction(self, waiting: list[Ticket], room: int) -> Selection[HeadPricing]:
         place_of = self._follow(waiting)
@@ -75,15 +117,13 @@ class PoolSelector:
             for rid in clearing.service_order():
                 candidates.append(place_of[rid])
                 yield waiting[place_of[rid]]
-            for place, ticket in enumerate(waiting):
-                if ticket.bid_micros <= 0:
-                    candidates.append(place)
-                    yield ticket
 
         contested = len({ticket.user for ticket in waiting}) > 1
         chosen = self._shares.select(in_order(), room, self._token_room(), contested=contested)
         places = [candidates[index] for index in chosen]
-        head = [waiting[place] for place in places if waiting[place].bid_micros > 0]
+        head = [waiting[place] for place in places]
+        free = [place for place, ticket in enumerate(waiting) if ticket.bid_micros <= 0]
+        places += self._free_head(waiting, free, places, room, contested)
         rids = [ticket.ledger_rid for ticket in head]
         pricing = HeadPricing(
             order=rids,

@@ -152,7 +152,12 @@ class AuctionService:
             closing,
             lambda: self._dispatch.inflight,
             saturated=self._dispatch.saturated,
-            select=PoolSelector(settings, self._shares, lambda: self._dispatch.startable()[1]),
+            select=PoolSelector(
+                settings,
+                self._shares,
+                lambda: self._dispatch.startable()[1],
+                paying_at_engine=self._dispatch.paying,
+            ),
             wakeup=wakeup,
             startable=(lambda: self._dispatch.startable()[0]) if rolling else None,
         )

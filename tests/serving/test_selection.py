@@ -1,0 +1,93 @@
+"""What a rolling clearing takes of the waiting pool: the auction's head, the engine's step,
+and free requests only while nothing that pays is at the engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inference_auctions.server.serving.pool import EngineShares, Wakeup
+from inference_auctions.server.serving.selection import PoolSelector
+from inference_auctions.server.serving.tickets import Ticket
+from inference_auctions.server.settings import ServerSettings
+
+
+def _ticket(rid: str, bid: int, user: str = "u", prompt: int = 10) -> Ticket:
+    return Ticket(
+        user=user,
+        rid=rid,
+        ledger_rid=f"{user}/{rid}",
+        tokens=np.arange(prompt, dtype=np.int64) + 1000 * len(rid) + ord(rid[-1]),
+        bid_micros=bid,
+        sampling_params={"max_new_tokens": 4},
+        fingerprint="",
+    )
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.paying = 0
+        self.token_room: int | None = None
+
+
+def _selector(engine: _Engine, **settings: object) -> PoolSelector:
+    chosen = ServerSettings(max_inflight=64, **settings)  # type: ignore[arg-type]
+    shares = EngineShares(chosen, Wakeup())
+    return PoolSelector(
+        chosen, shares, lambda: engine.token_room, paying_at_engine=lambda: engine.paying
+    )
+
+
+def _rids(waiting: list[Ticket], places: list[int]) -> list[str]:
+    return [waiting[place].rid for place in places]
+
+
+def test_the_head_is_the_highest_bids_whatever_their_arrival() -> None:
+    engine = _Engine()
+    select = _selector(engine)
+    waiting = [_ticket(f"low{i}", 10, user=f"u{i}") for i in range(6)]
+    waiting.append(_ticket("late-high", 1_000, user="h"))
+    selection = select(waiting, 2)
+    assert _rids(waiting, selection.places)[0] == "late-high"
+    assert len(selection.places) == 2
+    assert selection.context is not None and selection.context.order[0] == "h/late-high"
+
+
+def test_the_head_stops_at_the_engine_s_prefill_budget() -> None:
+    engine = _Engine()
+    engine.token_room = 25  # two prompts of 10 fit, the third crosses it: taken, then stop
+    select = _selector(engine)
+    waiting = [_ticket(f"r{i}", 10 + i, user=f"u{i}") for i in range(6)]
+    assert len(select(waiting, 10).places) == 3
+
+
+@pytest.mark.parametrize("pricing", ["auction", "tiers"])
+def test_free_requests_wait_while_paying_work_is_at_the_engine(pricing: str) -> None:
+    engine = _Engine()
+    select = _selector(engine, pricing=pricing, tiers="free=0,paid=0.001")
+    paid = 1_000 if pricing == "tiers" else 50
+    waiting = [_ticket("free", 0, user="f"), _ticket("paid", paid, user="p")]
+    # A paying request goes; the free one does not go beside it.
+    assert _rids(waiting, select(waiting, 8).places) == ["paid"]
+    # Nothing new pays, but a paying request still runs: the free one waits.
+    engine.paying = 1
+    assert select(waiting[:1], 8).places == []
+    # The engine has no paying work: the free one goes.
+    engine.paying = 0
+    assert _rids(waiting, select(waiting[:1], 8).places) == ["free"]
+
+
+def test_shared_free_traffic_takes_what_the_bidders_leave() -> None:
+    engine = _Engine()
+    engine.paying = 3
+    select = _selector(engine, free_traffic="shared")
+    waiting = [_ticket("free", 0, user="f"), _ticket("paid", 50, user="p")]
+    assert _rids(waiting, select(waiting, 8).places) == ["paid", "free"]
+
+
+def test_fcfs_has_no_free_traffic_to_hold_back() -> None:
+    engine = _Engine()
+    engine.paying = 3
+    select = _selector(engine, pricing="fcfs")
+    waiting = [_ticket("a", 0, user="a"), _ticket("b", 0, user="b")]
+    assert _rids(waiting, select(waiting, 8).places) == ["a", "b"]
