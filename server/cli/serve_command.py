@@ -71,6 +71,13 @@ from inference_auctions.server.settings import ServerSettings
     "under --pricing-rule batch-size]",
 )
 @click.option(
+    "--free-traffic",
+    type=click.Choice(["idle", "shared"]),
+    help="Under --scheduling rolling: idle sends free requests (zero bids, a free tier) only "
+    "while no paying request is at the engine, whose decoding their prefills would stall; "
+    "shared lets them take what the bidders leave.  [default: idle]",
+)
+@click.option(
     "--dispatch-lookahead",
     type=click.IntRange(min=0),
     help="Under --scheduling rolling: requests sent beyond what the engine can start at its "
