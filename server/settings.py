@@ -6,6 +6,7 @@ intervals are server settings too. Every field can also be set by a `serve` opti
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -135,6 +136,9 @@ class ServerSettings(LedgerSettings):
     """Under `rolling`: `idle` sends free requests (zero bids, a free tier) only while no paying
     request is at the engine, whose decoding their prefills would stall; `shared` lets them
     take what the bidders leave, within `zero_bid_share`."""
+    clearing_log: Path | None = None
+    """Under `rolling`: append every clearing's pool (rids, users, bids, tree paths), head and
+    charges to this file as JSON lines, to price them again offline (off by default)."""
     dispatch_lookahead: int = Field(default=0, ge=0, le=1_000)
     """Under `rolling`: requests sent beyond what the engine can start at its next step."""
     max_wait_ms: float = Field(default=0.0, ge=0)

@@ -144,6 +144,21 @@ class PoolTree:
     def leaf_of(self, rid: str) -> int:
         return self._requests[rid].leaf
 
+    def path(self, rid: str) -> list[int]:
+        """The node ids from the root's child down to where the request's prompt ends: used as
+        prompts, the paths of the pool build a tree of the same shape (what a clearing log
+        records so that its charges can be priced again offline)."""
+        path: list[int] = []
+        node = self._parent[self._requests[rid].leaf]
+        while node not in (ROOT, NO_PARENT):
+            path.append(node)
+            node = self._parent[node]
+        path.reverse()
+        return path
+
+    def bid_of(self, rid: str) -> int:
+        return self._requests[rid].bid
+
     def is_leaf(self, node: int) -> bool:
         return self._leaf[node]
 
@@ -296,6 +311,20 @@ class PoolClearing:
                 yield tree.rid_of(node)
             else:
                 pending.extend(reversed(tree.ordered[node]))
+
+    def pool(self) -> list[dict[str, object]]:
+        """Every request of the pool as a clearing log records it, in arrival order: rid, user,
+        bid, tree path."""
+        tree = self._tree
+        return [
+            {
+                "rid": rid,
+                "user": tree.user_of(tree.leaf_of(rid)),
+                "bid": tree.bid_of(rid),
+                "path": tree.path(rid),
+            }
+            for rid in sorted(tree.rids(), key=lambda rid: tree.first[tree.leaf_of(rid)])
+        ]
 
     def charges(self, dispatched: Sequence[str], slots: int) -> dict[str, int]:
         """Every dispatching user's rolling charge (`rolling.rolling_charges`)."""

@@ -78,6 +78,13 @@ from inference_auctions.server.settings import ServerSettings
     "shared lets them take what the bidders leave.  [default: idle]",
 )
 @click.option(
+    "--clearing-log",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Under --scheduling rolling: append every clearing's pool (rids, users, bids, tree "
+    "paths), head and charges to this file as JSON lines, to price them again offline.  "
+    "[default: none]",
+)
+@click.option(
     "--dispatch-lookahead",
     type=click.IntRange(min=0),
     help="Under --scheduling rolling: requests sent beyond what the engine can start at its "

@@ -34,6 +34,7 @@ from inference_auctions.server.auction.batch import TokenArray
 from inference_auctions.server.auction.pool_tree import PoolTree
 from inference_auctions.server.auction.rolling import HeadPricing
 from inference_auctions.server.engine.protocol import TokenIds
+from inference_auctions.server.serving.clearing_log import ClearingLog
 from inference_auctions.server.serving.pool import EngineShares, Selection
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.settings import ServerSettings
@@ -52,6 +53,7 @@ class PoolSelector:
         shares: EngineShares,
         token_room: Callable[[], int | None],
         paying_at_engine: Callable[[], int] = lambda: 0,
+        log: ClearingLog | None = None,
     ) -> None:
         """`token_room`: prompt tokens the engine can still start at its next step (None: no
         bound); `paying_at_engine`: how many requests that pay are at the engine now."""
@@ -62,6 +64,7 @@ class PoolSelector:
             self._rolling and settings.free_traffic == "idle" and settings.pricing != "fcfs"
         )
         self._paying_at_engine = paying_at_engine
+        self._log = log  # every clearing's pool, head and charges (`clearing_log`)
         self._slots = settings.priority_slots or settings.batch_size
         self._shares = shares
         self._token_room = token_room
@@ -131,6 +134,8 @@ class PoolSelector:
             bids={ticket.ledger_rid: ticket.bid_micros for ticket in head},
             charges=clearing.charges(rids, self._slots),
         )
+        if self._log is not None and rids:
+            self._log.write(self._slots, clearing.pool(), rids, pricing.charges)
         return Selection(places, pricing)
 
     def _follow(self, waiting: list[Ticket]) -> dict[str, int]:

@@ -64,6 +64,7 @@ from inference_auctions.server.serving.admission import (
     unavailable,
 )
 from inference_auctions.server.serving.clearing import BatchClosing
+from inference_auctions.server.serving.clearing_log import ClearingLog
 from inference_auctions.server.serving.dispatch import BatchDispatch
 from inference_auctions.server.serving.dispatch_ahead import Distrust
 from inference_auctions.server.serving.pool import (
@@ -147,6 +148,9 @@ class AuctionService:
         )
         self._shares = EngineShares(settings, wakeup=wakeup)
         rolling = settings.scheduling == "rolling"
+        self._clearing_log = (
+            ClearingLog(settings.clearing_log) if rolling and settings.clearing_log else None
+        )
         self._pool: BatchPool[Ticket, HeadPricing] = BatchPool(
             policy,
             closing,
@@ -157,6 +161,7 @@ class AuctionService:
                 self._shares,
                 lambda: self._dispatch.startable()[1],
                 paying_at_engine=self._dispatch.paying,
+                log=self._clearing_log,
             ),
             wakeup=wakeup,
             startable=(lambda: self._dispatch.startable()[0]) if rolling else None,
@@ -233,6 +238,8 @@ class AuctionService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
         self._dispatch.close()
+        if self._clearing_log is not None:
+            self._clearing_log.close()
         await self._dispatch.capacity.close()
         await self.writer.close()
 

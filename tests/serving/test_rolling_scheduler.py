@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
+from inference_auctions.server.auction import AuctionRequest
+from inference_auctions.server.auction.reference import reference_rolling_charges
+from inference_auctions.server.auction.rolling import order_pool, rolling_charges
 from tests.db_fixtures import MigratedDatabase
 from tests.processes import emulated_sglang
 from tests.server.harness import running_server
@@ -74,9 +79,11 @@ async def _burst(url: str, keys: list[str]) -> list[dict[str, Any]]:
 @pytest.mark.anyio
 @pytest.mark.parametrize("scheduling", ["rolling", "batches"])
 async def test_the_engine_never_queues_more_than_one_step_of_a_rolling_pool(
-    ledger_db: MigratedDatabase, sglang_url: str, scheduling: str
+    ledger_db: MigratedDatabase, sglang_url: str, scheduling: str, tmp_path: Path
 ) -> None:
+    log = tmp_path / "clearings.jsonl"
     settings = {
+        "clearing_log": log,
         "scheduling": scheduling,
         "batch_size": 64,
         "max_inflight": 256,
@@ -113,3 +120,32 @@ async def test_the_engine_never_queues_more_than_one_step_of_a_rolling_pool(
     for user, balance in spent.items():
         assert balance.spent_this_period_micros == paid[user], (user, balance, paid[user])
         assert balance.held_micros == 0
+    _check_the_clearing_log(log, answers)
+
+
+def _check_the_clearing_log(log: Path, answers: list[dict[str, Any]]) -> None:
+    """Every clearing's charges, priced again from what its log line recorded: the pool's
+    tree built anew, and by brute force where the pool is small; and as the answers say."""
+    charged = {
+        answer["meta_info"]["id"]: answer["meta_info"]["auction"]["user_batch_charge_micros"]
+        for answer in answers
+    }
+    clearings = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    assert clearings
+    small = 0
+    for clearing in clearings:
+        pool = [AuctionRequest(r["rid"], r["user"], r["path"], r["bid"]) for r in clearing["pool"]]
+        head = [index for index, r in enumerate(pool) if r.rid in set(clearing["head"])]
+        ordered = order_pool(pool)
+        assert [pool[i].rid for i in ordered.order[: len(head)]] == clearing["head"]
+        assert rolling_charges(ordered, head, clearing["slots"]) == clearing["charges"]
+        if len(pool) <= 6:
+            small += 1
+            assert (
+                reference_rolling_charges(pool, set(clearing["head"]), clearing["slots"])
+                == clearing["charges"]
+            )
+        for rid in clearing["head"]:
+            user = next(r.user for r in pool if r.rid == rid)
+            assert charged[rid.split("/", 1)[1]] == clearing["charges"][user]
+    assert small, "no clearing small enough for the brute-force oracle"

@@ -1,0 +1,47 @@
+"""A record of every rolling clearing, so that its charges can be priced again offline.
+
+One JSON line per clearing that sent a head of bidders: when (`at`, UTC), the slots it priced
+in, the pool it ordered (each request's rid, user, bid and tree path, in arrival order: the
+paths, used as prompts, rebuild a tree of the pool's shape), the head it sent, in the pool's
+order, and each of the head's users' charge. `rolling.order_pool` and
+`rolling.rolling_charges` over those requests give the same charges (a test checks it against
+a live server, and the brute-force oracle on small pools).
+
+Off by default (`clearing_log`): a line holds the whole pool, which is large under a deep
+backlog. Written from the event loop; the file is flushed by line.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+
+__all__ = ["ClearingLog"]
+
+
+class ClearingLog:
+    """Appends one line per clearing to `path` (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("ab", buffering=0)
+
+    def write(
+        self,
+        slots: int,
+        pool: list[dict[str, object]],
+        head: list[str],
+        charges: dict[str, int],
+    ) -> None:
+        record = {
+            "at": datetime.now(UTC).isoformat(),
+            "slots": slots,
+            "pool": pool,
+            "head": head,
+            "charges": charges,
+        }
+        self._file.write(orjson.dumps(record) + b"\n")
+
+    def close(self) -> None:
+        self._file.close()
