@@ -78,6 +78,7 @@ from inference_auctions.billing.money import (
     parse_credits,
 )
 from inference_auctions.billing.periods import Period
+from inference_auctions.billing.replica_rules import ReplicaProcess
 from inference_auctions.billing.schemas import (
     BalanceRecord,
     DriftRecord,
@@ -156,6 +157,7 @@ __all__ = [
     "ReconcileView",
     "RefundExceedsCharge",
     "RefundResult",
+    "ReplicaProcess",
     "RequestInput",
     "RequestNotScheduled",
     "RequestStatus",

@@ -192,17 +192,35 @@ class _Tenant:
         self.scheme = scheme
         self.client = client
         self._menu: tuple[float, TierMenu] | None = None
+        # Tier prices of requests sent and not answered: the client's budget does not know
+        # them (a tier request bids 0), so its tier choices leave room for them.
+        self._in_flight_micros = 0
 
     async def send(self, request: PlannedRequest, record: RequestRecord, started: float) -> None:
         value: Decimal | int = Decimal(request.value_micros) / 1_000_000
         extra: dict[str, str] = {}
         if self.scheme == "fcfs":
             value = 0  # bids would be ignored: the client sends none
-        elif self.scheme.startswith("tiers"):
-            tier = choose_tier(
-                value, await self._tiers(), available_micros=self.client.bidder.available_micros
-            )
+        reserved = 0
+        if self.scheme.startswith("tiers"):
+            available = max(0, self.client.bidder.available_micros - self._in_flight_micros)
+            tier = choose_tier(value, await self._tiers(), available_micros=available)
             record.tier, extra, value = tier.name, {"service_tier": tier.name}, 0
+            reserved = tier.price_micros
+            self._in_flight_micros += reserved
+        try:
+            await self._send(request, record, started, value, extra)
+        finally:
+            self._in_flight_micros -= reserved
+
+    async def _send(
+        self,
+        request: PlannedRequest,
+        record: RequestRecord,
+        started: float,
+        value: Decimal | int,
+        extra: dict[str, str],
+    ) -> None:
         sent = time.monotonic()
         record.sent = sent - started
         try:

@@ -21,8 +21,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from inference_auctions.billing import Ledger, RuleDisagreement
-from inference_auctions.billing.replica_rules import ReplicaProcess
+from inference_auctions.billing import Ledger, ReplicaProcess, RuleDisagreement
 from inference_auctions.server.cluster.replica import replica_name
 from inference_auctions.server.settings import ServerSettings
 

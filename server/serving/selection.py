@@ -112,6 +112,8 @@ class PoolSelector:
         return [free[index] for index in chosen]
 
     def _auction(self, waiting: list[Ticket], room: int) -> Selection[HeadPricing]:
+        if len(waiting) == 1 and not self._tree and waiting[0].bid_micros > 0:
+            return self._alone(waiting[0], room)
         place_of = self._follow(waiting)
         clearing = self._tree.clearing()
         candidates: list[int] = []
@@ -137,6 +139,22 @@ class PoolSelector:
         if self._log is not None and rids:
             self._log.write(self._slots, clearing.pool(), rids, pricing.charges)
         return Selection(places, pricing)
+
+    def _alone(self, ticket: Ticket, room: int) -> Selection[HeadPricing]:
+        """A lone bidder in an empty pool: it delays nobody and pays 0, without the tree."""
+        if not self._shares.select([ticket], room, self._token_room(), contested=False):
+            return Selection([], None)
+        rid = ticket.ledger_rid
+        pricing = HeadPricing(
+            order=[rid],
+            users={rid: ticket.user},
+            bids={rid: ticket.bid_micros},
+            charges={ticket.user: 0},
+        )
+        if self._log is not None:
+            pool = [{"rid": rid, "user": ticket.user, "bid": ticket.bid_micros, "path": []}]
+            self._log.write(self._slots, pool, [rid], pricing.charges)
+        return Selection([0], pricing)
 
     def _follow(self, waiting: list[Ticket]) -> dict[str, int]:
         """Bring the tree in step with the waiting bids; each one's place in `waiting`."""

@@ -51,6 +51,7 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/v1/admin/reconcile", "admin"),
     ("GET", "/v1/admin/timings", "admin"),
     ("GET", "/health", None),
+    ("GET", "/health/live", None),
     ("GET", "/metrics", None),
     ("GET", "/model_info", "user"),
     ("GET", "/server_info", None),  # likewise

@@ -29,6 +29,7 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
@@ -36,6 +37,8 @@ from schemathesis.core.transport import Response
 from schemathesis.specs.openapi.checks import negative_data_rejection
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
+from inference_auctions.server.api.openai_fields import REFUSED
+from inference_auctions.server.api.schemas import ChatBody, CompletionBody, GenerateBody
 from tests.db_fixtures import MigratedDatabase, migrated_database
 from tests.security.conftest import ledger_snapshot
 from tests.server.harness import RunningServer, running_server
@@ -78,6 +81,11 @@ OPERATIONS = [
 ]
 ADMIN_ONLY = {path for _, path in OPERATIONS if path.startswith("/v1/admin/")} | {"/flush_cache"}
 GENERATION = {"/generate", "/v1/completions", "/v1/chat/completions"}
+_BODIES: dict[str, type[BaseModel]] = {
+    "/generate": GenerateBody,
+    "/v1/completions": CompletionBody,
+    "/v1/chat/completions": ChatBody,
+}
 WITH_BODY = {
     ("POST", "/generate"),
     ("POST", "/v1/completions"),
@@ -212,6 +220,10 @@ def _steer(path: str, case: Any, steer: bool, bid: object) -> Any:
     if not steer or path not in GENERATION or not isinstance(case.body, dict):
         return case
     body = _integral(case.body)
+    # Only the fields the route reads: any other one is refused by name, before admission.
+    model = _BODIES[path]
+    known = {field.alias or name for name, field in model.model_fields.items()}
+    body = {name: value for name, value in body.items() if name in known}
     body["bid"] = bid
     body.pop("service_tier", None)  # a tier exists only under --pricing tiers: an auction here
     _short(body, "max_tokens", "max_completion_tokens")
@@ -225,8 +237,17 @@ def _steer(path: str, case: Any, steer: bool, bid: object) -> Any:
         elif not body.get("input_ids"):
             body["text"] = "fuzz"
             body.pop("input_ids", None)
-    elif path == "/v1/completions" and not (isinstance(body.get("prompt"), str) and body["prompt"]):
-        body["prompt"] = "fuzz"  # one text prompt, as /generate's is made one above
+    else:
+        # OpenAI's routes: the served model (or none), and none of the fields refused by name.
+        body.pop("model", None)
+        for name in REFUSED:
+            body.pop(name, None)
+        for name in ("n", "logprobs", "top_logprobs", "response_format"):
+            body.pop(name, None)  # more than one choice, or what the emulator cannot do
+        if path == "/v1/completions" and not (
+            isinstance(body.get("prompt"), str) and body["prompt"]
+        ):
+            body["prompt"] = "fuzz"  # one text prompt, as /generate's is made one above
     case.body = body
     return case
 

@@ -31,7 +31,8 @@ from tests.processes import free_port, wait_until_healthy
 def _serve(database: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "inference_auctions.server.cli", "serve"]
     command += ["--port", str(port), "--database-url", f"sqlite:///{database}"]
-    command += ["--log-format", "json", "--time-scale", "0.002", "--max-wait-ms", "50"]
+    command += ["--log-format", "json", "--log-level", "info"]
+    command += ["--time-scale", "0.002", "--max-wait-ms", "50"]
     with log_path.open("wb") as log:
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
 

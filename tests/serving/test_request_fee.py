@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from inference_auctions.billing import RuleDisagreement
 from inference_auctions.sdk import AuctionClient, Budget, BudgetExhaustedError
 from inference_auctions.server.app import create_app
 from inference_auctions.server.settings import ServerSettings
+from inference_auctions.server.start_refusal import StartRefused
 from tests.db_fixtures import MigratedDatabase
 from tests.server.harness import TEST_SETTINGS, RunningServer, running_server, serve_app
 
@@ -41,9 +41,10 @@ def _spent(server: RunningServer, name: str) -> dict[str, int]:
 async def test_every_served_request_pays_the_fee_once_and_no_more_than_bid_plus_fee(
     ledger_db: MigratedDatabase,
 ) -> None:
-    # A batch closes once its 3 requests wait: they share one auction.
+    # A batch closes once its 3 requests wait: they share one auction (the free one too, which
+    # `free_traffic idle` would send only after the paying ones).
     with running_server(
-        ledger_db, request_fee_micros=FEE, batch_size=3, max_wait_ms=5_000
+        ledger_db, request_fee_micros=FEE, batch_size=3, max_wait_ms=5_000, free_traffic="shared"
     ) as server:
         await _one_batch_with_fees(server)
 
@@ -153,7 +154,7 @@ async def test_replicas_that_disagree_on_the_fee_refuse_to_start(
             pass
 
     with serve_app(settings("r0", FEE)):
-        with pytest.raises(RuleDisagreement, match=r"'r0'.*request fee of 5000"):
+        with pytest.raises(StartRefused, match=r"'r0'.*request fee of 5000"):
             await start("r1", 0)
         await start("r1", FEE)  # the same fee: it joins
     await start("r1", 0)  # every replica stopped: the fee may change
