@@ -56,6 +56,7 @@ class MarketConfig:
     slots: int
     floor_target: int  # bidders in the pool the floor aims at
     floor_start: int = 100  # micro-credits, the floor's level before any traffic
+    expire: bool = True  # a request whose value is gone is withdrawn (off: it waits on)
 
     @property
     def window(self) -> int:
@@ -174,7 +175,8 @@ class SlotMarket:
             self.submit(request)
         limit = self.config.slots - 1
         for rid, (request, _) in list(self.state.waiting.items()):
-            if self.config.starts * (slot - request.needed) >= limit and rid not in self.avoid:
+            expired = self.config.starts * (slot - request.needed) >= limit
+            if self.config.expire and expired and rid not in self.avoid:
                 self.withdraw(rid)
         while True:
             head, depth = self._head()

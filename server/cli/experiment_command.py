@@ -286,6 +286,7 @@ def _run_timing(out: Path, quick: bool, seed: int) -> None:
     """The timing study: seeds seed+1..seed+3 at 1.2x, 1.5x and 2x load, 100 targets each
     (--quick: one seed, 10 targets), its table printed and written to timing.md, its figure
     to timing.png."""
+    from inference_auctions.experiments.starvation import starvation_table  # noqa: PLC0415
     from inference_auctions.experiments.timing import TimingSetup  # noqa: PLC0415
     from inference_auctions.experiments.timing_report import (  # noqa: PLC0415
         run_timing,
@@ -296,7 +297,8 @@ def _run_timing(out: Path, quick: bool, seed: int) -> None:
     seeds = (seed + 1,) if quick else (seed + 1, seed + 2, seed + 3)
     setup = TimingSetup(seeds=seeds, targets=10 if quick else 100)
     rows = run_timing(setup, lambda line: click.echo(line, err=True))
-    text = timing_table(setup, rows) + "\n"
+    starving = "Starvation inside a subtree:\n\n" + starvation_table(seed + 1)
+    text = timing_table(setup, rows) + "\n\n" + starving + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "timing.md").write_text(text, encoding="utf-8")
     timing_figure(rows, out / "timing.png")
