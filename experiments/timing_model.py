@@ -228,7 +228,7 @@ class SlotMarket:
 
     def _send(self, slot: int, head: list[str]) -> None:
         bidders = [rid for rid in head if rid in self._in_tree]
-        charges = self._charges(bidders)
+        charges = self._charges(bidders, {rid: rank for rank, rid in enumerate(head)}, slot)
         for rank, rid in enumerate(head):
             del self.state.waiting[rid]
             self.dispatched[rid] = Dispatch(slot, rank, charges.get(rid, 0))
@@ -236,9 +236,11 @@ class SlotMarket:
             self._tree.remove(rid)
             self._in_tree.discard(rid)
 
-    def _charges(self, bidders: list[str]) -> dict[str, int]:
-        """Each sent bidder's share of its user's charge (rolling charge plus the floor,
-        capped at the bids), split in proportion to the bids."""
+    def _charges(self, bidders: list[str], ranks: dict[str, int], slot: int) -> dict[str, int]:
+        """Each sent bidder's share of its user's charge, split in proportion to the bids:
+        the rolling charge capped at the bids (`dispatch`, as the server); under `floor`, the
+        rolling charge plus the floor, capped at what the bids say the delays they got are
+        worth (a truthful user never pays more than its value for its delay)."""
         if not bidders:
             return {}
         users: dict[str, list[str]] = {}
@@ -254,7 +256,10 @@ class SlotMarket:
         shares: dict[str, int] = {}
         for user, mine in users.items():
             bids = [self.state.waiting[rid][0].bid for rid in mine]
-            total = min(rolling[user] + floor * len(mine), sum(bids))
+            cap = sum(bids)
+            if self.rule == "floor":
+                cap = sum(self._worth(rid, ranks[rid], slot) for rid in mine)
+            total = min(rolling[user] + floor * len(mine), cap)
             self.charged += total
             given = 0
             for rid, bid in zip(mine, bids, strict=True):
@@ -262,6 +267,13 @@ class SlotMarket:
                 given += shares[rid]
             shares[mine[0]] += total - given
         return shares
+
+    def _worth(self, rid: str, rank: int, slot: int) -> int:
+        """What the request's bid says being sent now is worth (SPEC section 5's reading)."""
+        request = self.state.waiting[rid][0]
+        delay = Dispatch(slot, rank, 0).delay(request, self.config.starts)
+        last = self.config.slots - 1
+        return request.bid * max(0, last - delay) // last
 
 
 def relabel(request: SlotRequest, **changes: object) -> SlotRequest:

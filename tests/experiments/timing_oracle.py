@@ -72,8 +72,14 @@ def _simulate(
         mine = [i for i in head_ix if entrants[i].rid in target_rids]
         if mine:
             rolled = rolling_charges(pool, mine, k).get(TARGET_USER, 0)
-            fee = floor if rule == "floor" else 0
-            charge = min(rolled + fee * len(mine), sum(entrants[i].bid for i in mine))
+            if rule == "floor":  # the floor on top, capped at the bid's worth for its delay
+                worth = 0
+                for i in mine:
+                    delay = starts * (slot - entrants[i].needed) + head.index(entrants[i].rid)
+                    worth += entrants[i].bid * max(0, k - 1 - delay) // (k - 1)
+                charge = min(rolled + floor * len(mine), worth)
+            else:
+                charge = min(rolled, sum(entrants[i].bid for i in mine))
         for rank, rid in enumerate(head):
             sent[rid] = (slot, rank)
         waiting = [w for w in waiting if w.rid not in sent]
