@@ -104,7 +104,7 @@ class TimingSetup:
     slots: int = 64  # K: the live plan's batch size
     warmup: int = 40  # slots before the first target (the floor settles)
     span: int = 40  # slots over which targets arrive
-    floor_target: int = 12  # 1.5 slots of starts (docs/dev/2026-12-07-timing-rules.md)
+    floor_target: int = 8  # one slot of starts (docs/dev/2026-12-07-timing-rules.md)
     horizon: int = 8  # slots of later arrivals the settled charge counts
 
     def config(self) -> MarketConfig:
@@ -433,6 +433,7 @@ class RuleSummary:
     targets: int
     profitable: float  # share of targets with a profitable deviation
     material: float  # share of targets with a deviation that gains more than 1% of value
+    worst_seed: float  # the largest share of targets with a profitable deviation in one seed
     by_family: dict[str, float]
     median_gain: float  # percent of value, over all targets (0 where none gains)
     p90_gain: float
@@ -462,6 +463,11 @@ def summarize(
         targets=len(results),
         profitable=sum(1 for g in gains if g > 0) / len(results),
         material=sum(1 for g in gains if g > 1) / len(results),
+        worst_seed=max(
+            sum(1 for r in results if r.seed == seed and r.gain(rule) > 0)
+            / sum(1 for r in results if r.seed == seed)
+            for seed in {r.seed for r in results}
+        ),
         by_family=by_family,
         median_gain=statistics.median(gains),
         p90_gain=float(np.percentile(gains, 90)),

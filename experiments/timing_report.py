@@ -46,7 +46,7 @@ def run_timing(
 def timing_table(setup: TimingSetup, rows: Sequence[RuleSummary]) -> str:
     """The markdown table, one row per rule and load."""
     head = (
-        "| rule | load | targets | profitable | by > 1% | "
+        "| rule | load | targets | profitable | worst seed | by > 1% | "
         + " | ".join(FAMILIES)
         + " | median gain | p90 gain | welfare | revenue |"
     )
@@ -54,6 +54,7 @@ def timing_table(setup: TimingSetup, rows: Sequence[RuleSummary]) -> str:
         f"Slot model of the live plan: {setup.starts} starts per slot, K = {setup.slots}, "
         f"seeds {', '.join(map(str, setup.seeds))}, {setup.targets} targets per seed and load; "
         f"floor target {setup.floor_target} bidders; horizon {setup.horizon} slots. "
+        "Worst seed: the profitable share of the seed where it is highest. "
         "By > 1%: share of targets with a deviation that gains more than 1% of their value. "
         "Family columns: share of targets for which some deviation of that family is "
         "profitable. Gains in percent of the target's value (0 where none gains); welfare and "
@@ -66,7 +67,8 @@ def timing_table(setup: TimingSetup, rows: Sequence[RuleSummary]) -> str:
         families = " | ".join(f"{100 * row.by_family[f]:.0f}%" for f in FAMILIES)
         lines.append(
             f"| {RULE_NAMES[row.rule]} | {row.load:g}x | {row.targets} | "
-            f"{100 * row.profitable:.0f}% | {100 * row.material:.0f}% | {families} | "
+            f"{100 * row.profitable:.0f}% | {100 * row.worst_seed:.0f}% | "
+            f"{100 * row.material:.0f}% | {families} | "
             f"{row.median_gain:.1f}% | {row.p90_gain:.1f}% | "
             f"{row.welfare:.1f}% | {row.revenue:.1f}% |"
         )

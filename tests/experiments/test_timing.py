@@ -76,7 +76,8 @@ def test_a_small_study_reports_every_rule(market, tmp_path: Path) -> None:  # ty
     results = [study_target(market, t, 1, 1.5) for t in sample_targets(market, 2)]
     for rule in RULES:
         row = summarize(rule, 1.5, results, [market])
-        assert 0 <= row.profitable <= 1
+        assert 0 <= row.material <= row.profitable <= 1
+        assert row.worst_seed == row.profitable  # one seed
         assert row.p90_gain >= row.median_gain >= 0
         assert 0 < row.welfare <= 100
     # The at-dispatch rule and the settled charge order alike: the same welfare.
