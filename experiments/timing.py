@@ -50,6 +50,8 @@ __all__ = [
     "TargetResult",
     "TimingSetup",
     "build_market",
+    "burst_requests",
+    "decoy_requests",
     "study_target",
     "summarize",
     "target_utility",
@@ -300,7 +302,7 @@ def _replay(
         return Replay(None, 0, 0, 0)
     arrivals = dict(market.arrivals)
     arrivals[start] = [r for r in arrivals.get(start, []) if r.rid != target.rid]
-    extra = _burst(target, setup) if burst else []
+    extra = burst_requests(target, setup) if burst else []
     if extra:
         arrivals[start + 1] = [*arrivals.get(start + 1, []), *extra]
     state = market.states[rule][start]
@@ -309,7 +311,7 @@ def _replay(
     )
     counted = _counted(run, arrivals, start, setup)
     live: str | None = None
-    decoys = _decoys(market, target, deviation, state) if deviation is not None else []
+    decoys = decoy_requests(market, target, deviation, state) if deviation is not None else []
     run.avoid.update(decoy.rid for decoy in decoys)
     for decoy in decoys:
         run.submit(decoy)
@@ -317,18 +319,7 @@ def _replay(
     slot = start
     cap = start + max((offset for offset, _ in sends), default=0) + config.window + 2
     while slot < max(stop, cap):
-        for number, (offset, multiple) in enumerate(sends):
-            if slot != start + offset:
-                continue
-            if live is not None:
-                if not run.is_waiting(live):
-                    continue
-                run.withdraw(live)
-            bid = max(1, round(target.value * multiple))
-            live = f"{TARGET_USER}-{number}"
-            run.submit(
-                SlotRequest(live, TARGET_USER, target.tokens, bid, target.value, start, slot)
-            )
+        live = _send_target(run, target, sends, slot, live)
         run.step(slot)
         settled = live is not None and not run.is_waiting(live)
         if settled and decoys:
@@ -350,6 +341,30 @@ def _replay(
     return Replay(delay, sent.charge if sent is not None else 0, bid, others)
 
 
+def _send_target(
+    run: SlotMarket,
+    target: SlotRequest,
+    sends: tuple[tuple[int, float], ...],
+    slot: int,
+    live: str | None,
+) -> str | None:
+    """Send the target's request due at `slot`, cancelling the earlier one if it still waits
+    (one already sent or withdrawn stays so, and nothing more is sent); the live one's rid."""
+    for number, (offset, multiple) in enumerate(sends):
+        if slot != target.arrival + offset:
+            continue
+        if live is not None:
+            if not run.is_waiting(live):
+                continue
+            run.withdraw(live)
+        bid = max(1, round(target.value * multiple))
+        live = f"{TARGET_USER}-{number}"
+        run.submit(
+            SlotRequest(live, TARGET_USER, target.tokens, bid, target.value, target.arrival, slot)
+        )
+    return live
+
+
 def _counted(
     run: SlotMarket, arrivals: dict[int, list[SlotRequest]], start: int, setup: TimingSetup
 ) -> set[str]:
@@ -361,7 +376,7 @@ def _counted(
     return counted
 
 
-def _burst(target: SlotRequest, setup: TimingSetup) -> list[SlotRequest]:
+def burst_requests(target: SlotRequest, setup: TimingSetup) -> list[SlotRequest]:
     """Three slots' worth of low bids (the batch class's scale) the slot after the target."""
     return [
         SlotRequest(
@@ -377,7 +392,7 @@ def _burst(target: SlotRequest, setup: TimingSetup) -> list[SlotRequest]:
     ]
 
 
-def _decoys(
+def decoy_requests(
     market: Market, target: SlotRequest, deviation: Deviation, state: MarketState
 ) -> list[SlotRequest]:
     """Micro-bids under the prefix of the rival tenant whose request the pool serves first."""

@@ -28,7 +28,7 @@ Three rules price (and for the floor, admit) the dispatched requests:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,6 +42,8 @@ __all__ = [
     "MarketState",
     "SlotMarket",
     "SlotRequest",
+    "by_slot",
+    "fresh_tokens",
     "next_floor",
 ]
 
@@ -274,11 +276,6 @@ class SlotMarket:
         delay = Dispatch(slot, rank, 0).delay(request, self.config.starts)
         last = self.config.slots - 1
         return request.bid * max(0, last - delay) // last
-
-
-def relabel(request: SlotRequest, **changes: object) -> SlotRequest:
-    """The request with some fields changed (a deviation's copy)."""
-    return replace(request, **changes)  # type: ignore[arg-type]
 
 
 def by_slot(requests: Iterable[SlotRequest]) -> dict[int, list[SlotRequest]]:

@@ -19,8 +19,8 @@ from inference_auctions.experiments.timing import (
     TARGET_USER,
     Deviation,
     Market,
-    _burst,
-    _decoys,
+    burst_requests,
+    decoy_requests,
 )
 from inference_auctions.experiments.timing_model import SlotRequest
 from inference_auctions.server.auction.batch import AuctionRequest
@@ -142,9 +142,9 @@ def oracle_utility(
         )
         for number, (offset, multiple) in enumerate(deviation.sends)
     ]
-    extra = _burst(target, setup) if deviation.burst else []
+    extra = burst_requests(target, setup) if deviation.burst else []
     state = market.states["dispatch" if rule == "horizon" else rule][start]
-    decoys = _decoys(market, target, deviation, state)
+    decoys = decoy_requests(market, target, deviation, state)
     world = _simulate(
         market, "floor" if rule == "floor" else "dispatch", sends, extra, decoys, target.rid, slots
     )
