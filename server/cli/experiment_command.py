@@ -135,6 +135,12 @@ class _RichTracker:
     help="live only: arrivals as a multiple of the engine's measured capacity.",
 )
 @click.option(
+    "--timing",
+    is_flag=True,
+    help="manipulation only: the study of timing under the rolling auction instead "
+    '(timing.md and timing.png in --out; docs/RESULTS.md, "Timing").',
+)
+@click.option(
     "--schemes",
     default="fcfs,tiers2,tiers3,auction",
     show_default=True,
@@ -154,6 +160,7 @@ def experiment(
     deferral_max_hold: float,
     engine_url: str | None,
     load: float,
+    timing: bool,
     schemes: str,
 ) -> None:
     """Reproduce the paper's experiments on the emulated SGLang engine (simulated clock).
@@ -164,7 +171,10 @@ def experiment(
     scale-out runs K = 1, 2, 4, 8 workers, an auction each, behind a prefix-aware or a
     round-robin router (scale-out.png, .json and .md in --out; docs/SCALE-OUT.md).
     manipulation runs the study of junk requests, decoys, split and merged accounts and joint
-    shading on both pricing rules (manipulation.md in --out; docs/RESULTS.md, "Manipulation").
+    shading on both pricing rules (manipulation.md in --out; docs/RESULTS.md, "Manipulation");
+    with --timing, what timing gains under the rolling auction's rules in a slot model of the
+    live plan (--quick: one seed, 10 targets; timing.md and timing.png in --out;
+    docs/RESULTS.md, "Timing").
     live runs the market through the real server four times on the same tenants, arrivals
     and values: fcfs, tiers2, tiers3 and auction (--quick: 10 s of traffic each, under two
     minutes in all; else 60 s); results.json, live.md and live.png in --out
@@ -190,6 +200,8 @@ def experiment(
     unknown = [name for name in chosen if name not in ORDERS]
     if unknown or not chosen:
         raise click.BadParameter(f"choose from {', '.join(ORDERS)}", param_hint="--orders")
+    if timing and target != "manipulation":
+        raise click.UsageError("--timing is for the manipulation target only")
     if target == "live":
         if workload_file is not None:
             raise click.UsageError("live draws its own tenants and requests; drop --workload")
@@ -198,9 +210,7 @@ def experiment(
     if engine_url is not None:
         raise click.UsageError("--engine-url is for the live target only")
     if target == "manipulation":
-        if workload_file is not None:
-            raise click.UsageError("manipulation draws its own batches; drop --workload")
-        _run_manipulation(out, quick, seed)
+        _run_manipulation(out, quick, seed, timing=timing, given_workload=workload_file)
         return
     if target == "scale-out":
         if workload_file is not None:
@@ -248,9 +258,17 @@ def experiment(
     console.print(f"Wrote {', '.join(written)} to {out} in {sum(results.elapsed.values()):.0f} s.")
 
 
-def _run_manipulation(out: Path, quick: bool, seed: int) -> None:
+def _run_manipulation(
+    out: Path, quick: bool, seed: int, *, timing: bool, given_workload: Path | None
+) -> None:
     """The manipulation study: 120 small instances and the paper-scale decoys (--quick: 12
-    instances, no paper scale), its tables printed and written to manipulation.md."""
+    instances, no paper scale), its tables printed and written to manipulation.md; with
+    `timing`, the study of timing (`_run_timing`) instead."""
+    if given_workload is not None:
+        raise click.UsageError("manipulation draws its own batches; drop --workload")
+    if timing:
+        _run_timing(out, quick, seed)
+        return
     from inference_auctions.experiments import manipulation  # noqa: PLC0415
 
     cap = 16
@@ -261,6 +279,29 @@ def _run_manipulation(out: Path, quick: bool, seed: int) -> None:
     text = "\n\n".join(parts) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "manipulation.md").write_text(text, encoding="utf-8")
+    click.echo(text)
+
+
+def _run_timing(out: Path, quick: bool, seed: int) -> None:
+    """The timing study: seeds seed+1..seed+3 at 1.2x, 1.5x and 2x load, 100 targets each
+    (--quick: one seed, 10 targets), its table printed and written to timing.md, its figure
+    to timing.png."""
+    from inference_auctions.experiments.starvation import starvation_table  # noqa: PLC0415
+    from inference_auctions.experiments.timing import TimingSetup  # noqa: PLC0415
+    from inference_auctions.experiments.timing_report import (  # noqa: PLC0415
+        run_timing,
+        timing_figure,
+        timing_table,
+    )
+
+    seeds = (seed + 1,) if quick else (seed + 1, seed + 2, seed + 3)
+    setup = TimingSetup(seeds=seeds, targets=10 if quick else 100)
+    rows = run_timing(setup, lambda line: click.echo(line, err=True))
+    starving = "Starvation inside a subtree:\n\n" + starvation_table(seed + 1)
+    text = timing_table(setup, rows) + "\n\n" + starving + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "timing.md").write_text(text, encoding="utf-8")
+    timing_figure(rows, out / "timing.png")
     click.echo(text)
 
 
