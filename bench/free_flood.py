@@ -75,6 +75,7 @@ class Plan:
     floods: dict[str, Flood]
     settings: list[str]
     seed: int
+    engine_tokens: int | None = None
 
 
 @dataclass
@@ -171,17 +172,15 @@ async def _phase(
         async def send_free(flood: Flood) -> None:
             gap = scale / flood.rate
             deadline = time.monotonic() + wall
-            index = 0
             while time.monotonic() < deadline:
                 body: dict[str, object] = {
                     "text": _words(rng, flood.prompt_words),
                     "sampling_params": {"max_new_tokens": flood.new_tokens, "ignore_eos": True},
                 }
-                key = free[index % len(free)]
+                key = free[result.free_sent % len(free)]
                 flooding.append(asyncio.create_task(_free_request(free_client, key, body, result)))
-                index += 1
+                result.free_sent += 1  # counted as it goes: the sender may be cancelled
                 await asyncio.sleep(gap)
-            result.free_sent = index
 
         flood = plan.floods.get(shape)
         sender = asyncio.create_task(send_free(flood)) if flood else None
@@ -255,6 +254,8 @@ def _start(
         "INFERENCE_AUCTION_RATE_LIMIT_PER_SECOND": "100000",
         "INFERENCE_AUCTION_RATE_LIMIT_BURST": "100000",
     }
+    if plan.engine_tokens is not None:
+        env["INFERENCE_AUCTION_ENGINE_TOKENS"] = str(plan.engine_tokens)
     try:
         server = start_service(
             f"server-{name}",
@@ -360,6 +361,12 @@ def _arguments() -> Plan:
     add("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     add("--shapes", nargs="+", choices=SHAPES[1:], default=list(SHAPES[1:]))
     add("--seed", type=int, default=48)
+    add(
+        "--engine-tokens",
+        type=int,
+        help="the server's engine_tokens (the engine's KV tokens, for the shares; default: "
+        "unset, as for any engine URL: the free share counts slots only)",
+    )
     args = parser.parse_args()
     floods = {
         "long prompts": Flood(args.long_prompt_rate, args.long_prompt_words, 1),
@@ -375,6 +382,7 @@ def _arguments() -> Plan:
         floods={shape: floods[shape] for shape in args.shapes},
         settings=args.settings,
         seed=args.seed,
+        engine_tokens=args.engine_tokens,
     )
 
 
