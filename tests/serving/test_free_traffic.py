@@ -1,0 +1,138 @@
+"""`free_traffic`, end to end on a real server and port: under `idle` (the default) a free
+request is not sent to the engine while a paying one is there, and goes once it has ended;
+under `shared` it goes beside it. Shown by the order in which the engine received and ended
+requests, with a paying request held at the engine for as long as the test wants."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+import httpx
+import pytest
+
+from inference_auctions.billing import Ledger
+from inference_auctions.server.emulator.embedded import EmbeddedEngine
+from inference_auctions.server.engine.protocol import Generation
+from inference_auctions.server.settings import ServerSettings
+from tests.db_fixtures import MigratedDatabase
+from tests.server.harness import TEST_SETTINGS, serve_app
+
+FREE = [f"free-{index}" for index in range(3)]
+
+
+class _RecordingEngine(EmbeddedEngine):
+    """The embedded engine, writing down each request it receives and each that ends (by the
+    client's rid), and holding back the one whose rid is `hold` until `release()`."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.events: list[tuple[str, str]] = []
+        self._held: list[Generation] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _send(self, generations: list[Generation]) -> None:
+        self._loop = asyncio.get_running_loop()
+        for generation in generations:
+            rid = generation.request.rid.rsplit("/", 1)[-1]
+            self.events.append(("sent", rid))
+            generation.on_end(functools.partial(self.events.append, ("ended", rid)))
+        held = [g for g in generations if g.request.rid.endswith("/hold")]
+        self._held.extend(held)
+        super()._send([g for g in generations if g not in held])
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def release(self) -> None:
+        assert self._loop is not None, "nothing was held"
+        self._loop.call_soon_threadsafe(EmbeddedEngine._send, self, self._held)
+
+    def when(self, kind: str, rid: str) -> int:
+        """The place of an event in the engine's order."""
+        return self.events.index((kind, rid))
+
+
+async def _queue_length(client: httpx.AsyncClient) -> int:
+    text = (await client.get("/metrics")).text
+    line = next(x for x in text.splitlines() if x.startswith("inference_auction_queue_length "))
+    return int(float(line.split()[1]))
+
+
+def _body(rid: str) -> dict[str, Any]:
+    return {"text": f"Question {rid}?", "rid": rid, "sampling_params": {"max_new_tokens": 4}}
+
+
+async def _held_paying_beside_free(
+    ledger_db: MigratedDatabase, free_traffic: str
+) -> tuple[_RecordingEngine, list[httpx.Response]]:
+    """A paying request held at the engine; three free requests sent meanwhile, then a second
+    paying request that runs to its end; then the held one is released. The engine could start
+    every one of them at once (`saturation_requests`), so only the rule holds a free one back."""
+    settings = ServerSettings(
+        database_url=ledger_db.url,
+        **{**TEST_SETTINGS, "free_traffic": free_traffic, "saturation_requests": 16},
+    )
+    engine = _RecordingEngine(time_scale=0.01)
+    with serve_app(settings, engine=engine) as url:
+        ledger = Ledger(ledger_db.new_engine())
+        payer = ledger.create_user("payer", budget_micros=10**9).api_key
+        free = ledger.create_user("free", budget_micros=0).api_key
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=60) as client,
+            httpx.AsyncClient(
+                base_url=url, timeout=60, headers={"Authorization": f"Bearer {payer}"}
+            ) as paying,
+            httpx.AsyncClient(
+                base_url=url, timeout=60, headers={"Authorization": f"Bearer {free}"}
+            ) as freeloading,
+        ):
+            held = asyncio.create_task(
+                paying.post("/generate", json=_body("hold") | {"bid": "0.01"})
+            )
+            while not engine.held:
+                await asyncio.sleep(0.005)
+            tasks = [
+                asyncio.create_task(freeloading.post("/generate", json=_body(rid))) for rid in FREE
+            ]
+            if free_traffic == "idle":  # they wait in the pool...
+                while await _queue_length(client) < len(FREE):
+                    await asyncio.sleep(0.005)
+            else:  # ...or are served beside the held one
+                for task in tasks:
+                    assert (await task).status_code == 200
+            # A clearing after the free arrivals: a paying request goes, and ends.
+            second = await paying.post("/generate", json=_body("pay-2") | {"bid": "0.01"})
+            assert second.status_code == 200, second.text
+            engine.release()
+            responses = [await held, *[await task for task in tasks], second]
+    return engine, responses
+
+
+@pytest.mark.anyio
+async def test_idle_free_requests_wait_until_no_paying_request_is_at_the_engine(
+    ledger_db: MigratedDatabase,
+) -> None:
+    engine, responses = await _held_paying_beside_free(ledger_db, "idle")
+    assert [r.status_code for r in responses] == [200] * len(responses)
+    # Nothing free reached the engine while the held paying request was there, even though a
+    # later paying request was sent, and ended, meanwhile...
+    assert engine.when("sent", "pay-2") < engine.when("ended", "pay-2")
+    assert engine.when("ended", "pay-2") < engine.when("ended", "hold")
+    # ...and every free one went once it had ended.
+    assert all(engine.when("ended", "hold") < engine.when("sent", rid) for rid in FREE)
+    assert all(engine.when("sent", rid) < engine.when("ended", rid) for rid in FREE)
+
+
+@pytest.mark.anyio
+async def test_shared_free_requests_go_beside_a_paying_request(
+    ledger_db: MigratedDatabase,
+) -> None:
+    engine, responses = await _held_paying_beside_free(ledger_db, "shared")
+    assert [r.status_code for r in responses] == [200] * len(responses)
+    # Sent and served while the paying request was held at the engine.
+    held_end = engine.when("ended", "hold")
+    assert all(engine.when("sent", "hold") < engine.when("sent", rid) for rid in FREE)
+    assert all(engine.when("ended", rid) < held_end for rid in FREE)
