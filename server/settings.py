@@ -165,15 +165,15 @@ class ServerSettings(LedgerSettings):
     # Shares of the engine (server.serving.pool): zero-bid requests together hold at most
     # `zero_bid_share` of the `max_inflight` slots and of the engine's tokens; while others
     # wait, one user gets no more once it holds `user_share`. `engine_tokens`: the engine's KV
-    # capacity in tokens (default: the embedded emulator's cache; unset for an engine URL, the
-    # shares count slots only).
+    # capacity in tokens (default: the embedded emulator's cache, or what an engine URL states;
+    # without either, the shares count slots only).
     zero_bid_share: float = Field(default=0.5, gt=0, le=1)
     """The share of the engine's slots and tokens that zero-bid requests may hold together."""
     user_share: float = Field(default=0.5, gt=0, le=1)
     """The share of the engine one user may hold while another user's requests wait."""
     engine_tokens: int | None = Field(default=None, ge=1)
-    """The engine's KV capacity in tokens, for the shares (default: the emulator's cache; unset
-    for an engine URL, where the shares count slots only)."""
+    """The engine's KV capacity in tokens, for the shares (default: the emulator's cache, or
+    what an engine URL states as its `max_total_num_tokens`; without either, slots only)."""
 
     # Dispatch ahead of the commit (server.serving.dispatch_ahead): a batch of at most
     # `dispatch_ahead_max_batch` requests, all of whose users could afford their queued bids

@@ -68,8 +68,9 @@ auction rather than fail:
   more gets no more (a user with nothing at the engine may always start one). Alone, a user
   may take everything: a single tenant is never held back.
 
-The engine's tokens are `engine_tokens` (the embedded emulator's cache when not set); without
-either, the shares count slots only.
+The engine's tokens are `engine_tokens`, else the embedded emulator's cache, else what an
+engine URL states (`max_total_num_tokens` in its `/server_info`); without any, the shares
+count slots only.
 """
 
 from __future__ import annotations
@@ -550,30 +551,53 @@ class _Held:
 class EngineShares:
     """The shares of the module docstring, counted from selection to each request's end."""
 
-    def __init__(self, settings: ServerSettings, wakeup: Wakeup) -> None:
-        """`wakeup`: set when a request's share is released (the pool may take more)."""
+    def __init__(
+        self,
+        settings: ServerSettings,
+        wakeup: Wakeup,
+        learnt_tokens: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        """`wakeup`: set when a request's share is released (the pool may take more).
+        `learnt_tokens`: the engine's KV capacity as it states it (`max_total_num_tokens`),
+        used when `engine_tokens` is not set."""
         self._wakeup = wakeup
-        capacity = settings.engine_tokens
-        if capacity is None and settings.engine_url is None:
-            capacity = settings.emulator_cache_tokens
+        self._set_tokens = settings.engine_tokens
+        if self._set_tokens is None and settings.engine_url is None:
+            self._set_tokens = settings.emulator_cache_tokens
+        self._learnt_tokens = learnt_tokens
+        self._user_share, self._free_share = settings.user_share, settings.zero_bid_share
         slots = settings.max_inflight
         self._user_slots = max(1, math.floor(slots * settings.user_share))
         self._free_slots = max(1, math.floor(slots * settings.zero_bid_share))
-        self._user_tokens = None if capacity is None else capacity * settings.user_share
-        self._free_tokens = None if capacity is None else capacity * settings.zero_bid_share
         self._users: defaultdict[str, _Held] = defaultdict(_Held)
         self._free = _Held()
         # Under `pricing fcfs` nobody bids: no request is free traffic held to a share.
         self._free_counted = settings.pricing != "fcfs"
 
+    @property
+    def _capacity(self) -> int | None:
+        """The engine's KV tokens: set, the emulator's, or as the engine states them."""
+        return self._set_tokens if self._set_tokens is not None else self._learnt_tokens()
+
+    @property
+    def _user_tokens(self) -> float | None:
+        capacity = self._capacity
+        return None if capacity is None else capacity * self._user_share
+
+    @property
+    def _free_tokens(self) -> float | None:
+        capacity = self._capacity
+        return None if capacity is None else capacity * self._free_share
+
     def check(self, ticket: Ticket) -> None:
         """Refuse at admission a zero-bid request that could never fit its share."""
-        if ticket.bid_micros or self._free_tokens is None or not self._free_counted:
+        free_tokens = self._free_tokens
+        if ticket.bid_micros or free_tokens is None or not self._free_counted:
             return
         tokens = request_tokens(ticket)
-        if tokens > self._free_tokens:
+        if tokens > free_tokens:
             raise InvalidRequest(
-                f"a zero-bid request may hold at most {int(self._free_tokens):,} tokens of the "
+                f"a zero-bid request may hold at most {int(free_tokens):,} tokens of the "
                 f"engine (prompt + max_new_tokens; zero_bid_share); this one asks {tokens:,}: "
                 "bid for it, or ask for fewer max_new_tokens",
                 param="max_new_tokens",

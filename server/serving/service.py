@@ -146,7 +146,11 @@ class AuctionService:
             max_inflight=settings.max_inflight,
             max_queue=settings.max_queue,
         )
-        self._shares = EngineShares(settings, wakeup=wakeup)
+        self._shares = EngineShares(
+            settings,
+            wakeup=wakeup,
+            learnt_tokens=lambda: self._dispatch.capacity.limits.max_total_num_tokens,
+        )
         rolling = settings.scheduling == "rolling"
         self._clearing_log = (
             ClearingLog(settings.clearing_log) if rolling and settings.clearing_log else None

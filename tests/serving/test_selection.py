@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.serving.pool import EngineShares, Wakeup
 from inference_auctions.server.serving.selection import PoolSelector
 from inference_auctions.server.serving.tickets import Ticket
@@ -91,3 +92,16 @@ def test_fcfs_has_no_free_traffic_to_hold_back() -> None:
     select = _selector(engine, pricing="fcfs")
     waiting = [_ticket("a", 0, user="a"), _ticket("b", 0, user="b")]
     assert _rids(waiting, select(waiting, 8).places) == ["a", "b"]
+
+
+def test_the_shares_count_the_tokens_an_engine_url_states() -> None:
+    # No `engine_tokens` set, an engine URL: the engine's own `max_total_num_tokens` bounds
+    # free traffic's share of its memory, once the engine has stated it.
+    settings = ServerSettings(engine_url="http://127.0.0.1:1", zero_bid_share=0.5)
+    stated: list[int | None] = [None]
+    shares = EngineShares(settings, Wakeup(), learnt_tokens=lambda: stated[0])
+    big = _ticket("big", 0, prompt=600)
+    shares.check(big)  # nothing stated yet: slots only
+    stated[0] = 1_000
+    with pytest.raises(InvalidRequest, match="at most 500 tokens"):
+        shares.check(big)
