@@ -36,6 +36,7 @@ from inference_auctions.server.cluster.supervisor import (
     start_replica,
     wait_healthy,
 )
+from inference_auctions.server.emulator.live import DEFAULT_MODEL_NAME
 from tests.billing.helpers import get_hold
 from tests.cluster.helpers import charges_by_batch, generate, replica_of, wait_until
 from tests.db_fixtures import MigratedDatabase
@@ -53,6 +54,9 @@ REPLICA_SETTINGS = {
     # A 200 ms collection window: requests sent together meet in one auction and hold their
     # bids meanwhile, so tight budgets are refused (402) and batches hold several users.
     "max_wait_ms": "200",
+    # Each engine runs one request at a time, and one more is sent to wait inside it, so that
+    # a SIGKILL finds requests charged and at the engine (section 4).
+    "dispatch_lookahead": "1",
     "rate_limit_per_second": "10000",
     "rate_limit_burst": "10000",
     "run_jobs": "true",
@@ -172,7 +176,9 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
         smg + "/v1/chat/completions",
         headers={"Authorization": f"Bearer {probe_key}"},
         json={
-            "model": "inference-auction-emulated",  # SMG requires it, as OpenAI's API does
+            # SMG requires a model, as OpenAI's API does: the one the replicas learnt from their
+            # engines (each an `emulate-sglang`).
+            "model": DEFAULT_MODEL_NAME,
             "messages": [{"role": "user", "content": "hi"}],
             "bid": "0.05",
             "max_tokens": 3,
@@ -238,8 +244,9 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
     assert ledger.reconcile().ok
 
     mark("tight budgets")
-    # 4. SIGKILL the group's replica while SMG routes to it. k1 runs at its engine; k2 and k3
-    # wait behind it, then clear together (charged) and run; k4 waits in the pool (a hold).
+    # 4. SIGKILL the group's replica while SMG routes to it. k1 runs at its engine; k2 is sent
+    # to wait inside it (the look-ahead), k3 once k1 ends, both charged; k4 waits in the pool
+    # (a hold).
     victims = {
         f"k{i}": ledger.create_user(f"k{i}", budget_micros=CREDIT).api_key for i in range(1, 6)
     }

@@ -494,9 +494,10 @@ async def test_the_market_view_flags_zero_bids_under_other_users_prefixes(
                 )
                 for name, key in keys.items()
             ),
-            # Zero-bid requests under the others' shared prefix, and one with a fresh prompt.
-            send(mallory, f"m-{index}", f"A long shared system prompt. decoy {index}.", "0"),
-            send(mallory, f"f-{index}", f"Nothing alike {index}.", "0"),
+            # Micro-bids under the others' shared prefix, and one with a fresh prompt (a zero
+            # bid waits outside the auction, apart from bidders: a decoy must bid to join them).
+            send(mallory, f"m-{index}", f"A long shared system prompt. decoy {index}.", "0.000001"),
+            send(mallory, f"f-{index}", f"Nothing alike {index}.", "0.000001"),
         )
     with _sign_in(server, root) as client:
         body = client.get("/v1/dashboard/market").json()

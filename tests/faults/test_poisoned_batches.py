@@ -120,6 +120,9 @@ async def test_a_stalling_zero_bid_poison_refunds_nothing(ledger_db: MigratedDat
             engine_stall_timeout_seconds=0.5,
             batch_size=3,
             max_wait_ms=3_000,
+            # The poison rides in the bidders' batch (by default a zero bid waits until nothing
+            # that pays is at the engine): the case where its failure could touch their charges.
+            free_traffic="shared",
         ) as server,
     ):
         keys = {user: server.create_user(user, budget=GRANT) for user in ("mallory", "bob")}

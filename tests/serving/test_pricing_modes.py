@@ -296,7 +296,9 @@ async def test_a_failed_tier_request_refunds_its_price_and_recovery_prices_the_s
 
 @pytest.mark.anyio
 async def test_fcfs_charges_nothing_and_keeps_arrival_order(ledger_db: MigratedDatabase) -> None:
-    with running_server(ledger_db, pricing="fcfs", max_wait_ms=300, batch_size=8) as server:
+    # One batch closes once the six wait; each is sent once the one before it waits in the pool,
+    # so their arrival order is known however slow the machine.
+    with running_server(ledger_db, pricing="fcfs", max_wait_ms=30_000, batch_size=6) as server:
         key = server.create_user("frank", budget=BUDGET)
 
         async def burst() -> list[dict[str, Any]]:
@@ -310,7 +312,8 @@ async def test_fcfs_charges_nothing_and_keeps_arrival_order(ledger_db: MigratedD
                         "sampling_params": {"max_new_tokens": 4},
                     }
                     tasks.append(asyncio.create_task(client.post("/generate", json=body)))
-                    await asyncio.sleep(0.01)
+                    while index < 5 and await _queue_length(client) < index + 1:
+                        await asyncio.sleep(0.005)
                 return [(await task).json() for task in tasks]
 
         bodies = await burst()

@@ -3,9 +3,9 @@
 SGLang runs one request at a time (`--max-running-requests 1`, which its `/server_info`
 states and the server learns). A long request keeps it busy; meanwhile bidders of three users
 arrive and wait in the server's pool, not in SGLang's queue; a late high bidder arrives last.
-When the engine can take more, one batch auctions all of them: their first tokens come in the
-auction's order, the late high bidder's first, and they pay. A second wave, arriving while the
-first batch runs, starts after the whole first batch. Both dispatch modes.
+At every opening the server auctions everything waiting and sends SGLang the one request it can
+start: the late high bidder first, then always the highest bid still waiting, a second wave's
+included, and the heads pay. Both dispatch modes.
 """
 
 from __future__ import annotations
@@ -88,11 +88,14 @@ async def test_waiting_bidders_are_auctioned_and_served_in_auction_order(
         keys = {user: server.create_user(user, budget=50_000_000) for user in USERS}
 
         async def send(client: httpx.AsyncClient, user: str, body: dict[str, Any]) -> Any:
+            sent = time.time()
             reply = await client.post(
                 "/generate", json=body, headers={"Authorization": f"Bearer {keys[user]}"}
             )
             assert reply.status_code == 200, reply.text
-            return reply.json()
+            answer = reply.json()
+            answer["sent_at"] = sent  # this side's clock, the engine's host's
+            return answer
 
         async def wave(client: httpx.AsyncClient, name: str, bids: list[str]) -> list[Any]:
             return [
@@ -121,6 +124,12 @@ async def test_waiting_bidders_are_auctioned_and_served_in_auction_order(
                     _wait_for,
                     lambda: _gauge(server.url, "queue_length") == WAVE,
                     "the first wave waits in the pool",
+                    state=lambda: (
+                        _gauge(server.url, "queue_length"),
+                        _gauge(server.url, "inflight"),
+                        _engine_load(sglang_url),
+                        busy.done(),
+                    ),
                 )
                 # They wait here, not in SGLang's queue, where no auction could reorder them.
                 assert _engine_load(sglang_url)["num_waiting_reqs"] == 0
@@ -141,24 +150,25 @@ async def test_waiting_bidders_are_auctioned_and_served_in_auction_order(
                 )
 
         busy, first, late, second = await run()
-        batch = [late, *first]
-        batch_ids = {b["meta_info"]["auction"]["batch_id"] for b in batch}
-        assert len(batch_ids) == 1, "the late bidder and the first wave form one auction"
-        assert busy["meta_info"]["auction"]["batch_id"] not in batch_ids
-        by_position = sorted(batch, key=lambda b: b["meta_info"]["auction"]["position"])
-        assert by_position[0] is late, "the late high bidder is placed first"
-        starts = [first_token_at(b["meta_info"]) for b in by_position]
-        assert starts == sorted(starts), "first tokens in the auction's order"
-        # Ten bidders for one engine: the batch pays (VCG: each pays for the delay it causes).
-        assert sum(b["meta_info"]["auction"]["request_charge_micros"] for b in batch) > 0
-        # The second wave arrived while the first batch ran: it starts after all of it.
-        later_starts = [first_token_at(b["meta_info"]) for b in second]
-        assert min(later_starts) > max(starts)
-        second_batches = {b["meta_info"]["auction"]["batch_id"] for b in second}
-        assert not second_batches & batch_ids
-        for group in second_batches:
-            members = [b for b in second if b["meta_info"]["auction"]["batch_id"] == group]
-            members.sort(key=lambda b: b["meta_info"]["auction"]["position"])
-            times = [first_token_at(b["meta_info"]) for b in members]
-            assert times == sorted(times)
+        everyone = [late, *first, *second]
+        assert busy["meta_info"]["auction"]["batch_id"] not in {
+            b["meta_info"]["auction"]["batch_id"] for b in everyone
+        }
+        # One at a time, at every opening, the highest bid still waiting: the late high bidder
+        # first, whatever it arrived after.
+        starts = {id(b): first_token_at(b["meta_info"]) for b in everyone}
+        assert starts[id(late)] < min(starts[id(b)] for b in [*first, *second])
+        # A request sent to the engine went before every lower bid already waiting then (sent
+        # here before it reached the engine), the second wave's included: no place is fixed
+        # until a request is sent.
+        for a in everyone:
+            dispatched = a["meta_info"]["request_received_ts"]
+            bid = a["meta_info"]["auction"]["bid_micros"]
+            for b in everyone:
+                if starts[id(b)] > starts[id(a)] and b["sent_at"] < dispatched - 0.05:
+                    assert bid >= b["meta_info"]["auction"]["bid_micros"], (a, b)
+        # Each clearing sends one (SGLang runs one): every head a batch of its own.
+        assert all(b["meta_info"]["auction"]["position"] == 0 for b in everyone)
+        # Bidders for one engine: the heads pay for the delay they impose on the pool.
+        assert sum(b["meta_info"]["auction"]["request_charge_micros"] for b in everyone) > 0
         assert_ledger_settled(server, list(USERS))
