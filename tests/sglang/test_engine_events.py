@@ -64,7 +64,7 @@ async def test_health_checks_generate_nothing_at_sglang(
         async def run() -> list[float]:
             headers = {"Authorization": f"Bearer {key}"}
             async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=120) as c:
-                busy = asyncio.create_task(c.post("/generate", json=_body("busy", "0.3", 40)))
+                busy = asyncio.create_task(c.post("/generate", json=_body("busy", "0.3", 200)))
                 await asyncio.to_thread(
                     _wait, lambda: _load(sglang_url)["num_running_reqs"] == 1, "busy runs"
                 )
