@@ -216,17 +216,7 @@ def grant(
     not recorded again."""
     audit.check_actor(actor)
     entry = grants.grant(session, name, start, amount_micros, reason=reason, now=now)
-    if entry.created_at == now:
-        audit.record(
-            session,
-            actor=actor,
-            action="grant",
-            user=name,
-            now=now,
-            amount_micros=amount_micros,
-            entry_id=entry.id,
-            reason=entry.reason,
-        )
+    _record_new_entry(session, entry, actor=actor, action="grant", user=name, now=now)
     return entry
 
 
@@ -244,16 +234,31 @@ def adjust(
     replay is not recorded again."""
     audit.check_actor(actor)
     entry = grants.adjust(session, name, amount_micros, reason=reason, key=key, now=now)
+    _record_new_entry(session, entry, actor=actor, action="adjust", user=name, now=now, key=key)
+    return entry
+
+
+def _record_new_entry(
+    session: Session,
+    entry: EntryView,
+    *,
+    actor: str,
+    action: str,
+    user: str,
+    now: datetime,
+    **details: object,
+) -> None:
+    """Record a grant or an adjustment, unless `entry` is one an earlier call made (a replay
+    returns the entry it made then, created before `now`)."""
     if entry.created_at == now:
         audit.record(
             session,
             actor=actor,
-            action="adjust",
-            user=name,
+            action=action,
+            user=user,
             now=now,
-            amount_micros=amount_micros,
+            amount_micros=entry.amount_micros,
             entry_id=entry.id,
-            key=key,
-            reason=reason,
+            reason=entry.reason,
+            **details,
         )
-    return entry
