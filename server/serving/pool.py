@@ -575,18 +575,18 @@ class EngineShares:
         self._free_counted = settings.pricing != "fcfs"
 
     @property
-    def _capacity(self) -> int | None:
+    def engine_tokens(self) -> int | None:
         """The engine's KV tokens: set, the emulator's, or as the engine states them."""
         return self._set_tokens if self._set_tokens is not None else self._learnt_tokens()
 
     @property
     def _user_tokens(self) -> float | None:
-        capacity = self._capacity
+        capacity = self.engine_tokens
         return None if capacity is None else capacity * self._user_share
 
     @property
     def _free_tokens(self) -> float | None:
-        capacity = self._capacity
+        capacity = self.engine_tokens
         return None if capacity is None else capacity * self._free_share
 
     def check(self, ticket: Ticket) -> None:

@@ -7,6 +7,10 @@ Under `scheduling rolling` (the default) every clearing looks at the whole waiti
   and come after every bidder, in arrival order, within `zero_bid_share`;
 * `tiers`: dearest tier first, first come first served within one; `fcfs`: arrival order.
 
+A request whose prompt starts with a prefix the engine holds (`ResidentPrefixes`) is filed in
+the tree without it: the DFS keeps a prefix's requests together to save its prefill, which a
+cached prefix no longer costs.
+
 Free requests (a zero bid, a free tier) go, under `free_traffic idle` (the default), only
 while no paying request is at the engine or goes in the same clearing: SGLang runs a new
 prefill before its next decode step, so a free long prompt sent beside paying requests would
@@ -26,7 +30,7 @@ waiting requests (dearest tier first under `tiers`), up to the room, whatever th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -36,6 +40,7 @@ from inference_auctions.server.auction.rolling import HeadPricing
 from inference_auctions.server.engine.protocol import TokenIds
 from inference_auctions.server.serving.clearing_log import ClearingLog
 from inference_auctions.server.serving.pool import EngineShares, Selection
+from inference_auctions.server.serving.resident_prefixes import ResidentPrefixes
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.settings import ServerSettings
 
@@ -54,9 +59,12 @@ class PoolSelector:
         token_room: Callable[[], int | None],
         paying_at_engine: Callable[[], int] = lambda: 0,
         log: ClearingLog | None = None,
+        resident: ResidentPrefixes | None = None,
     ) -> None:
         """`token_room`: prompt tokens the engine can still start at its next step (None: no
-        bound); `paying_at_engine`: how many requests that pay are at the engine now."""
+        bound); `paying_at_engine`: how many requests that pay are at the engine now;
+        `resident`: the prefixes the engine holds (None: every prefix keeps its requests
+        together)."""
         self._mode = settings.pricing
         self._rolling = settings.scheduling == "rolling"
         # Free requests go only while nothing that pays is at the engine (`free_traffic`).
@@ -69,6 +77,7 @@ class PoolSelector:
         self._shares = shares
         self._token_room = token_room
         self._tree = PoolTree()
+        self._resident = resident
         self._arrivals = 0  # orders ties in the tree: earlier arrival first
 
     def __call__(self, waiting: list[Ticket], room: int) -> Selection[HeadPricing]:
@@ -138,6 +147,7 @@ class PoolSelector:
         )
         if self._log is not None and rids:
             self._log.write(self._slots, clearing.pool(), rids, pricing.charges)
+        self._sent(waiting[place] for place in places)
         return Selection(places, pricing)
 
     def _alone(self, ticket: Ticket, room: int) -> Selection[HeadPricing]:
@@ -154,7 +164,14 @@ class PoolSelector:
         if self._log is not None:
             pool = [{"rid": rid, "user": ticket.user, "bid": ticket.bid_micros, "path": []}]
             self._log.write(self._slots, pool, [rid], pricing.charges)
+        self._sent([ticket])
         return Selection([0], pricing)
+
+    def _sent(self, tickets: Iterable[Ticket]) -> None:
+        """Requests on their way to the engine: their prompts' prefixes become resident."""
+        if self._resident is not None:
+            for ticket in tickets:
+                self._resident.record(_array(ticket.tokens))
 
     def _follow(self, waiting: list[Ticket]) -> dict[str, int]:
         """Bring the tree in step with the waiting bids; each one's place in `waiting`."""
@@ -169,11 +186,23 @@ class PoolSelector:
         for rid, place in place_of.items():  # in arrival order
             if rid not in tree:
                 ticket = waiting[place]
-                tree.insert(
-                    rid, ticket.user, _array(ticket.tokens), ticket.bid_micros, self._arrivals
-                )
+                tree.insert(rid, ticket.user, self._key(ticket), ticket.bid_micros, self._arrivals)
                 self._arrivals += 1
         return place_of
+
+    def _key(self, ticket: Ticket) -> TokenArray:
+        """The request's path in the tree: its prompt, or, when the prompt starts with a
+        prefix the engine holds, a marker of its own followed by the rest. The cached prefix
+        costs no prefill, so its requests need not go together; filed under it, a valuable
+        request would go only when the whole prefix's average bid wins, and a stream of
+        higher-average subtrees could hold it back for as long as it lasts."""
+        tokens = _array(ticket.tokens)
+        resident = 0 if self._resident is None else self._resident.resident_length(tokens)
+        if not resident:
+            return tokens
+        # Token ids are never negative: the marker shares no edge with any other path.
+        marker = np.array([-1 - self._arrivals], dtype=np.int64)
+        return np.concatenate((marker, tokens[resident:]))
 
 
 def _array(tokens: TokenIds) -> TokenArray:

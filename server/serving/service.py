@@ -75,6 +75,7 @@ from inference_auctions.server.serving.pool import (
     QueueFull,
     Wakeup,
 )
+from inference_auctions.server.serving.resident_prefixes import ResidentPrefixes
 from inference_auctions.server.serving.selection import PoolSelector
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.serving.tiers import TierFigures
@@ -166,6 +167,7 @@ class AuctionService:
                 lambda: self._dispatch.startable()[1],
                 paying_at_engine=self._dispatch.paying,
                 log=self._clearing_log,
+                resident=ResidentPrefixes(lambda: self._shares.engine_tokens),
             ),
             wakeup=wakeup,
             startable=(lambda: self._dispatch.startable()[0]) if rolling else None,

@@ -8,6 +8,7 @@ import pytest
 
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.serving.pool import EngineShares, Wakeup
+from inference_auctions.server.serving.resident_prefixes import ResidentPrefixes
 from inference_auctions.server.serving.selection import PoolSelector
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.settings import ServerSettings
@@ -105,3 +106,59 @@ def test_the_shares_count_the_tokens_an_engine_url_states() -> None:
     stated[0] = 1_000
     with pytest.raises(InvalidRequest, match="at most 500 tokens"):
         shares.check(big)
+
+
+def _starving_pool(select: PoolSelector, clearings: int) -> int | None:
+    """A shared document the engine already holds, 40 bids of 100 under it and one of 5,000;
+    then, at every clearing, two requests under fresh prefixes bidding 600 each, while the
+    engine starts two a clearing. The clearing at which the valuable request goes (None: not
+    within `clearings`)."""
+    document = np.arange(64, dtype=np.int64) + 50_000
+    opener = Ticket(
+        user="doc",
+        rid="opener",
+        ledger_rid="doc/opener",
+        tokens=document,
+        bid_micros=100,
+        sampling_params={"max_new_tokens": 4},
+        fingerprint="",
+    )
+    assert select([opener], 1).places == [0]  # the document goes: now it is cached
+
+    def under_document(rid: str, bid: int, user: str) -> Ticket:
+        question = np.array([60_000 + len(rid), ord(rid[-1]), bid], dtype=np.int64)
+        return Ticket(
+            user=user,
+            rid=rid,
+            ledger_rid=f"{user}/{rid}",
+            tokens=np.concatenate((document, question)),
+            bid_micros=bid,
+            sampling_params={"max_new_tokens": 4},
+            fingerprint="",
+        )
+
+    waiting = [under_document(f"q{n}", 100, f"doc{n}") for n in range(40)]
+    waiting.append(under_document("valuable", 5_000, "v"))
+    for clearing in range(clearings):
+        waiting += [_ticket(f"s{clearing}x{n}", 600, user=f"s{clearing}x{n}") for n in range(2)]
+        places = select(waiting, 2).places
+        if "valuable" in _rids(waiting, places):
+            return clearing
+        waiting = [ticket for place, ticket in enumerate(waiting) if place not in places]
+    return None
+
+
+def test_a_valuable_request_under_a_cached_low_prefix_is_not_overtaken_for_ever() -> None:
+    # Filed under the document, the valuable request would go only when the document's
+    # average bid (about 220) beat the stream's 600: never while the stream lasts. The
+    # document costs the engine no prefill once cached, so the request competes on its own.
+    chosen = ServerSettings(max_inflight=64)
+    resident = ResidentPrefixes()
+    select = PoolSelector(chosen, EngineShares(chosen, Wakeup()), lambda: None, resident=resident)
+    assert _starving_pool(select, 30) == 0
+
+
+def test_without_the_engine_s_cache_known_the_stream_overtakes_the_whole_document() -> None:
+    # The same pool with every prefix kept together: what the test above guards against.
+    engine = _Engine()
+    assert _starving_pool(_selector(engine), 30) is None
