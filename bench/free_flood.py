@@ -16,6 +16,11 @@ in wall seconds as measured here (their model-time equivalent is roughly wall / 
 server's own overhead is not scaled), and as a ratio to the paying p50 with no flood under the
 same setting, measured in the same run. TTFT is the time to the first streamed text.
 
+`--engine sglang` runs the same against the real SGLang on this CPU (`make sglang-env`; its
+tiny model has 2,048 positions, so the long prompts there are 300 random words, about 1,600
+tokens), in real time: the time scale is 1 and the engine's own KV tokens are the
+server's `engine_tokens`, as the engine's URL states them.
+
 Run: `python -m bench.free_flood` (about 4 minutes; see --help).
 """
 
@@ -41,6 +46,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.serving_processes import Service, free_port, start_service
+from bench.sglang_cpu.launcher import SGLangServer
 from inference_auctions.billing import Ledger, migrate
 
 # The server settings compared: the default, free traffic beside paying traffic, and the
@@ -52,6 +58,10 @@ SETTINGS: dict[str, list[str]] = {
 }
 SHAPES = ("none", "long prompts", "long answers", "many short")
 PAYING_BID = "0.01"  # credits per request: any positive bid pays
+# The real SGLang's model here (`make sglang-env`) has 2,048 positions, and its tokenizer's
+# 512-token vocabulary makes a random five-letter word about 5.4 tokens: 300 words are about
+# 1,600 tokens, the longest prompt that leaves an answer room.
+_SGLANG_LONGEST_PROMPT = 300
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,7 @@ class Plan:
     settings: list[str]
     seed: int
     engine_tokens: int | None = None
+    engine: str = "emulator"  # or "sglang": the real SGLang on this CPU
 
 
 @dataclass
@@ -225,26 +236,39 @@ def _users(database_url: str, plan: Plan) -> tuple[list[str], list[str]]:
     return payers, free
 
 
-def _start(
-    folder: Path, name: str, plan: Plan, server_options: Sequence[str]
-) -> tuple[Service, Service, str, str]:
-    """The emulator and an auction server in front of it, on a fresh ledger."""
-    database_url = f"sqlite:///{folder / f'{name}.db'}"
-    emulator_port, server_port = free_port(), free_port()
-    emulator_url = f"http://127.0.0.1:{emulator_port}"
-    cli = [sys.executable, "-m", "inference_auctions.server.cli"]
+_CLI = [sys.executable, "-m", "inference_auctions.server.cli"]
+
+
+def _start_engine(folder: Path, name: str, plan: Plan) -> tuple[Service | SGLangServer, str]:
+    """The engine of one setting's run: the emulator, or the real SGLang on this CPU."""
+    if plan.engine == "sglang":
+        sglang = SGLangServer(log_path=folder / f"sglang-{name}.log")
+        sglang.start()
+        return sglang, sglang.url
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     emulator = start_service(
         f"emulator-{name}",
         [
-            *cli,
+            *_CLI,
             "emulate-sglang",
-            *("--port", str(emulator_port), "--time-scale", str(plan.time_scale)),
+            *("--port", str(port), "--time-scale", str(plan.time_scale)),
             *("--log-level", "warning"),
         ],
-        url=emulator_url,
+        url=url,
         health_path="/health",
         log_dir=folder,
     )
+    return emulator, url
+
+
+def _start(
+    folder: Path, name: str, plan: Plan, server_options: Sequence[str]
+) -> tuple[Service | SGLangServer, Service, str, str]:
+    """The engine and an auction server in front of it, on a fresh ledger."""
+    database_url = f"sqlite:///{folder / f'{name}.db'}"
+    emulator, emulator_url = _start_engine(folder, name, plan)
+    server_port = free_port()
     server_url = f"http://127.0.0.1:{server_port}"
     env = {
         "INFERENCE_AUCTION_RUN_JOBS": "false",
@@ -260,7 +284,7 @@ def _start(
         server = start_service(
             f"server-{name}",
             [
-                *cli,
+                *_CLI,
                 "serve",
                 *("--port", str(server_port), "--engine-url", emulator_url),
                 *("--database-url", database_url, "--log-level", "warning", *server_options),
@@ -314,9 +338,14 @@ def _percentile(values: list[float], share: float) -> float:
 
 def table(results: dict[str, dict[str, Latencies]], plan: Plan) -> Table:
     """p50 / p90 end to end and p50 TTFT per setting and shape, and p50 over no flood's."""
+    engine = (
+        "the real SGLang on this CPU"
+        if plan.engine == "sglang"
+        else f"emulator, time scale {plan.time_scale}"
+    )
     out = Table(
-        title=f"Paying requests under free floods (emulator, time scale {plan.time_scale}, "
-        f"wall seconds; ratio: p50 over the same setting's p50 with no flood)"
+        title=f"Paying requests under free floods ({engine}, wall seconds; ratio: p50 over "
+        "the same setting's p50 with no flood)"
     )
     for column in ("setting", "flood", "paying", "p50 e2e", "p90 e2e", "p50 TTFT", "p90 TTFT"):
         out.add_column(column, justify="left" if column in ("setting", "flood") else "right")
@@ -343,18 +372,30 @@ def table(results: dict[str, dict[str, Latencies]], plan: Plan) -> Table:
     return out
 
 
-def _arguments() -> Plan:
+def _arguments(argv: Sequence[str] | None = None) -> Plan:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add = parser.add_argument
+    add(
+        "--engine",
+        choices=["emulator", "sglang"],
+        default="emulator",
+        help="the emulator, or the real SGLang on this CPU (`make sglang-env` builds it; real "
+        "time, so --time-scale is 1 there)",
+    )
     add("--time-scale", type=float, default=0.2, help="emulator wall seconds per model second")
     add("--phase-seconds", type=float, default=60.0, help="model seconds of paying traffic a phase")
     add("--paying-users", type=int, default=4)
     add("--paying-rate", type=float, default=1.0, help="paying requests per model second, in all")
     add("--free-users", type=int, default=60, help="users with a budget of 0 sending the floods")
     add("--long-prompt-rate", type=float, default=2.0, help="long prompts per model second")
-    add("--long-prompt-words", type=int, default=5_000, help="tokens of a long prompt")
+    add(
+        "--long-prompt-words",
+        type=int,
+        help="words of a long prompt (default: 5,000 on the emulator, a token each there; "
+        f"{_SGLANG_LONGEST_PROMPT} on the real SGLang, about 5.4 tokens each there)",
+    )
     add("--long-answer-rate", type=float, default=4.0, help="long answers per model second")
     add("--long-answer-tokens", type=int, default=512, help="new tokens of a long answer")
     add("--short-rate", type=float, default=10.0, help="short free requests per model second")
@@ -367,7 +408,16 @@ def _arguments() -> Plan:
         help="the server's engine_tokens (the engine's KV tokens, for the shares; default: "
         "unset, as for any engine URL: the free share counts slots only)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.long_prompt_words is None:
+        args.long_prompt_words = _SGLANG_LONGEST_PROMPT if args.engine == "sglang" else 5_000
+    if args.engine == "sglang":
+        args.time_scale = 1.0
+        if args.long_prompt_words > _SGLANG_LONGEST_PROMPT:
+            parser.error(
+                f"--long-prompt-words {args.long_prompt_words}: the real SGLang's model here has "
+                f"2,048 positions; give {_SGLANG_LONGEST_PROMPT} words or fewer"
+            )
     floods = {
         "long prompts": Flood(args.long_prompt_rate, args.long_prompt_words, 1),
         "long answers": Flood(args.long_answer_rate, 20, args.long_answer_tokens),
@@ -383,6 +433,7 @@ def _arguments() -> Plan:
         settings=args.settings,
         seed=args.seed,
         engine_tokens=args.engine_tokens,
+        engine=args.engine,
     )
 
 

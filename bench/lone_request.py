@@ -45,7 +45,7 @@ from bench.serving_ledger import (
     create_users,
     fresh_database,
 )
-from bench.serving_processes import Service, free_port, start_service
+from bench.serving_processes import Service, free_port, start_service, tree_cpu_seconds
 from bench.sglang_cpu.launcher import SGLangServer
 
 _CLI = [sys.executable, "-m", "inference_auctions.server.cli"]
@@ -68,11 +68,15 @@ class PairFigures:
 @dataclass(frozen=True)
 class ThroughputFigures:
     """Closed-loop requests per second, direct (the mean of the runs before and after) and
-    through the server."""
+    through the server, and the CPU each process tree spent per request through the server
+    (milliseconds): on a machine of few cores the server's CPU is taken from the engine's."""
 
     clients: int
     direct_rps: float
     front_rps: float
+    server_cpu_ms: float = 0.0
+    engine_cpu_ms: float = 0.0
+    engine_direct_cpu_ms: float = 0.0  # the engine's, per request, going direct
 
     @property
     def ratio(self) -> float:
@@ -157,6 +161,13 @@ def lone_pairs(
 def closed_loop(url: str, key: str | None, model: str, clients: int, seconds: float) -> float:
     """Requests per second from `clients` threads, each sending its next request as soon as
     the last is answered."""
+    return closed_loop_count(url, key, model, clients, seconds)[0]
+
+
+def closed_loop_count(
+    url: str, key: str | None, model: str, clients: int, seconds: float
+) -> tuple[float, int]:
+    """`closed_loop`'s rate, and the requests answered."""
     done = [0] * clients
     stop = threading.Event()
     failures: list[str] = []
@@ -187,17 +198,25 @@ def closed_loop(url: str, key: str | None, model: str, clients: int, seconds: fl
     elapsed = time.perf_counter() - started
     if failures:
         raise RuntimeError(f"{len(failures)} clients failed; the first: {failures[0]}")
-    return sum(done) / elapsed
+    return sum(done) / elapsed, sum(done)
 
 
 @contextlib.contextmanager
 def engine(kind: str, folder: Path, clients: int) -> Iterator[str]:
     """The engine's base URL, for as long as the block runs."""
+    with engine_process(kind, folder, clients) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def engine_process(kind: str, folder: Path, clients: int) -> Iterator[tuple[str, int]]:
+    """The engine's base URL and the process id at the root of its tree."""
     if kind == "sglang":
         server = SGLangServer(max_running_requests=clients, log_path=folder / "sglang.log")
         server.start()
+        assert server.process is not None
         try:
-            yield server.url
+            yield server.url, server.process.pid
         finally:
             server.stop()
         return
@@ -210,7 +229,7 @@ def engine(kind: str, folder: Path, clients: int) -> Iterator[str]:
         log_dir=folder,
     )
     try:
-        yield service.url
+        yield service.url, service.process.pid
     finally:
         service.stop()
 
@@ -272,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(scratch)
         task = progress.add_task("starting the engine", total=2 * args.pairs + 3)
         with (
-            engine(args.engine, folder, args.clients) as engine_url,
+            engine_process(args.engine, folder, args.clients) as (engine_url, engine_pid),
             fresh_database(args.database, folder, args.postgres_url) as url,
         ):
             users = create_users(url, 1)
@@ -303,13 +322,23 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
                 rates = []
+                cpu: list[tuple[float, float]] = []  # server, engine: ms per request
                 for label, base, key in (
                     ("direct", engine_url, None),
                     ("through the server", server.url, users.keys[0]),
                     ("direct", engine_url, None),
                 ):
                     progress.update(task, description=f"{args.clients} clients, {label}")
-                    rates.append(closed_loop(base, key, model, args.clients, args.seconds))
+                    before = server.cpu_seconds(), tree_cpu_seconds(engine_pid)
+                    rate, answered = closed_loop_count(base, key, model, args.clients, args.seconds)
+                    after = server.cpu_seconds(), tree_cpu_seconds(engine_pid)
+                    rates.append(rate)
+                    cpu.append(
+                        (
+                            1000 * (after[0] - before[0]) / max(answered, 1),
+                            1000 * (after[1] - before[1]) / max(answered, 1),
+                        )
+                    )
                     progress.advance(task)
                 timings = httpx.get(
                     server.url + "/v1/admin/timings",
@@ -318,7 +347,14 @@ def main(argv: list[str] | None = None) -> int:
                 ).json()
             finally:
                 server.stop()
-    throughput = ThroughputFigures(args.clients, (rates[0] + rates[2]) / 2, rates[1])
+    throughput = ThroughputFigures(
+        args.clients,
+        (rates[0] + rates[2]) / 2,
+        rates[1],
+        server_cpu_ms=cpu[1][0],
+        engine_cpu_ms=cpu[1][1],
+        engine_direct_cpu_ms=(cpu[0][1] + cpu[2][1]) / 2,
+    )
     _print(args, figures, throughput, timings)
     return 0
 
@@ -342,11 +378,15 @@ def _print(
             f"| {row.added_p50:.2f} | {row.added_p90:.2f} |"
         )
     print()
-    print("| clients | direct req/s | through the server req/s | ratio |")
-    print("|---:|---:|---:|---:|")
+    print(
+        "| clients | direct req/s | through the server req/s | ratio "
+        "| engine CPU ms/req, direct | engine CPU ms/req, through | server CPU ms/req |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     print(
         f"| {throughput.clients} | {throughput.direct_rps:.1f} | {throughput.front_rps:.1f} "
-        f"| {throughput.ratio:.3f}x |"
+        f"| {throughput.ratio:.3f}x | {throughput.engine_direct_cpu_ms:.1f} "
+        f"| {throughput.engine_cpu_ms:.1f} | {throughput.server_cpu_ms:.1f} |"
     )
     print()
     print("The server's own timings (GET /v1/admin/timings):")

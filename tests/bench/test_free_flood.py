@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
-from bench.free_flood import Flood, Plan, run, table
+from bench.free_flood import Flood, Plan, _arguments, run, table
 
 
 def test_the_benchmark_measures_paying_requests_alone_and_under_a_flood(tmp_path: Path) -> None:
@@ -31,3 +32,12 @@ def test_the_benchmark_measures_paying_requests_alone_and_under_a_flood(tmp_path
         )
     assert phases["none"].free_sent == 0 and phases["long prompts"].free_sent > 0
     assert table(results, plan).row_count == 2
+
+
+def test_the_real_sglang_runs_in_real_time_with_prompts_its_model_can_hold() -> None:
+    plan = _arguments(["--engine", "sglang", "--time-scale", "0.2"])
+    assert plan.engine == "sglang" and plan.time_scale == 1.0
+    assert plan.floods["long prompts"].prompt_words == 300  # about 1,600 of 2,048 positions
+    assert _arguments([]).floods["long prompts"].prompt_words == 5_000  # the emulator's
+    with pytest.raises(SystemExit):
+        _arguments(["--engine", "sglang", "--long-prompt-words", "5000"])
