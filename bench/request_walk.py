@@ -13,6 +13,12 @@ a *crossing*, and a crossing into a module that thread had already visited is a 
 Periodic work that happens to run during the request (an engine poll, a heartbeat) is counted
 with it, as a reader would meet it.
 
+The walk's hand-offs are counted too (`--handoffs` prints them): the asyncio tasks created
+(each named by the coroutine it runs), each task's steps (a task suspended `n` times runs
+`n + 1` steps, each a resumption of its outermost coroutine), and the trips to other threads
+(a job handed to a ledger lane's thread, `asyncio.to_thread`, `run_in_executor`), each one
+there and one back to the event loop.
+
 Run: `python -m bench.request_walk` (`--database-url` for PostgreSQL, `--walk` prints the
 crossings in order, `--json` the figures). `--as billing.fees=billing.settlement` counts one
 module's calls as another's (a folder's, all its modules'): what a merge would save, measured
@@ -24,7 +30,11 @@ states.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dis
+import functools
 import http.client
+import inspect
 import json
 import os
 import socket
@@ -37,7 +47,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import uvicorn
@@ -73,6 +83,45 @@ class ThreadWalk:
             if module in self.modules:
                 self.returns += 1
         self.modules.append(module)
+
+
+@dataclass(frozen=True)
+class Handoffs:
+    """What one request handed from task to task and thread to thread."""
+
+    tasks_created: list[str]  # the coroutine each new task runs, in order of first step
+    task_steps: dict[str, int]  # per task (its coroutine, numbered): steps run
+    thread_trips: dict[str, int]  # per way: jobs handed to another thread
+
+    def route_suspensions(self) -> int:
+        """How often the task that runs the route (uvicorn's ASGI cycle) was suspended."""
+        steps = [n for task, n in self.task_steps.items() if "run_asgi" in task]
+        return max(steps) - 1 if steps else 0
+
+    def figures(self) -> dict[str, int]:
+        return {
+            "tasks created": len(self.tasks_created),
+            "tasks that ran": len(self.task_steps),
+            "task steps": sum(self.task_steps.values()),
+            "route task suspensions": self.route_suspensions(),
+            "trips to other threads": sum(self.thread_trips.values()),
+        }
+
+
+# The calls that hand work to another thread, by where they are defined: (module, qualname).
+_THREAD_TRIPS = {
+    ("inference_auctions.server.ledger_writer.writer", "ThreadLane._submit"): "ledger lane",
+    ("asyncio.threads", "to_thread"): "asyncio.to_thread",
+    # Under asyncio's own loop (uvloop's is compiled: it shows no calls); `to_thread`'s
+    # own call of it is counted as `to_thread`.
+    ("asyncio.base_events", "BaseEventLoop.run_in_executor"): "run_in_executor",
+}
+
+
+@functools.cache
+def _first_resume(code: CodeType) -> int:
+    """Where a coroutine's first step starts: its code's first RESUME instruction."""
+    return next(i.offset for i in dis.get_instructions(code) if i.opname == "RESUME")
 
 
 @dataclass(frozen=True)
@@ -113,6 +162,10 @@ class WalkTracer:
         self._lock = threading.Lock()
         self._threads: dict[int, ThreadWalk] = {}
         self._calls: dict[tuple[str, str], int] = {}
+        self._tasks_created: list[str] = []
+        # Per task: its name, its steps (the task itself the key: an id could be reused)
+        self._task_steps: dict[asyncio.Task[Any], tuple[str, int]] = {}
+        self._thread_trips: dict[str, int] = {}
 
     def install(self) -> None:
         threading.setprofile(self._hook)
@@ -131,9 +184,17 @@ class WalkTracer:
             self._on = False
 
     def _hook(self, frame: FrameType, event: str, _arg: Any) -> None:
-        if not self._on or event != "call":
+        if not self._on:
+            return
+        if event != "call":
             return
         module = frame.f_globals.get("__name__", "")
+        if frame.f_code.co_flags & inspect.CO_COROUTINE:
+            self._coroutine_resumed(frame)
+        trip = _THREAD_TRIPS.get((module, frame.f_code.co_qualname))
+        if trip is not None and self._new_trip(frame):
+            with self._lock:
+                self._thread_trips[trip] = self._thread_trips.get(trip, 0) + 1
         if not module.startswith(PROJECT):
             return
         name = self._counted_as(module[len(PROJECT) :])
@@ -142,6 +203,43 @@ class WalkTracer:
         with self._lock:
             self._calls[key] = self._calls.get(key, 0) + 1
             self._threads.setdefault(thread, ThreadWalk()).enter(name)
+
+    @staticmethod
+    def _new_trip(frame: FrameType) -> bool:
+        """Whether a call of one of `_THREAD_TRIPS` hands a new job over: a coroutine's first
+        step only, and an executor's job once however it was asked for."""
+        if frame.f_code.co_flags & inspect.CO_COROUTINE:
+            return frame.f_lasti == _first_resume(frame.f_code)
+        caller = frame.f_back
+        return caller is None or caller.f_code.co_qualname != "to_thread"
+
+    def _coroutine_resumed(self, frame: FrameType) -> None:
+        """A coroutine frame starts or resumes: a step of its task when it is the task's
+        outermost coroutine."""
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no loop running on this thread
+            return
+        if task is None:
+            return
+        coroutine = task.get_coro()
+        if getattr(coroutine, "cr_frame", None) is not frame:
+            return
+        name = frame.f_code.co_qualname
+        with self._lock:
+            if frame.f_lasti == _first_resume(frame.f_code):
+                # Its first step: the task was created while the request was traced (a
+                # task's creation is in C under uvloop, where a profile hook cannot see it).
+                self._tasks_created.append(name)
+            name, steps = self._task_steps.get(task, (name, 0))
+            self._task_steps[task] = (name, steps + 1)
+
+    def handoffs(self) -> Handoffs:
+        with self._lock:
+            steps: dict[str, int] = {}
+            for number, (name, count) in enumerate(self._task_steps.values()):
+                steps[f"{name} #{number}"] = count
+            return Handoffs(list(self._tasks_created), steps, dict(self._thread_trips))
 
     def _counted_as(self, module: str) -> str:
         """The module `grouped` counts `module`'s calls as: its own entry, else that of the
@@ -264,6 +362,13 @@ def trace_one_request(
 ) -> Walk:
     """Run the server, warm it up, and trace one `/generate` from send to answer read
     (`grouped`: see `WalkTracer`)."""
+    return trace_walk_and_handoffs(database_url, grouped)[0]
+
+
+def trace_walk_and_handoffs(
+    database_url: str | None = None, grouped: Mapping[str, str] | None = None
+) -> tuple[Walk, Handoffs]:
+    """`trace_one_request`'s walk, and the request's hand-offs."""
     tracer = WalkTracer(grouped)
     with ExitStack() as stack:
         if database_url is None:
@@ -287,7 +392,34 @@ def trace_one_request(
             _generate(port, key, index)
         with tracer.recording():
             _generate(port, key, WARM_UP_REQUESTS)
-        return tracer.walk()
+        return tracer.walk(), tracer.handoffs()
+
+
+def _print_handoffs(handoffs: Handoffs) -> None:
+    console = Console()
+    table = Table(title="Hand-offs of one POST /generate")
+    for name in handoffs.figures():
+        table.add_column(name, justify="right")
+    table.add_row(*(str(value) for value in handoffs.figures().values()))
+    console.print(table)
+    created = Table(title="Tasks created (the coroutine each runs)")
+    created.add_column("coroutine")
+    created.add_column("tasks", justify="right")
+    for name in sorted(set(handoffs.tasks_created)):
+        created.add_row(name, str(handoffs.tasks_created.count(name)))
+    console.print(created)
+    steps = Table(title="Steps per task that ran (suspensions + 1)")
+    steps.add_column("task")
+    steps.add_column("steps", justify="right")
+    for name, count in sorted(handoffs.task_steps.items(), key=lambda item: -item[1]):
+        steps.add_row(name, str(count))
+    console.print(steps)
+    trips = Table(title="Jobs handed to other threads")
+    trips.add_column("way")
+    trips.add_column("jobs", justify="right")
+    for name, count in handoffs.thread_trips.items():
+        trips.add_row(name, str(count))
+    console.print(trips)
 
 
 def _print(walk: Walk, *, show_steps: bool) -> None:
@@ -321,6 +453,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--walk", action="store_true", help="print every crossing in order")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument(
+        "--handoffs",
+        action="store_true",
+        help="also print the hand-offs: tasks created, each task's steps, trips to threads",
+    )
+    parser.add_argument(
         "--as",
         dest="grouped",
         action="append",
@@ -337,11 +474,21 @@ def main(argv: list[str] | None = None) -> None:
         if not equals or not module or not other:
             parser.error(f"--as {pair!r}: give MODULE=OTHER, e.g. billing.fees=billing.settlement")
         grouped[module] = other
-    walk = trace_one_request(options.database_url, grouped)
+    walk, handoffs = trace_walk_and_handoffs(options.database_url, grouped)
     if options.json:
-        print(json.dumps({**walk.figures(), "per_module": walk.modules}, indent=2))
-    else:
-        _print(walk, show_steps=options.walk)
+        figures: dict[str, Any] = {**walk.figures(), "per_module": walk.modules}
+        if options.handoffs:
+            figures["handoffs"] = {
+                **handoffs.figures(),
+                "tasks_created": handoffs.tasks_created,
+                "task_steps": handoffs.task_steps,
+                "thread_trips": handoffs.thread_trips,
+            }
+        print(json.dumps(figures, indent=2))
+        return
+    _print(walk, show_steps=options.walk)
+    if options.handoffs:
+        _print_handoffs(handoffs)
 
 
 if __name__ == "__main__":
