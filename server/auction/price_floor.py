@@ -60,25 +60,22 @@ def price_entrants(
     charges: Mapping[str, int],
     floor: int,
 ) -> EntrantPrices:
-    """User u, whose entrants sent are `D_u` (n of them, worth `W` together), pays
-    `min(rolling charge + floor * n, W)`: the floor first, each request `floor`, and the rolling
-    charge up to what is left of `W`. When `W` cannot cover the floors, each request's floor
-    part is its own worth and the rolling charge is 0: the total is still `W`, and every
-    request's floor part is its own, so a failed one gets exactly that back."""
+    """User u, whose entrants sent are `D_u`, worth `W` together at their places, pays each
+    request's floor part, `min(floor, its worth)`, and its rolling charge up to what is left of
+    `W`: `min(rolling charge + sum of the floor parts, W)`. While every request's worth covers
+    the floor that is the timing study's `min(rolling charge + floor * n, W)`; a request that
+    waited so long that its worth fell below the floor pays only that worth of it, so no part
+    ever exceeds the posted floor, and a failed request gets exactly its own part back."""
     mine: dict[str, list[str]] = {}
     for rid in order:
         mine.setdefault(users[rid], []).append(rid)
     capped: dict[str, int] = {}
     floors: dict[str, int] = {}
     for user, rids in mine.items():
-        total_worth = sum(worth[rid] for rid in rids)
-        floor_total = floor * len(rids)
-        if total_worth >= floor_total:
-            floors.update(dict.fromkeys(rids, floor))
-            capped[user] = min(charges.get(user, 0), total_worth - floor_total)
-        else:
-            floors.update((rid, worth[rid]) for rid in rids)
-            capped[user] = 0
+        parts = {rid: min(floor, worth[rid]) for rid in rids}
+        floors.update(parts)
+        left = sum(worth[rid] for rid in rids) - sum(parts.values())
+        capped[user] = min(charges.get(user, 0), left)
     return EntrantPrices(capped, floors)
 
 

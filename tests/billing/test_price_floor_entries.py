@@ -134,8 +134,6 @@ def test_an_old_ledger_takes_floors_after_the_upgrade(ledger_db: MigratedDatabas
     assert ledger.balance("old").balance_micros == BUDGET - FLOOR
     assert ledger.reconcile().ok
     with pytest.raises(DBAPIError, match="append-only"), ledger_db.engine.begin() as connection:
-        connection.execute(
-            text("UPDATE ledger_entries SET amount_micros = 1 WHERE kind = 'floor'")
-        )
+        connection.execute(text("UPDATE ledger_entries SET amount_micros = 1 WHERE kind = 'floor'"))
     with pytest.raises(RuntimeError, match="floor entries"):
         migrate.downgrade(ledger_db.engine, "8e3b6d1f2a7c")
