@@ -78,8 +78,8 @@ def test_an_entrant_pays_floor_and_charge_capped_at_its_delays_worth(
     order, users, bids, worth, floor = head
     charges = {}
     for user in set(users.values()):
-        mine = sum(bids[rid] for rid in order if users[rid] == user)
-        charges[user] = data.draw(st.integers(0, mine))  # the rolling charge, capped at bids
+        bid_total = sum(bids[rid] for rid in order if users[rid] == user)
+        charges[user] = data.draw(st.integers(0, bid_total))  # the rolling charge, capped at bids
     priced = price_entrants(order, users, worth, charges, floor)
     for user in set(users.values()):
         mine = [rid for rid in order if users[rid] == user]

@@ -228,8 +228,8 @@ async def test_below_the_floor_waits_outside_and_entrants_pay_the_floor(
         assert [c["floors"] for c in clearings][1] == {"alice/e-2": START}
 
         # A retry of a served request replays its answer: no second floor, no second charge.
-        async with server.async_client(alice) as client:
-            again = await client.post("/generate", json=_body("e-2", 30_000))
+        async with server.async_client(alice) as retrying:
+            again = await retrying.post("/generate", json=_body("e-2", 30_000))
         assert again.json()["meta_info"]["auction"] == auction["e-2"]
         assert len(_entries(server, "alice", "floor")) == 3
 
