@@ -268,6 +268,14 @@ async def test_the_floor_climbs_under_a_deep_pool_and_falls_when_shallow(
         deep = [(keys[i % 4], f"d-{i}", 40_000 + 1_000 * i) for i in range(8)]
         responses = await _held_then_pool(server, engine, keys[0], deep)
         assert all(r.status_code == 200 for r in responses)
+        for response, bid in zip(responses, [50_000, *(b for _, _, b in deep)], strict=True):
+            auction = response.json()["meta_info"]["auction"]
+            # Each entrant charged once, floor and share of its charge within its bid (one
+            # that waited K-1 = 7 sends or more is worth nothing by its bid, and pays nothing).
+            assert auction["floor_micros"] >= 0
+            assert auction["request_charge_micros"] + auction["floor_micros"] <= bid
+        paid_floors = sum(r.json()["meta_info"]["auction"]["floor_micros"] for r in responses)
+        assert -sum(sum(_entries(server, f"u{i}", "floor")) for i in range(4)) == paid_floors
         deep_clearings = _clearings(log)
         with server.client(keys[1]) as client:
             peak = client.get("/v1/market/rule").json()["price_floor"]["micros"]
