@@ -30,9 +30,9 @@ from inference_auctions.billing.postings import get_user
 from inference_auctions.billing.queries import balance
 from inference_auctions.billing.views import BalanceView, PricedRequestView
 
-# Charges and fees are negative entries, refunds and fees given back positive: their negated
-# sum is the net spend.
-_SPEND_KINDS = (EntryKind.CHARGE, EntryKind.REFUND, EntryKind.FEE)
+# Charges, fees and floors are negative entries, refunds and what is given back positive:
+# their negated sum is the net spend.
+_SPEND_KINDS = (EntryKind.CHARGE, EntryKind.REFUND, EntryKind.FEE, EntryKind.FLOOR)
 
 
 @dataclass(frozen=True, slots=True)

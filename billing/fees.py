@@ -1,10 +1,15 @@
-"""The request fee (docs/SPEC.md section 5): what every request pays besides its VCG charge.
+"""The request fee (docs/SPEC.md section 5): what every request pays besides its VCG charge;
+and the posted price floor (section 7), what an entrant of the rolling auction pays besides it.
 
 One rule for admission, settlement and refunds: a request holds its bid plus the fee
 (`hold_micros`); its batch's settlement takes the fees of a user's requests as `fee` entries
 beside the user's charge (`user_fees`, `fee_key`); a request recorded failed gets its own fee
 back, once (`refund_fee`); one served or abandoned keeps it. Zero bids pay it too: that is
 what makes a decoy request cost its sender.
+
+The floor follows the same life, per request: each request's part (`RequestInput.floor_micros`,
+stored with it) is taken as `floor` entries beside its user's charge (`floor_key`), and given
+back, once, to a request recorded failed (`refund_floor`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import period_charges
-from inference_auctions.billing.models import REASON_LENGTH, AuctionBatch, Budget, LedgerEntry
+from inference_auctions.billing.models import (
+    REASON_LENGTH,
+    AuctionBatch,
+    BatchRequest,
+    Budget,
+    EntryKind,
+    LedgerEntry,
+)
 from inference_auctions.billing.postings import Account
 
 
@@ -75,5 +87,47 @@ def refund_fee(
         rid=rid,
         now=now,
         fee=True,
+    )
+    return amount
+
+
+def floor_key(user_id: int, batch_id: str) -> str:
+    """Idempotency key of a user's part of the price floor in a batch."""
+    return f"floor:{user_id}:{batch_id}"
+
+
+def refund_floor(
+    session: Session,
+    account: Account,
+    budget: Budget,
+    *,
+    batch_id: str,
+    rid: str,
+    reason: str,
+    now: datetime,
+) -> int:
+    """Give back the price floor the failed request `rid` paid, once; returns what was given
+    back now (0 for a replay, a request that paid none, or floors already all given back)."""
+    key = f"floor-refund:{rid}"
+    if session.scalar(select(LedgerEntry.id).where(LedgerEntry.idempotency_key == key)):
+        return 0
+    paid = session.scalar(select(BatchRequest.floor_micros).where(BatchRequest.rid == rid))
+    if not paid:
+        return 0
+    taken, back = period_charges.floors_paid(session, budget, batch_id)
+    amount = min(int(paid), taken - back)
+    if amount <= 0:
+        return 0
+    period_charges.post_refund(
+        session,
+        account,
+        budget,
+        amount_micros=amount,
+        key=key,
+        reason=f"price floor of a failed request: {reason}"[:REASON_LENGTH],
+        batch_id=batch_id,
+        rid=rid,
+        now=now,
+        kind=EntryKind.FLOOR,
     )
     return amount

@@ -58,6 +58,9 @@ class RequestInput:
     prompt_tokens: int
     arrival: int | None = None  # index in the batch as it closed (the auction's input order)
     tree_path: Sequence[int] | None = None  # node ids from the root of the batch's radix tree
+    # What the request pays of the posted price floor (docs/SPEC.md section 7), besides its
+    # user's charge; 0 when none.
+    floor_micros: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -776,7 +776,8 @@ class Ledger:
         return [
             result
             for result in results
-            if result is not None and (result.amount_micros or result.fee_micros)
+            if result is not None
+            and (result.amount_micros or result.fee_micros or result.floor_micros)
         ]
 
     def find_request(self, rid: str) -> RequestView | None:

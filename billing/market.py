@@ -50,7 +50,9 @@ def spend_since(session: Session, name: str, since: datetime) -> SpendView:
     net = session.scalar(
         select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
             LedgerEntry.user_id == user.id,
-            LedgerEntry.kind.in_([EntryKind.CHARGE, EntryKind.REFUND, EntryKind.FEE]),
+            LedgerEntry.kind.in_(
+                [EntryKind.CHARGE, EntryKind.REFUND, EntryKind.FEE, EntryKind.FLOOR]
+            ),
             LedgerEntry.created_at >= since,
         )
     )

@@ -101,6 +101,9 @@ class EntryKind(enum.StrEnum):
     # for a failed request (> 0). Its own kind, so that VCG charges and refunds stay what the
     # auction priced, and a fee's refund can never be mistaken for a charge's.
     FEE = "fee"
+    # != 0: the posted price floor (docs/SPEC.md section 7) an entrant paid besides its charge
+    # (< 0), or given back for a failed request (> 0). Its own kind for the reason of `fee`.
+    FLOOR = "floor"
 
 
 BALANCE_KINDS = (
@@ -109,6 +112,7 @@ BALANCE_KINDS = (
     EntryKind.REFUND,
     EntryKind.ADJUSTMENT,
     EntryKind.FEE,
+    EntryKind.FLOOR,
 )
 HELD_KINDS = (EntryKind.HOLD, EntryKind.RELEASE)
 
@@ -267,7 +271,8 @@ class LedgerEntry(Base):
             " OR (kind = 'charge' AND amount_micros < 0)"
             " OR (kind = 'refund' AND amount_micros > 0)"
             " OR (kind = 'adjustment' AND amount_micros <> 0)"
-            " OR (kind = 'fee' AND amount_micros <> 0)",
+            " OR (kind = 'fee' AND amount_micros <> 0)"
+            " OR (kind = 'floor' AND amount_micros <> 0)",
             name="amount_sign",
         ),
         Index(None, "user_id", "created_at"),
@@ -376,6 +381,7 @@ class BatchRequest(Base):
         CheckConstraint("position >= 0", name="position_non_negative"),
         CheckConstraint("priority >= 0 AND priority <= 1", name="priority_range"),
         CheckConstraint("bid_micros >= 0", name="bid_non_negative"),
+        CheckConstraint("floor_micros IS NULL OR floor_micros > 0", name="floor_positive"),
         CheckConstraint("prompt_tokens >= 0", name="prompt_tokens_non_negative"),
         CheckConstraint("cached_tokens IS NULL OR cached_tokens >= 0", name="cached_non_negative"),
         CheckConstraint(_in("status", RequestStatus), name="status_valid"),
@@ -399,6 +405,9 @@ class BatchRequest(Base):
     # the batch again (failure refunds) without its prompts. NULL for batches settled before.
     arrival: Mapped[int | None] = mapped_column(Integer)
     tree_path: Mapped[str | None] = mapped_column(Text)
+    # What the request paid of the posted price floor (docs/SPEC.md section 7): what it gets
+    # back if it fails. NULL when none (no floor, a request outside, or settled before).
+    floor_micros: Mapped[int | None] = mapped_column(BigInteger)
 
     @property
     def tree_nodes(self) -> list[int] | None:

@@ -42,12 +42,15 @@ def charge_entries(
     now: datetime,
     fee_micros: int = 0,
     fee_key: str = "",
+    floor_micros: int = 0,
+    floor_key: str = "",
 ) -> list[dict[str, Any]]:
-    """Charge `charge_micros`, and the request fees `fee_micros` (under `fee_key`), against the
-    user's holds `held` (period, amount) in a batch.
+    """Charge `charge_micros`, the request fees `fee_micros` (under `fee_key`) and the price
+    floor `floor_micros` (under `floor_key`) against the user's holds `held` (period, amount)
+    in a batch.
 
-    Moves the locked row and returns the entries to insert: the charge and the fee, one per
-    period each spans, and the expiry of what an ended period's holds held beyond them.
+    Moves the locked row and returns the entries to insert: the charge, the fee and the floor,
+    one per period each spans, and the expiry of what an ended period's holds held beyond them.
     """
     current = account.budget.current_period_start
     by_period: dict[datetime, int] = defaultdict(int)
@@ -58,6 +61,8 @@ def charge_entries(
     fee_left = fee_micros
     first = True
     fee_first = True
+    floor_left = floor_micros
+    floor_first = True
     for start in sorted(by_period):
         part = min(left, by_period[start])
         left -= part
@@ -89,7 +94,22 @@ def charge_entries(
                 )
             )
             first = False
-        unused = by_period[start] - part - fee_part
+        floor_part = min(floor_left, by_period[start] - part - fee_part)
+        floor_left -= floor_part
+        if floor_part:
+            entries.append(
+                account.entry(
+                    EntryKind.FLOOR,
+                    -floor_part,
+                    key=_part_key(floor_key, floor_first, start),
+                    now=now,
+                    reason=f"price floor in batch {batch_id}",
+                    batch_id=batch_id,
+                    period_start=start,
+                )
+            )
+            floor_first = False
+        unused = by_period[start] - part - fee_part - floor_part
         # As `grants.expire_ended`: money returned to an ended period expires with it.
         if unused > 0 and start < current:
             entries.append(
@@ -104,7 +124,7 @@ def charge_entries(
                     period_start=start,
                 )
             )
-    assert left == 0 and fee_left == 0, "the caller checks that the holds cover both"
+    assert left == fee_left == floor_left == 0, "the caller checks that the holds cover them"
     return entries
 
 
@@ -142,6 +162,13 @@ def fees_paid(session: Session, budget: Budget, batch_id: str) -> tuple[int, int
     return sum(taken.values()), sum(back.values())
 
 
+def floors_paid(session: Session, budget: Budget, batch_id: str) -> tuple[int, int]:
+    """The price floor the user paid in the batch, and how much of it came back."""
+    taken = _by_period(session, budget, EntryKind.FLOOR, batch_id, sign=-1)
+    back = _by_period(session, budget, EntryKind.FLOOR, batch_id, sign=1)
+    return sum(taken.values()), sum(back.values())
+
+
 def recorded_refund(session: Session, user_id: int, batch_id: str, rid: str | None) -> int | None:
     """What the refund of `rid` (None: the batch-level one) credited in all periods, or None."""
     # Matched by user, batch and request rather than by key prefix: a client's rid may itself
@@ -169,12 +196,15 @@ def post_refund(
     rid: str | None,
     now: datetime,
     fee: bool = False,
+    kind: EntryKind | None = None,
 ) -> None:
-    """Credit a refund to the periods of the charge (with `fee`: a fee given back, to the
-    periods of the fee); the caller checked it is refundable."""
-    if fee:
-        charges = _by_period(session, budget, EntryKind.FEE, batch_id, sign=-1)
-        refunds = _by_period(session, budget, EntryKind.FEE, batch_id, sign=1)
+    """Credit a refund to the periods of the charge (with `fee`, or `kind` FEE or FLOOR: what
+    was taken under that kind given back, to its periods); the caller checked it is
+    refundable."""
+    back_kind = EntryKind.FEE if fee else kind
+    if back_kind is not None:
+        charges = _by_period(session, budget, back_kind, batch_id, sign=-1)
+        refunds = _by_period(session, budget, back_kind, batch_id, sign=1)
     else:
         charges = _by_period(session, budget, EntryKind.CHARGE, batch_id)
         refunds = _by_period(session, budget, EntryKind.REFUND, batch_id)
@@ -190,7 +220,7 @@ def post_refund(
         post(
             session,
             account,
-            EntryKind.FEE if fee else EntryKind.REFUND,
+            back_kind or EntryKind.REFUND,
             part,
             key=part_key,
             now=now,

@@ -52,7 +52,9 @@ def balance(session: Session, name: str, now: datetime) -> BalanceView:
     spent = session.scalar(
         select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
             LedgerEntry.user_id == user.id,
-            LedgerEntry.kind.in_([EntryKind.CHARGE, EntryKind.REFUND, EntryKind.FEE]),
+            LedgerEntry.kind.in_(
+                [EntryKind.CHARGE, EntryKind.REFUND, EntryKind.FEE, EntryKind.FLOOR]
+            ),
             or_(
                 LedgerEntry.period_start == start,
                 # Entries from before periods were recorded count by their time.
@@ -195,6 +197,7 @@ def summary(
                         EntryKind.REFUND,
                         EntryKind.ADJUSTMENT,
                         EntryKind.FEE,
+                        EntryKind.FLOOR,
                     )
                 ),
                 entries=counts[start],

@@ -9,7 +9,8 @@ a server that loses answers 503 instead of the output. Recovery is therefore saf
 on any replica, while servers run; a request it fails is one whose client got no answer.
 
 Refunds follow SPEC section 1, "When requests fail": a user gets back what the failed requests'
-bids added to the user's charge, never more than the charge, and each failed request's fee.
+bids added to the user's charge, never more than the charge, and each failed request's fee and
+price floor.
 """
 
 from __future__ import annotations
@@ -89,7 +90,11 @@ def fail_request(
     fee = fees.refund_fee(
         session, account, budget, batch_id=batch_id, rid=rid, reason=reason, now=now
     )
-    return replace(refunded, fee_micros=fee) if fee else refunded
+    # And the price floor it paid (docs/SPEC.md section 7), by the same rule.
+    floor = fees.refund_floor(
+        session, account, budget, batch_id=batch_id, rid=rid, reason=reason, now=now
+    )
+    return replace(refunded, fee_micros=fee, floor_micros=floor) if fee or floor else refunded
 
 
 def recover_request(

@@ -35,7 +35,7 @@ from inference_auctions.billing.errors import (
     InvalidBatch,
     UnknownRequest,
 )
-from inference_auctions.billing.fees import fee_key, hold_micros, user_fees
+from inference_auctions.billing.fees import fee_key, floor_key, hold_micros, user_fees
 from inference_auctions.billing.grants import open_periods
 from inference_auctions.billing.holds import HoldRow, KnownHolds, release_entry
 from inference_auctions.billing.inputs import BatchInput, RequestInput
@@ -121,6 +121,8 @@ _REQUEST_COLUMNS = Columns(
         "tree_path",
     ),
 )
+# With a posted price floor only: a batch without one writes the rows it always wrote.
+_FLOOR_REQUEST_COLUMNS = Columns(AUCTION_REQUESTS, (*_REQUEST_COLUMNS.names, "floor_micros"))
 
 _COUNTS = ("n", "tree_nodes", "tree_depth", "shared_tokens", "total_tokens")
 
@@ -249,6 +251,13 @@ def _validate(
     rids: set[str] = set()
     for request in requests:
         _validate_request(batch_id, request, batch.n)
+        check_micros(request.floor_micros, f"floor_micros of request {request.rid!r}")
+        if request.floor_micros > request.bid_micros:
+            raise InvalidBatch(
+                batch_id,
+                f"request {request.rid!r} pays a floor of {request.floor_micros} above its bid"
+                f" of {request.bid_micros}",
+            )
         if request.rid in rids:
             raise InvalidBatch(batch_id, f"request {request.rid!r} appears twice")
         rids.add(request.rid)
@@ -346,6 +355,9 @@ def _fingerprint(
         0,
     ):
         content["rule"] = [batch.pricing_rule, batch.priority_slots, batch.request_fee_micros]
+    floors = sorted((r.rid, r.floor_micros) for r in requests if r.floor_micros)
+    if floors:  # only with a price floor: the batches settled without one keep their prints
+        content["floors"] = floors
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -372,8 +384,11 @@ def _settle(
         held[request.user] += hold.amount_micros
         by_period[request.user].append((hold.period_start, hold.amount_micros))
     fees = user_fees((r.user for r in requests), batch.request_fee_micros)
+    floors: dict[str, int] = defaultdict(int)
+    for request in requests:
+        floors[request.user] += request.floor_micros
     for name in accounts:
-        amount = charges.get(name, 0) + fees.get(name, 0)
+        amount = charges.get(name, 0) + fees.get(name, 0) + floors[name]
         if amount > held[name]:
             raise ChargeExceedsHold(batch_id, name, amount, held[name])
     cursor = driver_cursor(session)
@@ -406,7 +421,7 @@ def _settle(
         reason = f"settled in batch {batch_id}"
         ordered = sorted(requests, key=lambda r: r.position)
         cursor.insert(
-            _REQUEST_COLUMNS,
+            _FLOOR_REQUEST_COLUMNS if any(floors.values()) else _REQUEST_COLUMNS,
             [
                 _request_row(batch_id, request, accounts[request.user].user_id, now)
                 for request in ordered
@@ -433,6 +448,8 @@ def _settle(
                 now=now,
                 fee_micros=fees.get(name, 0),
                 fee_key=fee_key(account.user_id, batch_id),
+                floor_micros=floors[name],
+                floor_key=floor_key(account.user_id, batch_id),
             )
         insert_entries(session, entries)
         write_balances(session, [accounts[name] for name in sorted(accounts)], now)
@@ -445,6 +462,7 @@ def _settle(
         charges_micros={name: charges.get(name, 0) for name in sorted(accounts)},
         released_micros={name: held[name] for name in sorted(accounts)},
         fees_micros={name: fees[name] for name in sorted(accounts) if fees.get(name)},
+        floors_micros={name: floors[name] for name in sorted(accounts) if floors[name]},
     )
 
 
@@ -493,6 +511,7 @@ def _request_row(
         "tree_path": None
         if request.tree_path is None
         else ".".join(str(int(node)) for node in request.tree_path),
+        "floor_micros": request.floor_micros or None,  # written only under a floor
     }
 
 
@@ -520,6 +539,7 @@ def _replay(
         released_micros=result.released_micros,
         replayed=True,
         fees_micros=result.fees_micros,
+        floors_micros=result.floors_micros,
     )
 
 
@@ -534,14 +554,20 @@ def stored_result(session: Session, batch_id: str) -> SettleResult:
     charged: dict[str, int] = dict.fromkeys(users, 0)
     released: dict[str, int] = dict.fromkeys(users, 0)
     fees: dict[str, int] = dict.fromkeys(users, 0)
-    moved = {EntryKind.CHARGE: charged, EntryKind.RELEASE: released, EntryKind.FEE: fees}
+    floors: dict[str, int] = dict.fromkeys(users, 0)
+    moved = {
+        EntryKind.CHARGE: charged,
+        EntryKind.RELEASE: released,
+        EntryKind.FEE: fees,
+        EntryKind.FLOOR: floors,
+    }
     rows = session.execute(
         select(User.name, LedgerEntry.kind, LedgerEntry.amount_micros)
         .join(User, User.id == LedgerEntry.user_id)
         .where(
             LedgerEntry.batch_id == batch_id,
             LedgerEntry.kind.in_(list(moved)),
-            # A fee given back later (> 0) is a refund's, not the settlement's.
+            # A fee or floor given back later (> 0) is a refund's, not the settlement's.
             LedgerEntry.amount_micros <= 0,
         )
     ).all()
@@ -552,4 +578,5 @@ def stored_result(session: Session, batch_id: str) -> SettleResult:
         charges_micros={name: charged[name] for name in sorted(users)},
         released_micros={name: released[name] for name in sorted(users)},
         fees_micros={name: fees[name] for name in sorted(users) if fees[name]},
+        floors_micros={name: floors[name] for name in sorted(users) if floors[name]},
     )

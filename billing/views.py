@@ -132,6 +132,8 @@ class SettleResult:
     replayed: bool = field(default=False, compare=False)
     # Each user's request fees in the batch (docs/SPEC.md section 5); empty without a fee.
     fees_micros: Mapping[str, int] = field(default_factory=dict)
+    # Each user's part of the posted price floor (docs/SPEC.md section 7); empty without one.
+    floors_micros: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,8 @@ class RefundResult:
     refunded_total_micros: int
     # The request fee given back with it (docs/SPEC.md section 5: a failed request's fee).
     fee_micros: int = 0
+    # The price floor it paid, given back with it (docs/SPEC.md section 7).
+    floor_micros: int = 0
 
 
 @dataclass(frozen=True, slots=True)

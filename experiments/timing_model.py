@@ -20,7 +20,7 @@ Three rules price (and for the floor, admit) the dispatched requests:
   enter the auction's pool, entrants pay it at dispatch on top of their rolling charge (capped
   at the bid); the rest wait outside, served in arrival order when no bidder waits; after each
   clearing the floor moves by at most an eighth towards keeping the pool at `floor_target`
-  bidders;
+  bidders (`server.auction.price_floor.next_floor`, the server's own step);
 * `horizon`: the order of `dispatch`, the charge settled after the fact (`experiments.timing`
   computes it by replaying the market without the request).
 """
@@ -34,6 +34,9 @@ import numpy as np
 
 from inference_auctions.server.auction.batch import TokenArray
 from inference_auctions.server.auction.pool_tree import PoolTree
+
+# The server's own step (`price_floor posted`): the study measures the rule the server runs.
+from inference_auctions.server.auction.price_floor import next_floor
 
 __all__ = [
     "RULES",
@@ -105,16 +108,6 @@ class MarketState:
 
     def copy(self) -> MarketState:
         return MarketState(dict(self.waiting), self.floor, self.sequence)
-
-
-def next_floor(floor: int, depth: int, target: int) -> int:
-    """EIP-1559's step: up while the pool holds more bidders than `target`, down while fewer,
-    by at most an eighth of the level (at least one micro-credit) per slot."""
-    gap = max(-target, min(target, depth - target))
-    if gap == 0:
-        return floor
-    step = max(1, floor * abs(gap) // (8 * target))
-    return max(1, floor + step if gap > 0 else floor - step)
 
 
 class SlotMarket:

@@ -35,7 +35,7 @@ __all__ = [
     "SummaryPeriod",
 ]
 
-EntryKind = Literal["grant", "hold", "release", "charge", "refund", "adjustment", "fee"]
+EntryKind = Literal["grant", "hold", "release", "charge", "refund", "adjustment", "fee", "floor"]
 SummaryPeriod = Literal["day", "week", "month"]
 
 

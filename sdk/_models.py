@@ -542,7 +542,7 @@ class LedgerEntry(_Model):
     """
 
     id: int
-    kind: Literal["grant", "hold", "release", "charge", "refund", "adjustment", "fee"]
+    kind: Literal["grant", "hold", "release", "charge", "refund", "adjustment", "fee", "floor"]
     amount_micros: int
     batch_id: str | None = None
     rid: str | None = None

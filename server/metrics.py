@@ -37,6 +37,11 @@ class Metrics:
         )
         self.inflight.set_function(inflight)
         self.batches = Counter("inference_auction_batches", "Batches cleared", registry=r)
+        self.price_floor = Gauge(
+            "inference_auction_price_floor_micros",
+            "The posted price floor now (micro-credits; 0 under --price-floor off)",
+            registry=r,
+        )
         self.pricing_mode = Gauge(
             "inference_auction_pricing_mode",
             "1 for the pricing mode this server runs (auction, tiers or fcfs)",

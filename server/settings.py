@@ -139,6 +139,17 @@ class ServerSettings(LedgerSettings):
     clearing_log: Path | None = None
     """Under `rolling`: append every clearing's pool (rids, users, bids, tree paths), head and
     charges to this file as JSON lines, to price them again offline (off by default)."""
+    # The posted price floor (docs/SPEC.md section 7, "The price floor"): under `posted` only
+    # bids at or above it enter the rolling auction; it moves after every clearing towards
+    # keeping `price_floor_target` entrants in the pool (by default what the engine can start
+    # at its next step). Each replica keeps its own; off by default.
+    price_floor: Literal["off", "posted"] = "off"
+    """Under the rolling auction: `posted` admits to the auction only bids at or above a floor
+    that moves with the pool's depth, and charges it to the entrants sent; `off`: none."""
+    price_floor_target: int | None = Field(default=None, ge=1, le=100_000)
+    """The entrants the floor aims at (default: what the engine can start at its next step)."""
+    price_floor_start: int = Field(default=100, ge=1, le=1_000_000_000_000)
+    """The floor's level at start, in micro-credits (at least 1)."""
     dispatch_lookahead: int = Field(default=0, ge=0, le=1_000)
     """Under `rolling`: requests sent beyond what the engine can start at its next step."""
     max_wait_ms: float = Field(default=0.0, ge=0)
@@ -335,6 +346,17 @@ class ServerSettings(LedgerSettings):
                 "pricing_rule batch-size prices a batch in its own size, which a rolling "
                 "auction's head does not have: use pricing_rule fixed-slots, or scheduling "
                 "batches"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _floor_needs_rolling_auction(self) -> ServerSettings:
+        if self.price_floor == "posted" and (
+            self.pricing != "auction" or self.scheduling != "rolling"
+        ):
+            raise ValueError(
+                "--price-floor posted needs --pricing auction and --scheduling rolling (this "
+                f"server runs --pricing {self.pricing} --scheduling {self.scheduling})"
             )
         return self
 

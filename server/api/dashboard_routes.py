@@ -395,7 +395,8 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
 
 
 def _pricing_json(state: AppState) -> dict[str, Any]:
-    """The pricing mode and, under `tiers`, each tier's price and recent priority."""
+    """The pricing mode, under `tiers` each tier's price and recent priority, and the posted
+    price floor now (`price_floor_micros`, null when off) with the entrants it aims at."""
     service = state.service
     menu = service.tier_menu
     tiers = (
@@ -410,7 +411,13 @@ def _pricing_json(state: AppState) -> dict[str, Any]:
             for tier in menu.tiers
         ]
     )
-    return {"mode": state.settings.pricing, "tiers": tiers}
+    floor = service.price_floor
+    return {
+        "mode": state.settings.pricing,
+        "tiers": tiers,
+        "price_floor_micros": None if floor is None else floor.micros,
+        "price_floor_target": None if floor is None else floor.target,
+    }
 
 
 def _reconcile_json(status: ReconcileStatus) -> dict[str, Any]:

@@ -13,7 +13,9 @@ from inference_auctions.billing import BalanceRecord, BalanceView, EntryRecord, 
 from inference_auctions.server.api.deps import CurrentUser, State
 from inference_auctions.server.errors import InvalidRequest
 
-EntryKindName = Literal["grant", "hold", "release", "charge", "refund", "adjustment", "fee"]
+EntryKindName = Literal[
+    "grant", "hold", "release", "charge", "refund", "adjustment", "fee", "floor"
+]
 
 router = APIRouter(prefix="/v1/ledger", tags=["ledger"])
 

@@ -1,13 +1,14 @@
 """`GET /v1/market/rule`: how this deployment sells priority (docs/SPEC.md section 5, and the
 pricing modes), so that a client knows what a bid or a tier buys before sending one;
-`GET /v1/market/tiers`: the tiers sold under `--pricing tiers`, with what each recently
+`GET /v1/market/pool`: the waiting pool as a bid would meet it (counts only, never others'
+bids); `GET /v1/market/tiers`: the tiers sold under `--pricing tiers`, with what each recently
 bought."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from inference_auctions.server.api.deps import CurrentUser, State
 from inference_auctions.server.errors import NotFound
@@ -22,14 +23,52 @@ async def rule(_: CurrentUser, state: State) -> dict[str, Any]:
     batch is priced in; null under `batch-size`, where it is each batch's own size, and in the
     fixed-price modes), `batch_size`, and `request_fee_micros`, what every request pays besides
     its VCG charge, zero bids included (held with the bid, given back when the request fails;
-    0: no fee; always 0 in the fixed-price modes)."""
+    0: no fee; always 0 in the fixed-price modes). `price_floor`: `mode` (`off` or `posted`),
+    `micros` (this replica's floor now; null when off) and `target` (the entrants it aims
+    at; null when off)."""
     pricing = state.settings.auction_rule()
+    floor = state.service.price_floor
     return {
         "pricing": state.settings.pricing,
         "pricing_rule": pricing.name,
         "priority_slots": pricing.slots,
         "batch_size": state.settings.batch_size,
         "request_fee_micros": pricing.request_fee_micros,
+        "price_floor": {
+            "mode": state.settings.price_floor,
+            "micros": None if floor is None else floor.micros,
+            "target": None if floor is None else floor.target,
+        },
+    }
+
+
+@router.get("/market/pool", summary="The waiting pool as a bid would meet it")
+async def pool(
+    _: CurrentUser,
+    state: State,
+    bid: Annotated[int | None, Query(ge=0, le=2**62, description="A bid, in micro-credits")] = None,
+) -> dict[str, Any]:
+    """`price_floor_micros` (the floor now; null when off), `entrants` (requests waiting in
+    the auction: positive bids, at or above the floor when one is posted), `outside` (the
+    others waiting: zero bids, and bids below the floor), `ahead` (the entrants a request
+    bidding `bid` would not overtake: those bidding at least as much, or every entrant for a
+    bid that would not enter, or when `bid` is not given; a count, never a bid) and
+    `starts_per_second` (the engine's first tokens per second over the last 10 seconds on
+    this replica, for an estimate of the wait). Counts are this replica's."""
+    floor = state.service.price_floor
+    minimum = 1 if floor is None else floor.micros
+    bids = [ticket.bid_micros for ticket in state.service.waiting()]
+    entrants = [waiting for waiting in bids if waiting >= minimum]
+    if bid is None or bid < minimum:
+        ahead = len(entrants)
+    else:
+        ahead = sum(1 for waiting in entrants if waiting >= bid)
+    return {
+        "price_floor_micros": None if floor is None else floor.micros,
+        "entrants": len(entrants),
+        "outside": len(bids) - len(entrants),
+        "ahead": ahead,
+        "starts_per_second": state.service.starts_per_second(),
     }
 
 

@@ -146,6 +146,8 @@ class AuctionOutcome:
     rule: PricingRule = PAPER_RULE
     fees: dict[str, int] = field(default_factory=dict)
     positions: dict[str, int] = field(default_factory=dict)
+    # Under a posted price floor (`price_floor`), each entrant's floor part, by rid.
+    floors: dict[str, int] = field(default_factory=dict)
     bids: dict[str, int] = field(default_factory=dict)
     users: dict[str, str] = field(default_factory=dict)
     tree: TreeStats = _EMPTY_STATS

@@ -24,7 +24,7 @@ Pure functions of their input: no I/O, no clock. Money is whole micro-credits.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -115,6 +115,9 @@ class HeadPricing:
     users: dict[str, str]
     bids: dict[str, int]
     charges: dict[str, int]
+    # Under a posted price floor, what each request pays of it, besides its user's charge
+    # (`server.auction.price_floor`); a request that leaves the head takes its part with it.
+    floors: dict[str, int] = field(default_factory=dict)
 
     def charges_for(self, kept: Collection[str]) -> dict[str, int]:
         """Each user's charge when only `kept` of the head settle: a request that leaves the
@@ -135,7 +138,8 @@ def clear_head(
 ) -> AuctionOutcome:
     """The dispatched head as a cleared batch: the pool's order restricted to it (its free
     requests, not in the pool, after the bidders in arrival order), each user's rolling charge
-    as its clearing priced it, and the rule's fee for every request."""
+    as its clearing priced it, the floor part of each entrant (under a posted floor), and the
+    rule's fee for every request."""
     batch = validate_batch(head, rule.slots)
     if not batch.rids:
         return AuctionOutcome(order=[], payments={}, rule=rule)
@@ -155,6 +159,7 @@ def clear_head(
         rule=rule,
         fees=fees,
         positions={rid: position for position, rid in enumerate(order)},
+        floors={rid: part for rid, part in pricing.floors.items() if rid in present and part},
         bids=dict(zip(batch.rids, batch.bids, strict=True)),
         users=dict(zip(batch.rids, batch.users, strict=True)),
         tree=tree.stats,

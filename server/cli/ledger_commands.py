@@ -529,7 +529,9 @@ SUMMARY_COLUMNS = [
 )
 @click.option(
     "--kind",
-    type=click.Choice(["grant", "hold", "release", "charge", "refund", "adjustment", "fee"]),
+    type=click.Choice(
+        ["grant", "hold", "release", "charge", "refund", "adjustment", "fee", "floor"]
+    ),
     default=None,
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)

@@ -85,6 +85,25 @@ from inference_auctions.server.settings import ServerSettings
     "[default: none]",
 )
 @click.option(
+    "--price-floor",
+    type=click.Choice(["off", "posted"]),
+    help="Under --pricing auction --scheduling rolling: posted admits to the auction only bids "
+    "at or above a floor that rises while the pool is deeper than --price-floor-target and "
+    "falls while shallower; the entrants sent pay it on top of their charge (docs/SPEC.md "
+    "section 7).  [default: off]",
+)
+@click.option(
+    "--price-floor-target",
+    type=click.IntRange(min=1),
+    help="The entrants in the pool the floor aims at.  [default: what the engine can start at "
+    "its next step]",
+)
+@click.option(
+    "--price-floor-start",
+    type=click.IntRange(min=1),
+    help="The floor's level at start, in micro-credits.  [default: 100]",
+)
+@click.option(
     "--dispatch-lookahead",
     type=click.IntRange(min=0),
     help="Under --scheduling rolling: requests sent beyond what the engine can start at its "

@@ -118,6 +118,7 @@ class BatchClosing:
         self._tiers = settings.tier_menu() if settings.pricing == "tiers" else None
         self._rule = settings.auction_rule()  # every batch of this server is cleared under it
         self._tier_figures = tier_figures
+        self._floor = settings.price_floor == "posted"
 
     async def __call__(
         self, tickets: list[Ticket], head_pricing: HeadPricing | None = None
@@ -307,6 +308,7 @@ class BatchClosing:
             request_charge_micros=batch.shares[ticket.ledger_rid],
             sequence=sequence,
             request_fee_micros=outcome.rule.request_fee_micros,
+            floor_micros=outcome.floors.get(ticket.ledger_rid, 0) if self._floor else None,
         )
 
 
@@ -458,6 +460,11 @@ class BatchClearing:
             )
             settled = claimed.settled
             charged, fees = settled.charges_micros, settled.fees_micros
+            floors: dict[str, int] = {}
+            for rid, part in made.outcome.floors.items():
+                floors[made.outcome.users[rid]] = floors.get(made.outcome.users[rid], 0) + part
+            if floors != dict(settled.floors_micros):
+                raise RuntimeError("the auction run again does not take the floors settled")
             if any(charged.get(user, 0) != paid for user, paid in made.outcome.payments.items()):
                 raise RuntimeError("the auction run again does not charge what was settled")
             if any(fees.get(user, 0) != fee for user, fee in made.outcome.fees.items()):
@@ -536,6 +543,7 @@ def _records(
             prompt_tokens=len(request.tokens),
             arrival=arrival,
             tree_path=paths[request.rid],
+            floor_micros=outcome.floors.get(request.rid, 0),
         )
         for arrival, request in enumerate(requests)
     ]

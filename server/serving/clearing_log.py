@@ -3,7 +3,9 @@
 One JSON line per clearing that sent a head of bidders: when (`at`, UTC), the slots it priced
 in, the pool it ordered (each request's rid, user, bid and tree path, in arrival order: the
 paths, used as prompts, rebuild a tree of the pool's shape), the head it sent, in the pool's
-order, and each of the head's users' charge. `rolling.order_pool` and
+order, and each of the head's users' charge; under a posted price floor, the floor in force
+(`price_floor_micros`, the level the clearing priced with, before its step) and each entrant's
+part of it (`floors`). `rolling.order_pool` and
 `rolling.rolling_charges` over those requests give the same charges (a test checks it against
 a live server, and the brute-force oracle on small pools).
 
@@ -33,14 +35,20 @@ class ClearingLog:
         pool: list[dict[str, object]],
         head: list[str],
         charges: dict[str, int],
+        floor: int | None = None,
+        floors: dict[str, int] | None = None,
     ) -> None:
-        record = {
+        record: dict[str, object] = {
             "at": datetime.now(UTC).isoformat(),
             "slots": slots,
             "pool": pool,
             "head": head,
             "charges": charges,
         }
+        if floor is not None:
+            # The floor in force at this clearing, and each entrant's part of it.
+            record["price_floor_micros"] = floor
+            record["floors"] = floors or {}
         self._file.write(orjson.dumps(record) + b"\n")
 
     def close(self) -> None:

@@ -71,6 +71,11 @@ __all__ = [
 ]
 
 
+# The engine's start rate is counted over this many seconds, of at most this many starts.
+_START_RATE_WINDOW = 10.0
+_START_RATE_SAMPLES = 100_000
+
+
 class BatchDispatch:
     """Sends cleared batches to the engine and follows each request (see the docstring);
     `wakeup` is set whenever the engine may admit more."""
@@ -97,6 +102,8 @@ class BatchDispatch:
         self._unstarted_tokens = 0
         # Engine rids of the requests at the engine that pay (a positive bid or tier price).
         self._paying: set[str] = set()
+        # When recent requests produced their first token: the engine's start rate.
+        self._starts: deque[float] = deque(maxlen=_START_RATE_SAMPLES)
         # Recent (overhead, batching wait) of each request, for benchmarks and operators.
         self._timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         self._followers: set[asyncio.Task[None]] = set()
@@ -193,8 +200,19 @@ class BatchDispatch:
         """Stop the deferral's timer; nothing is dispatched afterwards."""
         self._deferral.close()
 
+    def start_rate(self) -> float:
+        """First tokens per second over the last `_START_RATE_WINDOW` seconds."""
+        since = time.monotonic() - _START_RATE_WINDOW
+        recent = 0
+        for at in reversed(self._starts):  # newest first: stop at the first one too old
+            if at < since:
+                break
+            recent += 1
+        return recent / _START_RATE_WINDOW
+
     def started(self, engine_rid: str) -> None:
         """A request produced its first token."""
+        self._starts.append(time.monotonic())
         self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)
         self._deferral.first_token(engine_rid)  # a request held back for its prefix may go
         self._wakeup.set()

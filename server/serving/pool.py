@@ -212,6 +212,10 @@ class BatchPool(Generic[Item, Context]):
     def __len__(self) -> int:
         return len(self._waiting)
 
+    def waiting(self) -> list[Item]:
+        """The requests waiting now, in arrival order (a copy)."""
+        return [waiting.item for waiting in self._waiting]
+
     def submit(self, item: Item) -> None:
         """Add a request; raises `QueueFull` or `PoolClosed` instead of queueing it."""
         if self._draining:

@@ -24,6 +24,11 @@ pool's room in requests (`BatchPool`), and prompts up to the engine's prefill bu
 auction's head goes to the closing priced against the pool (`HeadPricing`): its charges are
 computed at selection, on the tree as it stood.
 
+Under `price_floor posted` (`server.auction.price_floor`) only the bids at or above the floor
+enter the tree; the bids below it wait outside and go, in arrival order, only when no entrant
+is left waiting, before the free requests; the entrants sent pay the floor besides their charge,
+and the floor takes its step after every clearing.
+
 Under `scheduling batches` (the earlier behaviour, kept for comparison) a batch is the oldest
 waiting requests (dearest tier first under `tiers`), up to the room, whatever they bid.
 """
@@ -36,6 +41,7 @@ import numpy as np
 
 from inference_auctions.server.auction.batch import TokenArray
 from inference_auctions.server.auction.pool_tree import PoolTree
+from inference_auctions.server.auction.price_floor import PostedFloor, price_entrants
 from inference_auctions.server.auction.rolling import HeadPricing
 from inference_auctions.server.engine.protocol import TokenIds
 from inference_auctions.server.serving.clearing_log import ClearingLog
@@ -60,11 +66,12 @@ class PoolSelector:
         paying_at_engine: Callable[[], int] = lambda: 0,
         log: ClearingLog | None = None,
         resident: ResidentPrefixes | None = None,
+        floor: PostedFloor | None = None,
     ) -> None:
         """`token_room`: prompt tokens the engine can still start at its next step (None: no
         bound); `paying_at_engine`: how many requests that pay are at the engine now;
         `resident`: the prefixes the engine holds (None: every prefix keeps its requests
-        together)."""
+        together); `floor`: the posted price floor (None: `price_floor off`)."""
         self._mode = settings.pricing
         self._rolling = settings.scheduling == "rolling"
         # Free requests go only while nothing that pays is at the engine (`free_traffic`).
@@ -79,6 +86,7 @@ class PoolSelector:
         self._tree = PoolTree()
         self._resident = resident
         self._arrivals = 0  # orders ties in the tree: earlier arrival first
+        self.floor = floor if self._mode == "auction" and self._rolling else None
 
     def __call__(self, waiting: list[Ticket], room: int) -> Selection[HeadPricing]:
         if self._mode == "auction" and self._rolling:
@@ -110,20 +118,29 @@ class PoolSelector:
             return []
         if self._free_waits and (taken or self._paying_at_engine() > 0):
             return []
+        return self._fill(waiting, free, taken, room, contested)
+
+    def _fill(
+        self, waiting: list[Ticket], more: list[int], taken: list[int], room: int, contested: bool
+    ) -> list[int]:
+        """What of `more` (places, in order) fits the room and prompt tokens `taken` left."""
+        if not more or len(taken) >= room:
+            return []
         token_room = self._token_room()
         if token_room is not None:
             token_room -= sum(len(waiting[place].tokens) for place in taken)
             if token_room <= 0:
                 return []
         chosen = self._shares.select(
-            [waiting[place] for place in free], room - len(taken), token_room, contested=contested
+            [waiting[place] for place in more], room - len(taken), token_room, contested=contested
         )
-        return [free[index] for index in chosen]
+        return [more[index] for index in chosen]
 
     def _auction(self, waiting: list[Ticket], room: int) -> Selection[HeadPricing]:
-        if len(waiting) == 1 and not self._tree and waiting[0].bid_micros > 0:
+        floor = self.floor
+        if floor is None and len(waiting) == 1 and not self._tree and waiting[0].bid_micros > 0:
             return self._alone(waiting[0], room)
-        place_of = self._follow(waiting)
+        place_of = self._follow(waiting, 1 if floor is None else floor.micros)
         clearing = self._tree.clearing()
         candidates: list[int] = []
 
@@ -136,18 +153,31 @@ class PoolSelector:
         chosen = self._shares.select(in_order(), room, self._token_room(), contested=contested)
         places = [candidates[index] for index in chosen]
         head = [waiting[place] for place in places]
+        outside: list[int] = []
+        if floor is not None:
+            outside = [p for p, t in enumerate(waiting) if 0 < t.bid_micros < floor.micros]
+            if len(places) == len(place_of):  # no entrant is left waiting: they may go
+                places += self._fill(waiting, outside, places, room, contested)
         free = [place for place, ticket in enumerate(waiting) if ticket.bid_micros <= 0]
         places += self._free_head(waiting, free, places, room, contested)
         rids = [ticket.ledger_rid for ticket in head]
-        pricing = HeadPricing(
-            order=rids,
-            users={ticket.ledger_rid: ticket.user for ticket in head},
-            bids={ticket.ledger_rid: ticket.bid_micros for ticket in head},
-            charges=clearing.charges(rids, self._slots),
-        )
+        users = {ticket.ledger_rid: ticket.user for ticket in head}
+        bids = {ticket.ledger_rid: ticket.bid_micros for ticket in head}
+        charges = clearing.charges(rids, self._slots)
+        floors: dict[str, int] = {}
+        if floor is not None:
+            priced = price_entrants(
+                rids, users, floor.worth(rids, bids, self._slots), charges, floor.micros
+            )
+            charges, floors = priced.charges, priced.floors
+        pricing = HeadPricing(order=rids, users=users, bids=bids, charges=charges, floors=floors)
         if self._log is not None and rids:
-            self._log.write(self._slots, clearing.pool(), rids, pricing.charges)
-        self._sent(waiting[place] for place in places)
+            level = None if floor is None else floor.micros
+            self._log.write(self._slots, clearing.pool(), rids, pricing.charges, level, floors)
+        sent = [waiting[place] for place in places]
+        self._sent(sent)
+        if floor is not None:
+            floor.cleared(len(place_of), len(outside), [ticket.ledger_rid for ticket in sent])
         return Selection(places, pricing)
 
     def _alone(self, ticket: Ticket, room: int) -> Selection[HeadPricing]:
@@ -173,12 +203,16 @@ class PoolSelector:
             for ticket in tickets:
                 self._resident.record(_array(ticket.tokens))
 
-    def _follow(self, waiting: list[Ticket]) -> dict[str, int]:
-        """Bring the tree in step with the waiting bids; each one's place in `waiting`."""
+    def _follow(self, waiting: list[Ticket], minimum: int) -> dict[str, int]:
+        """Bring the tree in step with the waiting bids of at least `minimum` (1, or the posted
+        floor: a request below it waits outside, and enters once the floor falls to its bid);
+        each one's place in `waiting`."""
+        if self.floor is not None:
+            self.floor.observe([t.ledger_rid for t in waiting if t.bid_micros > 0])
         place_of = {
             ticket.ledger_rid: place
             for place, ticket in enumerate(waiting)
-            if ticket.bid_micros > 0
+            if ticket.bid_micros >= minimum
         }
         tree = self._tree
         for rid in tree.rids() - place_of.keys():

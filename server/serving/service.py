@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from inference_auctions.billing import Ledger
+from inference_auctions.server.auction.price_floor import PostedFloor
 from inference_auctions.server.auction.rolling import HeadPricing
 from inference_auctions.server.engine.errors import EngineError, EngineTimeout
 from inference_auctions.server.engine.protocol import (
@@ -153,6 +154,10 @@ class AuctionService:
             learnt_tokens=lambda: self._dispatch.capacity.limits.max_total_num_tokens,
         )
         rolling = settings.scheduling == "rolling"
+        self.price_floor = self._posted_floor(settings)
+        if self.price_floor is not None:
+            floor = self.price_floor
+            self.metrics.price_floor.set_function(lambda: floor.micros)
         self._clearing_log = (
             ClearingLog(settings.clearing_log) if rolling and settings.clearing_log else None
         )
@@ -168,6 +173,7 @@ class AuctionService:
                 paying_at_engine=self._dispatch.paying,
                 log=self._clearing_log,
                 resident=ResidentPrefixes(lambda: self._shares.engine_tokens),
+                floor=self.price_floor,
             ),
             wakeup=wakeup,
             startable=(lambda: self._dispatch.startable()[0]) if rolling else None,
@@ -178,7 +184,29 @@ class AuctionService:
         self._tasks: set[asyncio.Task[None]] = set()  # releases of abandoned requests
         self._runner: asyncio.Task[None] | None = None
 
+    def _posted_floor(self, settings: ServerSettings) -> PostedFloor | None:
+        """The posted price floor under `price_floor posted`; its target, unless set, is what
+        the engine can start at its next step (its running-request limit, as learnt)."""
+        if settings.price_floor != "posted":
+            return None
+        target = settings.price_floor_target
+        if target is not None:
+            fixed = target
+            return PostedFloor(settings.price_floor_start, lambda: fixed)
+        capacity, batch = self._dispatch.capacity, settings.batch_size
+        return PostedFloor(
+            settings.price_floor_start, lambda: min(capacity.request_budget(0), batch)
+        )
+
     # What the routes ask of the service
+
+    def waiting(self) -> list[Ticket]:
+        """The requests waiting in the pool now, in arrival order."""
+        return self._pool.waiting()
+
+    def starts_per_second(self) -> float:
+        """The engine's recent start rate: first tokens of this server's requests per second."""
+        return self._dispatch.start_rate()
 
     @property
     def engine_name(self) -> str:

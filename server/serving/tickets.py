@@ -38,12 +38,16 @@ class Clearance:
     request_fee_micros: int = 0  # the fee this request pays besides its charge (SPEC section 5)
     pricing: str = "auction"  # the server's pricing mode
     service_tier: str | None = None  # the request's tier, under `tiers`
+    # Under a posted price floor: what this request pays of it besides its charge (SPEC 7).
+    floor_micros: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The `auction` object of the responses."""
         extra: dict[str, Any] = {}
         if self.pricing != "auction":  # the auction's answers stay as they were
             extra = {"pricing": self.pricing, "service_tier": self.service_tier}
+        if self.floor_micros is not None:
+            extra["floor_micros"] = self.floor_micros
         return {
             **extra,
             "batch_id": self.batch_id,

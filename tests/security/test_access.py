@@ -33,6 +33,7 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/v1/spend", "user"),
     ("GET", "/v1/market/prices", "user"),
     ("GET", "/v1/market/rule", "user"),
+    ("GET", "/v1/market/pool", "user"),
     ("GET", "/v1/market/tiers", "user"),
     ("GET", "/v1/admin/users", "admin"),
     ("POST", "/v1/admin/users", "admin"),

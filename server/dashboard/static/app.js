@@ -139,7 +139,9 @@ function drawMarket(data) {
   setText("m-bucket", String(data.bucket_seconds));
   setText("m-replica", data.replicas.map((r) => r.name).join(", "));
   const tiers = data.pricing.tiers.map((t) => `${t.name} ${credits(t.price_micros)}`);
-  setText("m-pricing", data.pricing.mode + (tiers.length ? ` (${tiers.join(", ")})` : ""));
+  const floor = data.pricing.price_floor_micros;
+  const posted = floor === null || floor === undefined ? "" : ` · price floor ${credits(floor)} (aiming at ${data.pricing.price_floor_target} waiting)`;
+  setText("m-pricing", data.pricing.mode + (tiers.length ? ` (${tiers.join(", ")})` : "") + posted);
   setText("m-queue", count(data.live.queue));
   setText("m-inflight", count(data.live.inflight));
   const t = data.totals;
