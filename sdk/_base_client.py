@@ -552,13 +552,10 @@ class BaseClient:
         self._last_sync = time.monotonic()
         self._save_state()
 
-    def _floor_read(self, floor: PriceFloor | None, exc: Exception | None = None) -> None:
-        """Take the floor read with a sync (None with `exc`: the read failed, keep the last)."""
-        if floor is not None:
-            self._floor.update(floor)
-        else:
-            # The floor only advises: a failed read must not fail the requests behind it.
-            logger.warning("reading the price floor failed, keeping the last one: %s", exc)
+    def _floor_failed(self, exc: Exception) -> None:
+        """The floor's read with a sync failed: keep the last one."""
+        # The floor only advises: a failed read must not fail the requests behind it.
+        logger.warning("reading the price floor failed, keeping the last one: %s", exc)
 
     # -- the auction outlook -----------------------------------------------------------------
 

@@ -241,16 +241,19 @@ class AuctionClient(BaseClient):
 
     def sync(self) -> None:
         """Read the user's ledger-wide spend now (done before the first bid, then every
-        `sync_interval` seconds): the budget period on the server, or spend since the plan start."""
+        `sync_interval` seconds): the budget period on the server, or spend since the plan
+        start; and the price floor (`price_floor`)."""
         marker = self._bidder.sync_marker()
         path, params = self._sync_request()
         model: type[BudgetPeriod] | type[Spend] = BudgetPeriod if self._server_period else Spend
         payload = self._get(path, params, model)
         self._apply_sync(marker, payload)
         try:
-            self._floor_read(self._read_floor())
+            floor = self._read_floor()
         except APIError as exc:
-            self._floor_read(None, exc)
+            self._floor_failed(exc)
+        else:
+            self._floor.update(floor)
 
     def auction_outlook(self, value: Money, *, max_bid: Money | None = None) -> AuctionOutlook:
         """Where a request worth `value` would stand if sent now: the bid the pacing would
@@ -1030,16 +1033,19 @@ class AsyncAuctionClient(BaseClient):
 
     async def sync(self) -> None:
         """Read the user's ledger-wide spend now (done before the first bid, then every
-        `sync_interval` seconds): the budget period on the server, or spend since the plan start."""
+        `sync_interval` seconds): the budget period on the server, or spend since the plan
+        start; and the price floor (`price_floor`)."""
         marker = self._bidder.sync_marker()
         path, params = self._sync_request()
         model: type[BudgetPeriod] | type[Spend] = BudgetPeriod if self._server_period else Spend
         payload = await self._get(path, params, model)
         self._apply_sync(marker, payload)
         try:
-            self._floor_read(await self._read_floor())
+            floor = await self._read_floor()
         except APIError as exc:
-            self._floor_read(None, exc)
+            self._floor_failed(exc)
+        else:
+            self._floor.update(floor)
 
     async def auction_outlook(
         self, value: Money, *, max_bid: Money | None = None
