@@ -171,6 +171,16 @@ def test_the_warning_judges_the_paced_bid_not_the_value(server: FakeServer) -> N
         client.generate("hi", value="0.01")
 
 
+def test_a_warning_made_an_error_sends_nothing_and_holds_nothing(server: FakeServer) -> None:
+    server.rule = rule_body(FLOOR)
+    with make_client(server) as client, warnings.catch_warnings():
+        warnings.simplefilter("error", BelowFloorWarning)
+        with pytest.raises(BelowFloorWarning):
+            client.generate("hi", value="0.003")
+        assert client.bidder.in_flight_micros == 0
+    assert server.attempts_on("/generate") == []
+
+
 # -- the outlook --------------------------------------------------------------------------------
 
 
