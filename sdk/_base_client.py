@@ -35,14 +35,18 @@ from ._exceptions import (
     ConfigurationError,
     error_type,
 )
+from ._floor import FloorWatch, outlook
 from ._logs import logger, setup_logging
 from ._models import (
+    AuctionOutlook,
     BudgetPeriod,
     ChatCompletion,
     ChatMessage,
     Completion,
     GenerateResponse,
     Generation,
+    MarketPool,
+    PriceFloor,
     Spend,
     _Model,
     finish_type,
@@ -186,6 +190,8 @@ class BaseClient:
         self._state_path = None if state_file is None else Path(state_file)
         self._state_lock = threading.Lock()
         self._state_written = -1
+        # Shared with `with_options` copies, like the bidder.
+        self._floor = FloorWatch()
         pacing = budget if budget is not None else Budget(total=0, period=timedelta(days=1))
         state = None if self._state_path is None else load_state(self._state_path)
         if state is None:
@@ -204,6 +210,12 @@ class BaseClient:
     def bidder(self) -> PacingBidder:
         """The pacing state: `alpha`, `mu`, spend and what remains of the budget."""
         return self._bidder
+
+    @property
+    def price_floor(self) -> PriceFloor | None:
+        """The posted price floor as read at the last ledger sync (or `auction_outlook`);
+        None before the first read. Its mode is "off" on a server without a floor."""
+        return self._floor.floor
 
     @property
     def budget_limited(self) -> bool:
@@ -368,6 +380,11 @@ class BaseClient:
             logger.warning("%s; sending at bid 0", message)
             # Five frames up is the caller of `generate`, `chat` or `completions.create`.
             warnings.warn(message + "; sending at bid 0", BudgetExhaustedWarning, stacklevel=5)
+        elif self._floor.posted:
+            # Warned before the bid is reserved (a warning turned into an error must not leave
+            # it held); five frames up, as above. The bid still goes out as paced.
+            preview = self._bidder.preview(values[0], max_bid=cap)
+            self._floor.check(values[0], preview, stacklevel=5)
         fee = self._bidder.request_fee_micros
         (bid,) = self._bidder.bid(values, max_bid=cap)
         rid = rid or new_rid()
@@ -534,6 +551,33 @@ class BaseClient:
         self._synced = True
         self._last_sync = time.monotonic()
         self._save_state()
+
+    def _floor_failed(self, exc: Exception) -> None:
+        """The floor's read with a sync failed: keep the last one."""
+        # The floor only advises: a failed read must not fail the requests behind it.
+        logger.warning("reading the price floor failed, keeping the last one: %s", exc)
+
+    # -- the auction outlook -----------------------------------------------------------------
+
+    def _outlook_bid(self, value: Money, max_bid: Money | None) -> tuple[int, int]:
+        """The value in micro-credits and the bid the pacing would send for it now."""
+        value_micros = to_micros(value, name="value")
+        cap = None if max_bid is None else to_micros(max_bid, name="max_bid")
+        return value_micros, self._bidder.preview(value_micros, max_bid=cap)
+
+    def _outlook(
+        self, value_micros: int, bid: int, pool: MarketPool | None, floor: PriceFloor | None
+    ) -> AuctionOutlook:
+        """The outlook from the pool's figures, or from the rule's floor alone (a server
+        without the pool route); the fresh floor is kept for the warnings too."""
+        if pool is not None:
+            self._floor.update_level(pool.price_floor_micros)
+            micros = pool.price_floor_micros
+        else:
+            floor = floor or PriceFloor()
+            self._floor.update(floor)
+            micros = floor.micros if floor.posted else None
+        return outlook(value_micros, bid, micros, pool)
 
     def _sync_failed(self, exc: Exception) -> None:
         """A periodic sync failed: pace on local figures until the next one succeeds."""

@@ -23,10 +23,20 @@ from ._base_client import (
 )
 from ._budget import Budget
 from ._constants import DEFAULT_MAX_RETRIES, DEFAULT_SYNC_INTERVAL, DEFAULT_TIMEOUT
-from ._exceptions import APIError, ConfigurationError, make_status_error
+from ._exceptions import APIError, ConfigurationError, NotFoundError, make_status_error
 from ._ledger import AsyncLedger, AsyncMarket, AsyncModels, Ledger, Market, Models
 from ._logs import logger
-from ._models import BudgetPeriod, ChatCompletion, Completion, Generation, Spend
+from ._models import (
+    AuctionOutlook,
+    BudgetPeriod,
+    ChatCompletion,
+    Completion,
+    Generation,
+    MarketPool,
+    MarketRule,
+    PriceFloor,
+    Spend,
+)
 from ._streaming import (
     AsyncChatCompletionStream,
     AsyncStream,
@@ -231,12 +241,40 @@ class AuctionClient(BaseClient):
 
     def sync(self) -> None:
         """Read the user's ledger-wide spend now (done before the first bid, then every
-        `sync_interval` seconds): the budget period on the server, or spend since the plan start."""
+        `sync_interval` seconds): the budget period on the server, or spend since the plan
+        start; and the price floor (`price_floor`)."""
         marker = self._bidder.sync_marker()
         path, params = self._sync_request()
         model: type[BudgetPeriod] | type[Spend] = BudgetPeriod if self._server_period else Spend
         payload = self._get(path, params, model)
         self._apply_sync(marker, payload)
+        try:
+            floor = self._read_floor()
+        except APIError as exc:
+            self._floor_failed(exc)
+        else:
+            self._floor.update(floor)
+
+    def auction_outlook(self, value: Money, *, max_bid: Money | None = None) -> AuctionOutlook:
+        """Where a request worth `value` would stand if sent now: the bid the pacing would
+        send, whether it clears the price floor, the entrants ahead and the expected wait.
+
+        Nothing is sent or reserved. On a server without the pool figures (or without a
+        floor) the answer holds what is known: the bid and the floor.
+        """
+        self._ensure_synced()
+        value_micros, bid = self._outlook_bid(value, max_bid)
+        try:
+            pool = self._get("/v1/market/pool", {"bid": bid}, MarketPool)
+        except NotFoundError:
+            return self._outlook(value_micros, bid, None, self._read_floor())
+        return self._outlook(value_micros, bid, pool, None)
+
+    def _read_floor(self) -> PriceFloor:
+        try:
+            return self._get("/v1/market/rule", {}, MarketRule).price_floor
+        except NotFoundError:
+            return PriceFloor()  # a server from before the rule was published: no floor
 
     @overload
     def generate(
@@ -995,12 +1033,42 @@ class AsyncAuctionClient(BaseClient):
 
     async def sync(self) -> None:
         """Read the user's ledger-wide spend now (done before the first bid, then every
-        `sync_interval` seconds): the budget period on the server, or spend since the plan start."""
+        `sync_interval` seconds): the budget period on the server, or spend since the plan
+        start; and the price floor (`price_floor`)."""
         marker = self._bidder.sync_marker()
         path, params = self._sync_request()
         model: type[BudgetPeriod] | type[Spend] = BudgetPeriod if self._server_period else Spend
         payload = await self._get(path, params, model)
         self._apply_sync(marker, payload)
+        try:
+            floor = await self._read_floor()
+        except APIError as exc:
+            self._floor_failed(exc)
+        else:
+            self._floor.update(floor)
+
+    async def auction_outlook(
+        self, value: Money, *, max_bid: Money | None = None
+    ) -> AuctionOutlook:
+        """Where a request worth `value` would stand if sent now: the bid the pacing would
+        send, whether it clears the price floor, the entrants ahead and the expected wait.
+
+        Nothing is sent or reserved. On a server without the pool figures (or without a
+        floor) the answer holds what is known: the bid and the floor.
+        """
+        await self._ensure_synced()
+        value_micros, bid = self._outlook_bid(value, max_bid)
+        try:
+            pool = await self._get("/v1/market/pool", {"bid": bid}, MarketPool)
+        except NotFoundError:
+            return self._outlook(value_micros, bid, None, await self._read_floor())
+        return self._outlook(value_micros, bid, pool, None)
+
+    async def _read_floor(self) -> PriceFloor:
+        try:
+            return (await self._get("/v1/market/rule", {}, MarketRule)).price_floor
+        except NotFoundError:
+            return PriceFloor()  # a server from before the rule was published: no floor
 
     @overload
     async def generate(

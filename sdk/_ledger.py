@@ -17,6 +17,7 @@ from ._models import (
     LedgerEntry,
     LedgerPage,
     LedgerSummary,
+    MarketPool,
     MarketPrices,
     MarketRule,
     ModelList,
@@ -200,6 +201,11 @@ class Market:
         """The tiers a `--pricing tiers` server sells, with what each recently bought."""
         return self._client._get("/v1/market/tiers", {}, TierMenu)
 
+    def pool(self, *, bid: int | None = None) -> MarketPool:
+        """The rolling auction's waiting pool now; with `bid` (micro-credits), how many
+        entrants it would not overtake (404 on a server that does not publish it)."""
+        return self._client._get("/v1/market/pool", ledger_params(bid=bid), MarketPool)
+
 
 class AsyncMarket:
     """Recent clearing prices through an asynchronous client."""
@@ -219,3 +225,8 @@ class AsyncMarket:
     async def tiers(self) -> TierMenu:
         """The tiers a `--pricing tiers` server sells, with what each recently bought."""
         return await self._client._get("/v1/market/tiers", {}, TierMenu)
+
+    async def pool(self, *, bid: int | None = None) -> MarketPool:
+        """The rolling auction's waiting pool now; with `bid` (micro-credits), how many
+        entrants it would not overtake (404 on a server that does not publish it)."""
+        return await self._client._get("/v1/market/pool", ledger_params(bid=bid), MarketPool)

@@ -6,12 +6,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from ._constants import MICROS_PER_CREDIT
 
 __all__ = [
     "Auction",
+    "AuctionOutlook",
     "Balance",
     "BudgetPeriod",
     "ChatChoice",
@@ -27,11 +28,13 @@ __all__ = [
     "LedgerPage",
     "LedgerSummary",
     "LedgerSummaryRow",
+    "MarketPool",
     "MarketPrices",
     "MarketRule",
     "Model",
     "ModelList",
     "PriceBand",
+    "PriceFloor",
     "PricePerPriority",
     "Spend",
     "Tier",
@@ -486,6 +489,33 @@ class MarketPrices(_Model):
         return Decimal(self.request_fee_micros) / MICROS_PER_CREDIT
 
 
+class PriceFloor(_Model):
+    """The posted price floor under the rolling auction (`MarketRule.price_floor`).
+
+    A request whose bid is below `micros` waits outside the auction: it is served only when no
+    bid at or above the floor waits, and pays nothing. An entrant dispatched pays the floor plus
+    its rolling charge, capped at what its bid says its delay is worth. The floor moves after
+    every clearing towards keeping `target` entrants waiting. `mode` "off" (or an older server,
+    which sends no floor): no floor, `micros` and `target` None.
+    """
+
+    mode: Literal["off", "posted"] = "off"
+    micros: int | None = None
+    """The floor in force when it was read, in micro-credits; None when off."""
+    target: int | None = None
+    """The entrants waiting that the floor steers towards; None when off."""
+
+    @property
+    def posted(self) -> bool:
+        """Whether a floor is in force."""
+        return self.mode == "posted" and self.micros is not None
+
+    @property
+    def floor(self) -> Decimal | None:
+        """The floor in credits (None when off)."""
+        return credits(self.micros) if self.posted else None
+
+
 class MarketRule(_Model):
     """The pricing rule the server clears every batch under (`GET /v1/market/rule`).
 
@@ -502,11 +532,72 @@ class MarketRule(_Model):
     batch_size: int
     request_fee_micros: int = 0
     pricing: Literal["auction", "tiers", "fcfs"] = "auction"
+    price_floor: PriceFloor = PriceFloor()
+    """The posted price floor; mode "off" when the server has none (or predates floors)."""
+
+    @field_validator("price_floor", mode="before")
+    @classmethod
+    def _no_floor_is_off(cls, value: Any) -> Any:
+        return {} if value is None else value
 
     @property
     def request_fee(self) -> Decimal:
         """The request fee, in credits."""
         return Decimal(self.request_fee_micros) / MICROS_PER_CREDIT
+
+
+class MarketPool(_Model):
+    """The rolling auction's waiting pool now (`GET /v1/market/pool`).
+
+    `entrants` wait in the auction (bids at or above the floor), `outside` wait below it;
+    `ahead` is how many entrants the asked bid would not overtake (None when no bid was
+    asked); `starts_per_second` is the engine's recent rate of request starts.
+    """
+
+    price_floor_micros: int | None = None
+    """The floor in force; None when the server posts none."""
+    entrants: int
+    outside: int
+    ahead: int | None = None
+    starts_per_second: float
+
+
+class AuctionOutlook(_Model):
+    """Where a request worth `value` would stand if sent now (`client.auction_outlook`).
+
+    `bid_micros` is the bid the pacing would send for it now; `clears_floor` says whether that
+    bid enters the auction (at or above the floor; with no floor, any bid above 0).
+    `entrants`, `outside`, `ahead` and `starts_per_second` are the server's pool figures (None
+    on a server without `GET /v1/market/pool`). `expected_wait_seconds` is `ahead /
+    starts_per_second` for a bid that clears the floor, None when unknown: no pool figures, no
+    starts recently, or a bid below the floor, which waits until no entrant does.
+    """
+
+    value_micros: int
+    bid_micros: int
+    price_floor_micros: int | None = None
+    """The floor in force (None: no floor posted)."""
+    clears_floor: bool
+    entrants: int | None = None
+    outside: int | None = None
+    ahead: int | None = None
+    starts_per_second: float | None = None
+    expected_wait_seconds: float | None = None
+
+    @property
+    def value(self) -> Decimal:
+        """The value asked about, in credits."""
+        return Decimal(self.value_micros) / MICROS_PER_CREDIT
+
+    @property
+    def bid(self) -> Decimal:
+        """The bid the pacing would send, in credits."""
+        return Decimal(self.bid_micros) / MICROS_PER_CREDIT
+
+    @property
+    def price_floor(self) -> Decimal | None:
+        """The floor in force, in credits (None: no floor posted)."""
+        return credits(self.price_floor_micros)
 
 
 class Tier(_Model):
@@ -537,7 +628,9 @@ class LedgerEntry(_Model):
 
     `amount_micros` is signed as the entry moves the balance: grants and refunds are positive,
     charges negative, a `fee` negative when paid and positive when given back for a failed
-    request (a hold or release moves held money: a hold is positive, its release negative).
+    request, a `floor` (the price floor's part of a charge, booked beside its `charge` entry)
+    negative like a charge (a hold or release moves held money: a hold is positive, its
+    release negative).
     `rid` is the request id as the client sent it.
     """
 

@@ -289,26 +289,12 @@ class PacingBidder:
                     total_micros=self._total,
                 )
             self._v_max = max(self._v_max, sum(values))
-            mu = 0.0
-            if self._budget.pacing == "asap":
-                bids = list(values)
-            else:
-                if self._probe == 0.0 and sum(values) > 0:
-                    # The slow start's first bid: the target itself, whose charge (never above
-                    # the bid) cannot overshoot it.
-                    self._probe = min(1.0, self._gamma(now) / sum(values))
-                fade = self._fade(now)
-                # The multiplier alpha, not mu, goes linearly to 1 over the final stretch:
-                # `alpha' = 1 - (1 - alpha) * fade`, i.e. the `mu` below. Scaling mu instead
-                # leaves a large mu (a small target late in a plan) shading bids almost to
-                # the end, when the last of the budget is still to be spent.
-                mu = self._current_mu()
-                mu = mu * fade / (1.0 + mu * (1.0 - fade))
-                bids = [_scale(v, mu) for v in values]
-            for cap in (self._budget.max_bid_micros, max_bid):
-                if cap is not None:
-                    bids = [min(b, cap) for b in bids]
-            bids = self._guard(bids, fees)
+            if self._budget.pacing != "asap" and self._probe == 0.0 and sum(values) > 0:
+                # The slow start's first bid: the target itself, whose charge (never above
+                # the bid) cannot overshoot it.
+                self._probe = min(1.0, self._gamma(now) / sum(values))
+            mu = self._bid_mu(sum(values), now)
+            bids, self._guarded = self._guard(self._capped(values, mu, max_bid), fees)
             if self._probe:
                 # Settled by the reserved amount, which is how the charge finds its multiplier.
                 self._probe_bids.setdefault(sum(bids) + fees, []).append(1.0 / (1.0 + mu))
@@ -316,6 +302,19 @@ class PacingBidder:
                     self._probe_bids.popitem(last=False)
             self._reserved += sum(bids) + fees
             return bids
+
+    def preview(self, value: int, *, max_bid: int | None = None) -> int:
+        """The bid `bid([value])` would send now, without reserving it or learning from it
+        (0 when what is available cannot pay the request fee)."""
+        if value < 0:
+            raise ValueError("values must not be negative")
+        with self._lock:
+            now = self._clock()
+            self._roll(now)
+            (bid,), _ = self._guard(
+                self._capped([value], self._bid_mu(value, now), max_bid), self._fee
+            )
+            return max(0, bid)
 
     def reserve(self, amount: int) -> int:
         """Reserve up to `amount` of the available budget for a bid placed elsewhere."""
@@ -542,15 +541,37 @@ class PacingBidder:
     def _available(self) -> int:
         return max(0, self._total - self._spent - self._reserved - self._others_held)
 
-    def _guard(self, bids: list[int], fees: int = 0) -> list[int]:
+    def _bid_mu(self, total_value: int, now: float) -> float:
+        """The dual variable a bid for values summing to `total_value` goes out at now."""
+        if self._budget.pacing == "asap":
+            return 0.0
+        probe = self._probe
+        if probe == 0.0 and total_value > 0:
+            probe = min(1.0, self._gamma(now) / total_value)  # what the first bid will set
+        mu = 1.0 / probe - 1.0 if probe else self._mu
+        fade = self._fade(now)
+        # The multiplier alpha, not mu, goes linearly to 1 over the final stretch:
+        # `alpha' = 1 - (1 - alpha) * fade`, i.e. the `mu` below. Scaling mu instead leaves a
+        # large mu (a small target late in a plan) shading bids almost to the end, when the
+        # last of the budget is still to be spent.
+        return mu * fade / (1.0 + mu * (1.0 - fade))
+
+    def _capped(self, values: Sequence[int], mu: float, max_bid: int | None) -> list[int]:
+        bids = [_scale(v, mu) for v in values]
+        for cap in (self._budget.max_bid_micros, max_bid):
+            if cap is not None:
+                bids = [min(b, cap) for b in bids]
+        return bids
+
+    def _guard(self, bids: list[int], fees: int = 0) -> tuple[list[int], bool]:
+        """The bids scaled down to what is available, and whether that cut them."""
         # The fees are paid whatever the bids: what is left after them caps the bids.
-        available = self._available() - fees
+        available = max(0, self._available() - fees)
         total = sum(bids)
-        self._guarded = total > available
-        if not self._guarded:
-            return bids
+        if total <= available:
+            return bids, False
         # Scaling each bid by available/total (rounded down) keeps the sum within reach.
-        return [b * available // total for b in bids]
+        return [b * available // total for b in bids], True
 
     def _observe(
         self,

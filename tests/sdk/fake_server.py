@@ -4,6 +4,12 @@ It batches concurrent requests (a batch closes when `batch_size` requests have j
 `wait` seconds), charges every batch `charge_share` of its bids (1 = the adversarial case of
 charging the full bid), treats the rid as an idempotency key, and records what it saw so tests
 can check the SDK's promises from the server's side.
+
+With a price `floor`, a request bidding at least the floor pays it plus `charge_share` of the
+rest of its bid, and each request reports its own charge (floor included), booked as a `charge`
+entry per batch and a `floor` entry per request; a bid below the floor pays nothing. `rule` and
+`pool`, when set, are the bodies of `GET /v1/market/rule` and `GET /v1/market/pool` (404 when
+None, as on a server without them).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class _Batch:
     closed: bool = False
     charge: int = 0
     event: asyncio.Event | None = None
+    shares: dict[str, int] = field(default_factory=dict)
 
 
 class FakeServer:
@@ -46,8 +53,12 @@ class FakeServer:
         charge_share: Fraction = Fraction(1),
         wait: float = 1.0,
         stream_error: bool = False,
+        floor: int = 0,
     ) -> None:
         self.batch_size = batch_size
+        self.floor = floor
+        self.rule: dict[str, Any] | None = None
+        self.pool: dict[str, Any] | None = None
         self.charge_share = charge_share
         self.wait = wait
         self.stream_error = stream_error
@@ -181,23 +192,43 @@ class FakeServer:
         if self.open is batch:
             self.open = None
         total = sum(batch.bids.values())
-        batch.charge = int(total * self.charge_share)
         self.in_flight -= total
+        if self.floor:
+            self._charge_over_floor(batch)
+        else:
+            batch.charge = int(total * self.charge_share)
+            self._book("charge", batch.charge, batch.id)
         self.total_charged += batch.charge
+        self.cond.notify_all()
+        if batch.event is not None:
+            batch.event.set()
+
+    def _charge_over_floor(self, batch: _Batch) -> None:
+        # Called with the lock held: the floor and a share of the rest from each entrant.
+        rolling = 0
+        for rid, bid in batch.bids.items():
+            if bid < self.floor:
+                batch.shares[rid] = 0
+                continue
+            part = int((bid - self.floor) * self.charge_share)
+            batch.shares[rid] = self.floor + part
+            rolling += part
+            self._book("floor", self.floor, batch.id, rid)
+        batch.charge = sum(batch.shares.values())
+        self._book("charge", rolling, batch.id)
+
+    def _book(self, kind: str, amount: int, batch_id: str, rid: str | None = None) -> None:
         self.entries.append(
             {
                 "id": len(self.entries) + 1,
-                "kind": "charge",
-                "amount_micros": -batch.charge,
-                "batch_id": batch.id,
-                "rid": None,
+                "kind": kind,
+                "amount_micros": -amount,
+                "batch_id": batch_id,
+                "rid": rid,
                 "reason": None,
                 "created_at": "2030-01-01T00:00:00+00:00",
             }
         )
-        self.cond.notify_all()
-        if batch.event is not None:
-            batch.event.set()
 
     def _finish(
         self, request: httpx.Request, body: dict[str, Any], batch: _Batch
@@ -214,6 +245,9 @@ class FakeServer:
             "bid_micros": batch.bids[rid],
             "charge_micros": batch.charge,
         }
+        if self.floor:
+            auction["user_batch_charge_micros"] = batch.charge
+            auction["request_charge_micros"] = batch.shares[rid]
         if _route(request) == "/generate":
             payload = _generation(rid, body, auction)
         else:
@@ -254,7 +288,9 @@ class FakeServer:
         if path == "/v1/spend":
             # The ledger's entries: scripted ones and this server's own charges.
             booked = sum(
-                e["amount_micros"] for e in self.entries if e["kind"] in ("charge", "refund")
+                e["amount_micros"]
+                for e in self.entries
+                if e["kind"] in ("charge", "refund", "floor")
             )
             scripted = {e["batch_id"] for e in self.entries if e["kind"] == "charge"}
             spend = {
@@ -267,6 +303,10 @@ class FakeServer:
             return httpx.Response(200, json=spend)
         if path == "/v1/budget":
             return httpx.Response(200, json=self.budget_period)
+        if path == "/v1/market/rule" and self.rule is not None:
+            return httpx.Response(200, json=self.rule)
+        if path == "/v1/market/pool" and self.pool is not None:
+            return httpx.Response(200, json=self.pool)
         if path == "/v1/ledger/summary":
             row = {
                 "period_start": "2030-01-01T00:00:00Z",

@@ -49,6 +49,14 @@ class LiveServer:
         return name, str(response.json()["api_key"])
 
 
+def serve_takes(option: str) -> bool:
+    """Whether this server's `serve` command accepts `option` (a feature it may predate)."""
+    shown = subprocess.run(
+        [*CLI, "serve", "--help"], capture_output=True, text=True, check=True, timeout=120
+    )
+    return option in shown.stdout
+
+
 def _create_admin(env: dict[str, str]) -> str:
     name = "admin-" + secrets.token_hex(3)
     created = subprocess.run(
@@ -63,8 +71,9 @@ def _create_admin(env: dict[str, str]) -> str:
 
 
 @contextmanager
-def live_server(tmp: Path, **settings: object) -> Iterator[LiveServer]:
-    """Start a server (settings as `INFERENCE_AUCTION_*` variables); stop it afterwards."""
+def live_server(tmp: Path, *args: str, **settings: object) -> Iterator[LiveServer]:
+    """Start a server (`args` added to `serve`'s command line, settings as
+    `INFERENCE_AUCTION_*` variables); stop it afterwards."""
     database_url = f"sqlite:///{tmp / 'ledger.db'}"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERENCE_AUCTION_")}
@@ -83,7 +92,7 @@ def live_server(tmp: Path, **settings: object) -> Iterator[LiveServer]:
     log = tmp / "server.log"
     with log.open("ab") as output:
         process = subprocess.Popen(
-            [*CLI, "serve", "--log-level", "warning"], env=env, stdout=output, stderr=output
+            [*CLI, "serve", "--log-level", "warning", *args], env=env, stdout=output, stderr=output
         )
     url = f"http://127.0.0.1:{port}"
     try:

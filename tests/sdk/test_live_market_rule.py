@@ -18,7 +18,7 @@ async def test_the_rule_is_published_as_the_settings_give_it(live: LiveServer) -
     with AuctionClient(live.url, key) as client:
         rule = client.market.rule()
     # The server's defaults: the rolling auction's fixed slots, as many as the batch size (8
-    # here), no fee, no price floor.
+    # here), no fee, no price floor (a server that sends none has it off).
     assert rule.model_dump() == {
         "pricing_rule": "rolling-slots",
         "priority_slots": 8,
