@@ -84,6 +84,10 @@ class Auction(_Model):
     request_fee_micros: int = 0
     """The request fee this request pays besides its charge (0 when the server has none);
     given back if the request fails."""
+    floor_micros: int = 0
+    """Under a posted price floor, what this request pays of the floor besides its charge (0
+    when the server runs none, and for a request that waited outside); given back if the
+    request fails."""
     per_request_charges: bool = Field(default=False, repr=False)
     """Whether the server sent `request_charge_micros` (else it repeats the batch charge)."""
 

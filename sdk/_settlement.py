@@ -41,8 +41,9 @@ class Settlement:
             charge = (
                 auction.request_charge_micros if per_request else auction.user_batch_charge_micros
             )
-            # The request's fee is spent too (a server with a fee splits charges per request).
-            charge += auction.request_fee_micros
+            # The request's fee and its part of a posted floor are spent too (a server with
+            # either splits charges per request).
+            charge += auction.request_fee_micros + auction.floor_micros
             self._bidder.set_request_fee(auction.request_fee_micros)
             self._bidder.settle(
                 auction.batch_id,

@@ -131,7 +131,7 @@ def test_a_bid_below_the_floor_warns_waits_outside_and_pays_nothing(floored: Liv
         mine = [e for e in client.ledger.iter_entries() if e.rid == r.rid]
     # Sent as paced, not raised to the floor; served when no entrant waited, for nothing.
     assert r.auction.bid_micros == below
-    assert r.auction.request_charge_micros == 0
+    assert r.auction.request_charge_micros == 0 and r.auction.floor_micros == 0
     assert [e for e in mine if e.kind in _SPEND_KINDS and e.amount_micros] == []
 
 
@@ -151,7 +151,9 @@ def test_floor_charges_count_as_spend_once_per_dispatched_request(floored: LiveS
     booked = -sum(e.amount_micros for e in entries if e.kind in _SPEND_KINDS)
     floors = [e.amount_micros for e in entries if e.kind == "floor"]
     assert floors and all(amount < 0 for amount in floors)  # the entrants paid the floor
-    assert counted == booked == sum(r.auction.request_charge_micros for r in results)
+    paid = [r.auction.request_charge_micros + r.auction.floor_micros for r in results]
+    assert counted == booked == sum(paid)
+    assert sum(r.auction.floor_micros for r in results) == -sum(floors)
     assert spend.spent_micros == booked  # the server counts floor entries as spend too
 
 
