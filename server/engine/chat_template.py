@@ -66,9 +66,21 @@ class ChatTemplate:
     def render(self, messages: list[tuple[str, str]]) -> str:
         """The prompt of (role, content) messages, ending with the assistant's turn opened."""
         conversation = [{"role": role, "content": content} for role, content in messages]
-        return self._template.render(
-            messages=conversation, add_generation_prompt=True, **self._special
-        )
+        return self.render_messages(conversation, None)
+
+    def render_messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> str:
+        """The prompt of OpenAI-shaped messages (an assistant's `tool_calls`, a tool's
+        answer) and the tools offered (None: none), as transformers passes them."""
+        try:
+            return self._template.render(
+                messages=messages, tools=tools, add_generation_prompt=True, **self._special
+            )
+        except ChatTemplateError:
+            raise
+        except Exception as error:  # a template that cannot walk these messages, say
+            raise ChatTemplateError(f"the chat template failed: {error}") from None
 
 
 def _token_text(value: Any) -> str | None:
