@@ -24,7 +24,14 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "FunctionSpec",
@@ -40,6 +47,9 @@ __all__ = [
 FunctionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
 
 
+_FUNCTION_FIELDS = ("name", "description", "parameters", "strict")
+
+
 class FunctionSpec(BaseModel):
     """A function a tool declares: its name, what it does, its arguments' JSON schema."""
 
@@ -49,6 +59,19 @@ class FunctionSpec(BaseModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    # The order the client wrote the fields in: templates render a tool as sent.
+    sent_order: list[str] = Field(default_factory=list, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _remember_order(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {**data, "sent_order": [key for key in data if key in _FUNCTION_FIELDS]}
+        return data
+
+    def as_sent(self) -> dict[str, Any]:
+        """The function as the client declared it: its known fields, in its order."""
+        return {key: getattr(self, key) for key in self.sent_order}
 
 
 class ToolSpec(BaseModel):
@@ -135,26 +158,12 @@ class ToolPlan:
         return list(self.tools)
 
     def template_tools(self) -> list[dict[str, Any]] | None:
-        """The offered tools as SGLang 0.5.23 hands them to a chat template (its `Tool`
-        model dumped whole, unset fields as nulls): templates that `tojson` a tool render
-        the same prompt here as at the engine."""
+        """The offered tools as the client declared them (None: none offered); the engine
+        shapes them for its template (`server.engine.chat_template.sglang_template_tools`)."""
         offered = self.offered()
         if not offered:
             return None
-        return [
-            {
-                "type": "function",
-                "function": {
-                    "description": tool.function.description,
-                    "name": tool.function.name,
-                    "parameters": tool.function.parameters,
-                    "strict": tool.function.strict,
-                    "defer_loading": None,
-                },
-                "defer_loading": None,
-            }
-            for tool in offered
-        ]
+        return [{"type": "function", "function": tool.function.as_sent()} for tool in offered]
 
     def names(self) -> frozenset[str]:
         """The names a call may have."""

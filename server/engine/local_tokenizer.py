@@ -110,17 +110,13 @@ TOOL_CHAT_PROBE: tuple[list[dict[str, Any]], list[dict[str, Any]]] = (
         {
             "type": "function",
             "function": {
-                "description": "The weather in a city.",
                 "name": "get_weather",
                 "parameters": {
                     "type": "object",
                     "properties": {"city": {"type": "string"}},
                     "required": ["city"],
                 },
-                "strict": None,
-                "defer_loading": None,
             },
-            "defer_loading": None,
         }
     ],
 )

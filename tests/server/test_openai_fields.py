@@ -93,17 +93,7 @@ def front(
 CHAT = {"messages": [{"role": "user", "content": "name three rivers"}], "max_tokens": 3}
 PARAMETERS = {"type": "object", "properties": {"n": {"type": "integer"}}}
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": PARAMETERS}}]
-TEMPLATE_TOOL = {
-    "type": "function",
-    "function": {
-        "description": None,
-        "name": "f",
-        "parameters": PARAMETERS,
-        "strict": None,
-        "defer_loading": None,
-    },
-    "defer_loading": None,
-}
+TEMPLATE_TOOL = TOOLS[0]
 REQUIRED_SCHEMA = (
     '{"type":"array","minItems":1,"items":{"type":"object","anyOf":[{"properties":'
     '{"name":{"type":"string","enum":["f"]},"parameters":'
