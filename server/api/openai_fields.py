@@ -7,7 +7,7 @@ No field is dropped without a word. Each top-level field of a chat or text compl
   `response_format` (JSON object or JSON schema, as SGLang's `json_schema` constraint),
   `logprobs`, `stream`, `service_tier`, tool calling (`tools`, `tool_choice`,
   `parallel_tool_calls`: rendered by the model's chat template, constrained and read as SGLang
-  does, `server.api.tool_calls`; on an SGLang engine only, and not streamed), and SGLang's own
+  does, `server.api.tool_calls`; on an SGLang engine only), and SGLang's own
   extra sampling fields that its OpenAI routes take (`top_k`, `min_p`, `regex`, ...), passed
   to the engine as SGLang would;
 * accepted as a label that changes nothing in the answer (`user`, `metadata`, `store`,

@@ -40,9 +40,11 @@ from inference_auctions.server.api.model_name import check_model, served_model
 from inference_auctions.server.api.openai_fields import json_schema_of
 from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody, OpenAIBody
 from inference_auctions.server.api.tool_call_parser import (
+    ParsedCall,
     openai_tool_calls,
     parse_constrained,
     parse_tagged,
+    streamable_end,
 )
 from inference_auctions.server.api.tool_calls import ToolPlan
 from inference_auctions.server.api.user_limits import remember
@@ -166,11 +168,6 @@ def _tool_chat(state: AppState, body: ChatBody) -> tuple[ToolPlan | None, ToolCh
             "its chat template has no tools); an SGLang engine (--engine-url) serves them",
             param=field,
         )
-    if plan is not None and plan.parses and body.stream:
-        raise InvalidRequest(
-            "stream: tool calls are not streamed yet; send stream false, or tool_choice 'none'",
-            param="stream",
-        )
     try:
         messages = [message.template_message() for message in body.messages]
     except ValueError as error:  # arguments already checked: kept for a clear message
@@ -278,7 +275,7 @@ class _Renderer:
         self, rid: str, model: str, kind: str, logprobs: bool = False, tools: ToolPlan | None = None
     ) -> None:
         self.rid, self.model, self.kind = rid, model, kind
-        self.tools = tools  # the answer is read for calls of these (never streamed)
+        self.tools = tools  # the answer is read for calls of these
         self.created = int(time.time())
         self._sent = 0
         self.logprobs = logprobs  # asked of the engine: OpenAI's shape of them goes out
@@ -324,12 +321,18 @@ class _Renderer:
         delta = ""
         reason = None
         logprobs = None
+        calls: list[dict[str, Any]] = []
         if chunk is not None:
-            delta, self._sent = chunk.text[self._sent :], len(chunk.text)
             reason = finish_reason(chunk.meta_info)
             logprobs = self._logprobs(chunk.meta_info)
+            if self.tools is None:
+                delta, self._sent = chunk.text[self._sent :], len(chunk.text)
+            else:
+                delta, calls, reason = self._tool_delta(self.tools, chunk.text, reason)
         if self.kind == "chat.completion":
             content: dict[str, Any] = {"content": delta}
+            if calls:
+                content["tool_calls"] = calls
             if chunk is None:
                 content["role"] = "assistant"
             choice: dict[str, Any] = {"index": 0, "delta": content, "finish_reason": reason}
@@ -345,27 +348,48 @@ class _Renderer:
             body["usage"] = usage(chunk.meta_info)
         return body
 
+    def _tool_delta(
+        self, plan: ToolPlan, text: str, reason: str | None
+    ) -> tuple[str, list[dict[str, Any]], str | None]:
+        """The content delta, the calls and the finish reason of a streamed answer read for
+        calls. Content that cannot be a call goes out as it comes (none under a constraint);
+        the rest is held until the answer ends, then sent as calls or, if it is not wholly
+        calls, as content."""
+        if reason is None:
+            end = 0 if plan.constrained else streamable_end(text)
+            delta, self._sent = text[self._sent : max(end, self._sent)], max(end, self._sent)
+            return delta, [], None
+        found = _calls_in(plan, text)
+        if found is None:
+            delta, self._sent = text[self._sent :], len(text)
+            return delta, [], reason
+        start = 0 if plan.constrained else text.find("<tool_call>")
+        delta, self._sent = text[self._sent : max(start, self._sent)].rstrip(), len(text)
+        calls = [{"index": i, **call} for i, call in enumerate(openai_tool_calls(found[1]))]
+        return delta, calls, "tool_calls" if reason == "stop" else reason
+
+
+def _calls_in(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall]] | None:
+    """The content and the calls of an answer read for calls; None when it is not calls."""
+    names = plan.names()
+    if plan.constrained:
+        constrained = parse_constrained(text, names)
+        return None if constrained is None else (None, constrained)
+    content, calls = parse_tagged(text, names)
+    if not calls:
+        return None
+    return content, calls if plan.parallel else calls[:1]
+
 
 def _read_calls(plan: ToolPlan, message: dict[str, Any], reason: str | None) -> str | None:
     """Move the calls in `message`'s content to its `tool_calls`; the finish reason then.
 
     As SGLang's chat route: an answer that stopped on its own with calls in it finished with
     `tool_calls`; one cut by `max_tokens` keeps `length`."""
-    text = message["content"]
-    names = plan.names()
-    if plan.constrained:
-        content: str | None = None
-        calls = parse_constrained(text, names)
-        if calls is None:
-            return reason
-    else:
-        content, calls = parse_tagged(text, names)
-        if not calls:
-            return reason
-        if not plan.parallel:
-            calls = calls[:1]
-    message["content"] = content
-    message["tool_calls"] = openai_tool_calls(calls)
+    found = _calls_in(plan, message["content"])
+    if found is None:
+        return reason
+    message["content"], message["tool_calls"] = found[0], openai_tool_calls(found[1])
     return "tool_calls" if reason == "stop" else reason
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "openai_tool_calls",
     "parse_constrained",
     "parse_tagged",
+    "streamable_end",
 ]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
@@ -94,6 +95,20 @@ def parse_tagged(text: str, names: Collection[str]) -> tuple[str | None, list[Pa
         return text, []
     content = text[:start].strip()
     return content or None, calls
+
+
+def streamable_end(text: str) -> int:
+    """How much of an `auto` answer so far may be streamed as content before it ends: the text
+    before its first `<tool_call>`, less a tail that may be the start of one, less trailing
+    blanks (they may precede a call, and a call's content is stripped)."""
+    end = text.find(_OPEN)
+    if end < 0:
+        end = len(text)
+        for size in range(min(len(_OPEN) - 1, len(text)), 0, -1):
+            if text.endswith(_OPEN[:size]):
+                end -= size
+                break
+    return len(text[:end].rstrip())
 
 
 def openai_tool_calls(calls: list[ParsedCall]) -> list[dict[str, Any]]:

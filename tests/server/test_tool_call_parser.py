@@ -12,6 +12,7 @@ from inference_auctions.server.api.tool_call_parser import (
     openai_tool_calls,
     parse_constrained,
     parse_tagged,
+    streamable_end,
 )
 
 NAMES = frozenset({"get_weather", "get_time"})
@@ -97,3 +98,20 @@ def test_openai_tool_calls_carry_ids_and_arguments_as_json_strings() -> None:
     assert calls[0]["id"] != calls[1]["id"]
     assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Zürich"}'}
     assert json.loads(calls[1]["function"]["arguments"]) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "streamable"),
+    [
+        ("Let me check", "Let me check"),
+        ("Let me check. ", "Let me check."),  # blanks may come before a call
+        ("Let me check. <tool", "Let me check."),  # may be the start of a call
+        ("Let me check. <tool_call>\n{", "Let me check."),
+        ("a < b", "a < b"),
+        ("a <b>", "a <b>"),
+        ("<", ""),
+        ("<tool_call>", ""),
+    ],
+)
+def test_an_auto_answer_streams_only_what_cannot_be_a_call(text: str, streamable: str) -> None:
+    assert text[: streamable_end(text)] == streamable

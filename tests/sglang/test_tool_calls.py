@@ -180,3 +180,34 @@ def test_auto_reads_a_call_from_the_text_then_takes_the_result_in_the_next_turn(
     assert plain.usage is not None
     assert plain.usage.prompt_tokens == _engine_prompt_tokens(server, ASK, None)
     assert_ledger_settled(server, ["bob"])
+
+
+def test_streamed_calls_arrive_whole_in_the_last_chunk_after_the_text_before_them(
+    server: RunningServer,
+) -> None:
+    client = _openai(server, "cy")
+    asks: list[dict[str, Any]] = [
+        {"tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 64},
+        {"max_tokens": 120, "extra_body": {"regex": "Checking\\. " + CALL_OSLO}},
+    ]
+    for ask in asks:
+        content, calls, reasons = "", [], []
+        for chunk in client.chat.completions.create(
+            model="default", messages=ASK, tools=TOOLS, temperature=0, stream=True, **ask
+        ):
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            calls += delta.tool_calls or []
+            reasons.append(chunk.choices[0].finish_reason)
+        assert reasons[-1] == "tool_calls" and set(reasons[:-1]) == {None}, (ask, reasons)
+        assert len(calls) == 1 and calls[0].index == 0, calls
+        assert calls[0].id and calls[0].id.startswith("call_") and calls[0].type == "function"
+        assert calls[0].function is not None and calls[0].function.arguments is not None
+        arguments = json.loads(calls[0].function.arguments)
+        if "regex" in ask.get("extra_body", {}):
+            assert content == "Checking."
+            assert calls[0].function.name == "get_weather" and arguments == {"city": "Oslo"}
+        else:
+            assert content == ""  # a constrained answer is all calls: nothing streams before
+            assert calls[0].function.name in {"get_weather", "get_time"}
+    assert_ledger_settled(server, ["cy"])
