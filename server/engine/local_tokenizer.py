@@ -95,7 +95,7 @@ TOOL_CHAT_PROBE: tuple[list[dict[str, Any]], list[dict[str, Any]]] = (
         {"role": "user", "content": "Weather in Paris?"},
         {
             "role": "assistant",
-            "content": None,
+            "content": "",  # not None: a template without tool support renders it too
             "tool_calls": [
                 {
                     "id": "call_0",

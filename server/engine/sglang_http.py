@@ -524,8 +524,9 @@ class SGLangHTTPEngine(EngineBase):
         if self._tool_template and template is not None and tokenizer is not None:
             try:
                 text = template.render_messages(messages, tools)
-            except ChatTemplateError:
-                pass  # the engine says how it refuses, by its own rules
+            except ChatTemplateError as error:
+                # It renders as the engine's does, so the engine would refuse it too.
+                raise ChatRefused(str(error)) from None
             else:
                 if len(text) <= INLINE_TOKENIZE_CHARS:
                     return _local_array(tokenizer.encode(text, add_special_tokens=special))

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from tokenizers import Tokenizer
 
+from bench.sglang_cpu.make_model import CHAT_TEMPLATE
 from bench.sglang_cpu.tool_model import TOOL_TEMPLATE
 from inference_auctions.server.engine.chat_template import sglang_template_tools
 from inference_auctions.server.engine.errors import ChatRefused
@@ -138,3 +139,21 @@ async def test_an_engine_that_renders_no_chats_cannot_be_shown_tools(model_folde
             await engine.tokenize_chat([("user", "hello")])  # a plain transcript from now on
             with pytest.raises(ChatRefused, match="cannot show the model tools"):
                 await engine.tokenize_tool_chat(LATER, TOOLS)
+
+
+async def test_a_chat_the_template_cannot_render_is_refused_without_asking_the_engine(
+    tmp_path: Path,
+) -> None:
+    # The plain ChatML template knows no tools: it renders the probe as the engine does, but
+    # not an assistant turn whose content is null.
+    folder = tmp_path / "model"
+    word_level_tokenizer(folder, bos=True)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    null_content = [*MESSAGES[:2], {**MESSAGES[2], "content": None}, MESSAGES[3]]
+    with _engine(folder, template=CHAT_TEMPLATE) as (url, counts):
+        async with started_engine(url, learn_tokenizer=True) as engine:
+            asked = counts.paths["/tokenize"]
+            assert len(await engine.tokenize_tool_chat(LATER, TOOLS)) > 0
+            with pytest.raises(ChatRefused, match="the chat template failed"):
+                await engine.tokenize_tool_chat(null_content, TOOLS)
+            assert counts.paths["/tokenize"] == asked
