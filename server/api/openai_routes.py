@@ -40,10 +40,9 @@ from inference_auctions.server.api.model_name import check_model, served_model
 from inference_auctions.server.api.openai_fields import json_schema_of
 from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody, OpenAIBody
 from inference_auctions.server.api.tool_call_parser import (
-    ParsedCall,
+    CALL_OPEN,
+    calls_in,
     openai_tool_calls,
-    parse_constrained,
-    parse_tagged,
     streamable_end,
 )
 from inference_auctions.server.api.tool_calls import ToolPlan
@@ -123,7 +122,7 @@ async def chat_completions(request: Request) -> Response:
         if schema is not None:
             raise InvalidRequest(
                 "response_format: cannot constrain the answer to a JSON schema as well as to "
-                f"tool calls (tool_choice {body_choice(plan)})",
+                f"tool calls (tool_choice {_written(plan)})",
                 param="response_format",
             )
         sampling["json_schema"] = plan.json_schema()
@@ -145,7 +144,7 @@ async def chat_completions(request: Request) -> Response:
     )
 
 
-def body_choice(plan: ToolPlan) -> str:
+def _written(plan: ToolPlan) -> str:
     """The tool choice as the client wrote it, for messages."""
     return f"naming {plan.choice!r}" if plan.named else repr(plan.choice)
 
@@ -168,10 +167,7 @@ def _tool_chat(state: AppState, body: ChatBody) -> tuple[ToolPlan | None, ToolCh
             "its chat template has no tools); an SGLang engine (--engine-url) serves them",
             param=field,
         )
-    try:
-        messages = [message.template_message() for message in body.messages]
-    except ValueError as error:  # arguments already checked: kept for a clear message
-        raise InvalidRequest(f"messages: {error}", param="messages") from None
+    messages = [message.template_message() for message in body.messages]
     return plan, ToolChat(messages, plan.template_tools() if plan is not None else None)
 
 
@@ -359,26 +355,14 @@ class _Renderer:
             end = 0 if plan.constrained else streamable_end(text)
             delta, self._sent = text[self._sent : max(end, self._sent)], max(end, self._sent)
             return delta, [], None
-        found = _calls_in(plan, text)
+        found = calls_in(plan, text)
         if found is None:
             delta, self._sent = text[self._sent :], len(text)
             return delta, [], reason
-        start = 0 if plan.constrained else text.find("<tool_call>")
+        start = 0 if plan.constrained else text.find(CALL_OPEN)
         delta, self._sent = text[self._sent : max(start, self._sent)].rstrip(), len(text)
         calls = [{"index": i, **call} for i, call in enumerate(openai_tool_calls(found[1]))]
         return delta, calls, "tool_calls" if reason == "stop" else reason
-
-
-def _calls_in(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall]] | None:
-    """The content and the calls of an answer read for calls; None when it is not calls."""
-    names = plan.names()
-    if plan.constrained:
-        constrained = parse_constrained(text, names)
-        return None if constrained is None else (None, constrained)
-    content, calls = parse_tagged(text, names)
-    if not calls:
-        return None
-    return content, calls if plan.parallel else calls[:1]
 
 
 def _read_calls(plan: ToolPlan, message: dict[str, Any], reason: str | None) -> str | None:
@@ -386,7 +370,7 @@ def _read_calls(plan: ToolPlan, message: dict[str, Any], reason: str | None) -> 
 
     As SGLang's chat route: an answer that stopped on its own with calls in it finished with
     `tool_calls`; one cut by `max_tokens` keeps `length`."""
-    found = _calls_in(plan, message["content"])
+    found = calls_in(plan, message["content"])
     if found is None:
         return reason
     message["content"], message["tool_calls"] = found[0], openai_tool_calls(found[1])

@@ -22,18 +22,23 @@ import re
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inference_auctions.server.api.tool_calls import ToolPlan
 
 __all__ = [
+    "CALL_OPEN",
     "ParsedCall",
+    "calls_in",
     "openai_tool_calls",
     "parse_constrained",
     "parse_tagged",
     "streamable_end",
 ]
 
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(re.escape(_OPEN) + r"(.*?)" + re.escape(_CLOSE), re.DOTALL)
+CALL_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(_CLOSE), re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ def parse_tagged(text: str, names: Collection[str]) -> tuple[str | None, list[Pa
     """An `auto` answer's content and calls: `(text, [])` unless every `<tool_call>` block in
     it is a whole call of an offered function; then the text before the first block (None
     when blank) and the calls, in order."""
-    start = text.find(_OPEN)
+    start = text.find(CALL_OPEN)
     if start < 0:
         return text, []
     calls: list[ParsedCall] = []
@@ -97,15 +102,29 @@ def parse_tagged(text: str, names: Collection[str]) -> tuple[str | None, list[Pa
     return content or None, calls
 
 
+def calls_in(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall]] | None:
+    """An answer's content and calls, read as `plan`'s tool choice asks (a constrained answer
+    has no content; `parallel_tool_calls: false` keeps the first call under `auto`); None
+    when it is not calls."""
+    names = plan.names()
+    if plan.constrained:
+        constrained = parse_constrained(text, names)
+        return None if constrained is None else (None, constrained)
+    content, calls = parse_tagged(text, names)
+    if not calls:
+        return None
+    return content, calls if plan.parallel else calls[:1]
+
+
 def streamable_end(text: str) -> int:
     """How much of an `auto` answer so far may be streamed as content before it ends: the text
     before its first `<tool_call>`, less a tail that may be the start of one, less trailing
     blanks (they may precede a call, and a call's content is stripped)."""
-    end = text.find(_OPEN)
+    end = text.find(CALL_OPEN)
     if end < 0:
         end = len(text)
-        for size in range(min(len(_OPEN) - 1, len(text)), 0, -1):
-            if text.endswith(_OPEN[:size]):
+        for size in range(min(len(CALL_OPEN) - 1, len(text)), 0, -1):
+            if text.endswith(CALL_OPEN[:size]):
                 end -= size
                 break
     return len(text[:end].rstrip())
