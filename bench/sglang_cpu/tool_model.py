@@ -7,7 +7,7 @@ its `chat_template.jinja`. It renders a chat without tools as the plain ChatML t
 (the same ids), and with tools it shows them in the system turn inside `<tools></tools>` and
 asks for calls as `<tool_call>{"name": ..., "arguments": ...}</tool_call>`; an assistant's
 calls and the tools' results (`<tool_response>` in a user turn) render as Qwen 2.5's template
-renders them. SGLang serves it with `--tool-call-parser qwen25`.
+renders them (SGLang's `qwen25` tool-call parser reads that format).
 
 A copy rather than a change to the shared model: every other test's prompts stay what they are.
 """

@@ -4,7 +4,7 @@ Two shapes, as SGLang reads them (`server.api.tool_calls` says which request get
 
 * under `required` or a named function, the answer is a JSON array of
   `{"name": ..., "parameters": {...}}` (the schema constraint made it so; a lone object is
-  read as one call), as SGLang's chat route reads it without a `--tool-call-parser`;
+  read as one call), as SGLang's chat route reads an answer it forced with that schema;
 * under `auto`, calls written as Qwen 2.5/3 and Hermes templates ask,
   `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, any number of them, with
   plain text before them kept as the message's content (SGLang's `qwen25` parser).

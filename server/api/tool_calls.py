@@ -2,8 +2,8 @@
 
 A chat with `tools` is rendered with them by the served model's chat template, as SGLang's own
 chat route renders it (the tools in the shape SGLang hands its templates, assistant calls with
-their arguments as JSON objects), and its output is steered and read as SGLang steers and
-reads it without a `--tool-call-parser`:
+their arguments as JSON objects); its output is steered as SGLang's chat route steers it
+without a `--tool-call-parser`, and read as SGLang's parsers read it:
 
 * `none`: the template sees no tools and the answer is plain text;
 * `auto` (the default with tools): the template sees every tool, and the answer is read for

@@ -85,15 +85,18 @@ def sglang_tools(
     sglang_home_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SGLangServer]:
     """A second SGLang, started only for the tests that ask for it: the tiny model with a
-    chat template that renders tools (`bench.sglang_cpu.tool_model`), SGLang's `qwen25`
-    tool-call parser for its own chat route, and JSON constrained without free whitespace
-    (random weights would otherwise fill a JSON answer with blanks up to `max_tokens`)."""
+    chat template that renders tools (`bench.sglang_cpu.tool_model`), and JSON constrained
+    without free whitespace (random weights would otherwise fill a JSON answer with blanks up
+    to `max_tokens`). No `--tool-call-parser`: the auction server reads calls itself (SGLang's
+    `/generate` parses none), and without one SGLang's own chat route forces `required` and
+    named calls with the same JSON-schema constraint as the server (leaving them as text),
+    which the tests compare."""
     folder = tmp_path_factory.mktemp("sglang-tools")
     server = SGLangServer(
         home=sglang_home_dir,
         model=make_tool_model(sglang_home_dir / "model", folder / "model"),
         max_total_tokens=MAX_TOTAL_TOKENS,
-        extra_args=["--tool-call-parser", "qwen25", "--constrained-json-disable-any-whitespace"],
+        extra_args=["--constrained-json-disable-any-whitespace"],
         log_path=folder / "sglang.log",
         startup_deadline=300,
     )

@@ -211,3 +211,38 @@ def test_streamed_calls_arrive_whole_in_the_last_chunk_after_the_text_before_the
             assert content == ""  # a constrained answer is all calls: nothing streams before
             assert calls[0].function.name in {"get_weather", "get_time"}
     assert_ledger_settled(server, ["cy"])
+
+
+@pytest.mark.parametrize(
+    "choice",
+    ["required", {"type": "function", "function": {"name": "get_weather"}}],
+    ids=["required", "named"],
+)
+def test_forced_calls_are_the_ones_sglangs_own_chat_route_makes(
+    server: RunningServer, choice: Any
+) -> None:
+    request = {
+        "messages": ASK,
+        "tools": TOOLS,
+        "tool_choice": choice,
+        "parallel_tool_calls": False,
+        "max_tokens": 64,
+        "temperature": 0,
+    }
+    user = "dee-required" if choice == "required" else "dee-named"
+    with server.client(server.create_user(user)) as client:
+        ours = client.post("/v1/chat/completions", json={**request, "bid": "0.1"})
+    theirs = httpx.post(
+        str(server.settings.engine_url) + "/v1/chat/completions", json=request, timeout=120
+    )
+    assert ours.status_code == 200 and theirs.status_code == 200, (ours.text, theirs.text)
+    # The same prompt (the tools in the template), the same constraint, greedy decoding of
+    # the same weights: the same calls. Without a --tool-call-parser SGLang leaves them as the
+    # JSON text the constraint made; the server reads that text into `tool_calls`.
+    assert ours.json()["usage"]["prompt_tokens"] == theirs.json()["usage"]["prompt_tokens"]
+    mine, sglangs = ours.json()["choices"][0], theirs.json()["choices"][0]
+    assert mine["finish_reason"] == "tool_calls" and sglangs["finish_reason"] == "stop"
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in mine["message"]["tool_calls"]
+    ] == [(c["name"], c["parameters"]) for c in json.loads(sglangs["message"]["content"])]
