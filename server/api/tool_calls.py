@@ -28,6 +28,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     StringConstraints,
     field_validator,
     model_validator,
@@ -60,18 +62,19 @@ class FunctionSpec(BaseModel):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     # The order the client wrote the fields in: templates render a tool as sent.
-    sent_order: list[str] = Field(default_factory=list, exclude=True)
+    _sent_order: tuple[str, ...] = PrivateAttr(default=_FUNCTION_FIELDS)
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _remember_order(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            data = {**data, "sent_order": [key for key in data if key in _FUNCTION_FIELDS]}
-        return data
+    def _remember_order(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        spec = handler(data)
+        if isinstance(data, dict) and isinstance(spec, FunctionSpec):
+            spec._sent_order = tuple(key for key in data if key in _FUNCTION_FIELDS)
+        return spec
 
     def as_sent(self) -> dict[str, Any]:
         """The function as the client declared it: its known fields, in its order."""
-        return {key: getattr(self, key) for key in self.sent_order}
+        return {key: getattr(self, key) for key in self._sent_order}
 
 
 class ToolSpec(BaseModel):
