@@ -56,6 +56,7 @@ from pydantic import (
     StrictInt,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -451,23 +452,27 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
+    # Validated in this order: whether content may be null depends on the role and the calls.
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart] | None = None
     tool_calls: list[MessageToolCall] | None = None
+    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
     tool_call_id: str | None = Field(default=None, min_length=1, max_length=256)
     name: str | None = None
 
-    @model_validator(mode="after")
-    def _content_or_calls(self) -> ChatMessage:
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError("tool_calls: only an assistant message carries tool calls")
-        if self.content is None and not self.tool_calls:
-            raise ValueError("content: this field is required (or tool_calls, on an assistant)")
-        return self
+    @field_validator("tool_calls")
+    @classmethod
+    def _assistants_call(
+        cls, value: list[MessageToolCall] | None, info: ValidationInfo
+    ) -> list[MessageToolCall] | None:
+        if value and info.data.get("role") != "assistant":
+            raise ValueError("only an assistant message carries tool calls")
+        return value
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_parts_only(cls, value: Any) -> Any:
+    def _text_parts_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and not info.data.get("tool_calls"):
+            raise ValueError("this field is required (null only beside an assistant's tool_calls)")
         # Said here, by part, rather than as the union's first failure ("a valid string").
         if isinstance(value, list):
             for index, part in enumerate(value):

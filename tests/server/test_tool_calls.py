@@ -152,7 +152,12 @@ BAD_ARGUMENTS = {"id": "c", "function": {"name": "get_weather", "arguments": "{n
             "messages.1.tool_calls.0.function.arguments",
             "JSON object",
         ),
-        ({"messages": [*ASK, {"role": "assistant"}]}, "messages.1", "content"),
+        ({"messages": [*ASK, {"role": "assistant"}]}, "messages.1.content", "required"),
+        (
+            {"messages": [{**CALLED, "role": "user"}]},
+            "messages.0.tool_calls",
+            "only an assistant message carries tool calls",
+        ),
         # The emulator generates no text a call could be read from.
         ({"tools": [WEATHER]}, "tools", "the embedded emulator cannot call tools"),
         ({"messages": [*ASK, CALLED]}, "messages", "the embedded emulator cannot call tools"),
