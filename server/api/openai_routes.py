@@ -150,16 +150,16 @@ def _written(plan: ToolPlan) -> str:
 
 
 def _tool_chat(state: AppState, body: ChatBody) -> tuple[ToolPlan | None, ToolChat | None]:
-    """What a chat's tool fields ask for, and the chat as its template is to see it (None
-    for both when it has no tools and no tool calls); a 400 naming the field for what cannot
-    be served."""
+    """What a chat's tool fields ask for (None: nothing), and the chat as its template is to
+    see it (None: a plain chat, without tools offered or tool calls in it); a 400 naming the
+    field for what cannot be served."""
     try:
         plan = body.tool_plan()
     except ValueError as error:
         raise InvalidRequest(str(error), param=str(error).split(":", 1)[0]) from None
     history = any(message.has_tool_fields for message in body.messages)
-    if plan is None and not history:
-        return None, None
+    if (plan is None or not plan.parses) and not history:
+        return plan, None  # `none` shows the template no tools: a plain chat
     field = "tools" if plan is not None else "messages"
     if state.service.engine_name != "sglang":
         raise InvalidRequest(

@@ -193,6 +193,7 @@ def test_tool_fields_that_ask_for_nothing_are_a_plain_chat_on_the_emulator(
             json={
                 "messages": ASK,
                 "max_tokens": 2,
+                "tools": [WEATHER],
                 "tool_choice": "none",
                 "parallel_tool_calls": True,
             },
