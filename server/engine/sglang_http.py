@@ -150,6 +150,17 @@ def _chunk(data: Any, rid: str) -> EngineChunk:
     return chunk
 
 
+def _chat_tokens(read_json: Callable[[], Any]) -> list[int]:
+    """The `tokens` of a `/tokenize` answer to chat messages."""
+    try:
+        tokens = read_json().get("tokens")
+    except (ValueError, AttributeError) as error:
+        raise EngineProtocolError("SGLang /tokenize sent a malformed body") from error
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise EngineProtocolError("SGLang /tokenize sent no token list")
+    return tokens
+
+
 def _local_array(tokens: list[int]) -> TokenArray:
     """A local tokenizer's ids as a read-only int32 array (its vocabulary is far below 2**31)."""
     array = np.array(tokens, dtype=np.int32)
@@ -561,13 +572,7 @@ class SGLangHTTPEngine(EngineBase):
             raise ChatRefused(f"the engine would not render the chat: {message}")
         if status != HTTPStatus.OK:
             raise _status_error(status, _error_message(response.content, status))
-        try:
-            tokens = response.json().get("tokens")
-        except (ValueError, AttributeError) as error:
-            raise EngineProtocolError("SGLang /tokenize sent a malformed body") from error
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise EngineProtocolError("SGLang /tokenize sent no token list")
-        return tokens
+        return _chat_tokens(response.json)
 
     async def _render_chat_locally(self, messages: list[tuple[str, str]]) -> TokenArray:
         """The chat's ids from the model's template and tokenizer, here."""
@@ -608,13 +613,7 @@ class SGLangHTTPEngine(EngineBase):
         if response.status != HTTPStatus.OK:
             status = response.status
             raise _status_error(status, _error_message(response.content, status))
-        try:
-            tokens = response.json().get("tokens")
-        except (ValueError, AttributeError) as error:
-            raise EngineProtocolError("SGLang /tokenize sent a malformed body") from error
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise EngineProtocolError("SGLang /tokenize sent no token list")
-        return tokens
+        return _chat_tokens(response.json)
 
     async def context_length(self) -> int | None:
         """SGLang's context length (`max_model_len` of its `/tokenize`), asked once."""
