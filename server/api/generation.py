@@ -25,6 +25,7 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ from fastapi.responses import StreamingResponse
 from inference_auctions.billing import MICROS_PER_CREDIT, InvalidAmount, UserInfo, parse_credits
 from inference_auctions.server.api.deps import AppState
 from inference_auctions.server.api.json_response import sse_event
-from inference_auctions.server.engine.errors import EngineError, EngineTimeout
+from inference_auctions.server.engine.errors import ChatRefused, EngineError, EngineTimeout
 from inference_auctions.server.engine.protocol import TokenArray
 from inference_auctions.server.errors import (
     EngineFailed,
@@ -50,6 +51,7 @@ from inference_auctions.server.serving.tickets import Chunk, Clearance, Ticket
 from inference_auctions.server.serving.tiers import AUTO, TierMenu
 
 __all__ = [
+    "ToolChat",
     "admission_amount",
     "admission_of",
     "check_max_new_tokens",
@@ -74,16 +76,25 @@ def parse_bid(value: Any, state: AppState) -> int:
         raise InvalidRequest(str(error), param="bid") from None
 
 
+@dataclass(frozen=True)
+class ToolChat:
+    """A chat with tools offered or tool calls in it, as its chat template is to see it."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
 async def prompt_tokens(
     state: AppState,
     text: str | None,
     input_ids: list[int] | None,
     field: str,
-    messages: list[tuple[str, str]] | None = None,
+    messages: list[tuple[str, str]] | ToolChat | None = None,
 ) -> TokenArray:
     """Token ids of the prompt (tokenized by the engine, cached), within the size limits; a
     chat's (`messages`, `text` their plain rendering) as the engine's chat template renders
-    them."""
+    them. A chat with tools the engine will not render is the client's 400, naming `tools`
+    (or `messages`, when only its history holds tool calls)."""
     settings = state.settings
     if text is None and input_ids is None:
         raise InvalidRequest(
@@ -99,15 +110,7 @@ async def prompt_tokens(
                 f"{field}: {len(text):,} characters; the limit is {settings.max_prompt_chars:,}",
                 param=field,
             )
-        try:
-            if messages is None:
-                tokens = await state.service.tokenize(text)
-            else:
-                tokens = await state.service.tokenize_chat(messages)
-        except EngineTimeout as error:
-            raise EngineTimedOut(f"tokenizing the prompt timed out: {error}") from None
-        except EngineError as error:
-            raise EngineFailed(f"the engine could not tokenize the prompt: {error}") from None
+        tokens = await _text_tokens(state, text, messages)
     else:
         assert input_ids is not None
         tokens = _token_array(input_ids)
@@ -121,6 +124,25 @@ async def prompt_tokens(
             param=field,
         )
     return tokens
+
+
+async def _text_tokens(
+    state: AppState, text: str, messages: list[tuple[str, str]] | ToolChat | None
+) -> TokenArray:
+    """The engine's ids of a prompt, or of a chat in its template; its failures as ours."""
+    try:
+        if messages is None:
+            return await state.service.tokenize(text)
+        if isinstance(messages, ToolChat):
+            return await state.service.tokenize_tool_chat(messages.messages, messages.tools)
+        return await state.service.tokenize_chat(messages)
+    except ChatRefused as error:
+        param = "tools" if isinstance(messages, ToolChat) and messages.tools else "messages"
+        raise InvalidRequest(f"{param}: {error}", param=param) from None
+    except EngineTimeout as error:
+        raise EngineTimedOut(f"tokenizing the prompt timed out: {error}") from None
+    except EngineError as error:
+        raise EngineFailed(f"the engine could not tokenize the prompt: {error}") from None
 
 
 async def _check_vocabulary(state: AppState, tokens: TokenArray, field: str) -> None:

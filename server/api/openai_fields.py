@@ -5,12 +5,16 @@ No field is dropped without a word. Each top-level field of a chat or text compl
 * read and served: the prompt, the sampling fields (OpenAI's names mapped to SGLang's:
   `max_tokens` -> `max_new_tokens`, `seed` -> `sampling_seed`, the penalties, `logit_bias`),
   `response_format` (JSON object or JSON schema, as SGLang's `json_schema` constraint),
-  `logprobs`, `stream`, `service_tier`, and SGLang's own extra sampling fields that its
-  OpenAI routes take (`top_k`, `min_p`, `regex`, ...), passed to the engine as SGLang would;
+  `logprobs`, `stream`, `service_tier`, tool calling (`tools`, `tool_choice`,
+  `parallel_tool_calls`: rendered by the model's chat template, constrained and read as SGLang
+  does, `server.api.tool_calls`; on an SGLang engine only), and SGLang's own
+  extra sampling fields that its OpenAI routes take (`top_k`, `min_p`, `regex`, ...), passed
+  to the engine as SGLang would;
 * accepted as a label that changes nothing in the answer (`user`, `metadata`, `store`,
   `stream_options`, ...): `LABELS`;
-* or refused with a 400 that names it and says why (`REFUSED`): tool calling, audio, other
-  modalities, predicted outputs, reasoning controls. A null value is no request, so it passes.
+* or refused with a 400 that names it and says why (`REFUSED`): the deprecated `functions` and
+  `function_call` (`tools` and `tool_choice` replace them), audio, other modalities, predicted
+  outputs, reasoning controls. A null value is no request, so it passes.
 
 Nothing here imports the web stack: bodies are checked in worker processes too.
 """
@@ -41,17 +45,11 @@ LABELS = frozenset(
     }
 )  # fmt: skip
 
-_TOOLS = (
-    "tool calling is not served through the auction yet (the server renders the chat without "
-    "tools and does not parse tool calls from the answer)"
-)
+_FUNCTIONS = "the deprecated function calling is not served: send tools and tool_choice"
 # Fields refused when set to anything but null (or the one value that asks for nothing).
 REFUSED: dict[str, str] = {
-    "tools": _TOOLS,
-    "tool_choice": _TOOLS,
-    "parallel_tool_calls": _TOOLS,
-    "functions": _TOOLS,
-    "function_call": _TOOLS,
+    "functions": _FUNCTIONS,
+    "function_call": _FUNCTIONS,
     "audio": "audio output is not served (text only)",
     "modalities": 'only ["text"] is served',
     "prediction": "predicted outputs are not served",
@@ -68,8 +66,7 @@ _HARMLESS: dict[str, Any] = {
     "modalities": ["text"],
     "best_of": 1,
     "echo": False,
-    "parallel_tool_calls": False,
-    "tool_choice": "none",
+    "function_call": "none",
 }
 
 # SGLang's sampling fields its OpenAI routes take besides OpenAI's, and their `sampling_params`

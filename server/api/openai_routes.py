@@ -20,6 +20,7 @@ from inference_auctions.billing import UserInfo
 from inference_auctions.server.api.bodies import json_body_schema, parse_body
 from inference_auctions.server.api.deps import AppState, State, authenticated
 from inference_auctions.server.api.generation import (
+    ToolChat,
     admission_amount,
     admission_of,
     check_max_new_tokens,
@@ -38,6 +39,13 @@ from inference_auctions.server.api.logprobs import (
 from inference_auctions.server.api.model_name import check_model, served_model
 from inference_auctions.server.api.openai_fields import json_schema_of
 from inference_auctions.server.api.schemas import ChatBody, ChatMessage, CompletionBody, OpenAIBody
+from inference_auctions.server.api.tool_call_parser import (
+    CALL_OPEN,
+    calls_in,
+    openai_tool_calls,
+    streamable_end,
+)
+from inference_auctions.server.api.tool_calls import ToolPlan
 from inference_auctions.server.api.user_limits import remember
 from inference_auctions.server.errors import InvalidRequest
 from inference_auctions.server.serving.tickets import Chunk, Clearance
@@ -109,6 +117,15 @@ async def chat_completions(request: Request) -> Response:
     if schema is not None:
         refuse_unless_constrained(state, "response_format")
         sampling["json_schema"] = schema
+    plan, chat = _tool_chat(state, body)
+    if plan is not None and plan.constrained:
+        if schema is not None:
+            raise InvalidRequest(
+                "response_format: cannot constrain the answer to a JSON schema as well as to "
+                f"tool calls (tool_choice {_written(plan)})",
+                param="response_format",
+            )
+        sampling["json_schema"] = plan.json_schema()
     text = chat_prompt(body.messages)
     return await _run(
         request,
@@ -122,8 +139,36 @@ async def chat_completions(request: Request) -> Response:
         sampling=sampling,
         streamed=body.stream,
         kind="chat.completion",
-        messages=[(m.role, m.text) for m in body.messages],
+        messages=chat or [(m.role, m.text) for m in body.messages],
+        tools=plan,
     )
+
+
+def _written(plan: ToolPlan) -> str:
+    """The tool choice as the client wrote it, for messages."""
+    return f"naming {plan.choice!r}" if plan.named else repr(plan.choice)
+
+
+def _tool_chat(state: AppState, body: ChatBody) -> tuple[ToolPlan | None, ToolChat | None]:
+    """What a chat's tool fields ask for (None: nothing), and the chat as its template is to
+    see it (None: a plain chat, without tools offered or tool calls in it); a 400 naming the
+    field for what cannot be served."""
+    try:
+        plan = body.tool_plan()
+    except ValueError as error:
+        raise InvalidRequest(str(error), param=str(error).split(":", 1)[0]) from None
+    history = any(message.has_tool_fields for message in body.messages)
+    if (plan is None or not plan.parses) and not history:
+        return plan, None  # `none` shows the template no tools: a plain chat
+    field = "tools" if plan is not None else "messages"
+    if state.service.engine_name != "sglang":
+        raise InvalidRequest(
+            f"{field}: the embedded emulator cannot call tools (it generates no real text and "
+            "its chat template has no tools); an SGLang engine (--engine-url) serves them",
+            param=field,
+        )
+    messages = [message.template_message() for message in body.messages]
+    return plan, ToolChat(messages, plan.template_tools() if plan is not None else None)
 
 
 def chat_prompt(messages: list[ChatMessage]) -> str:
@@ -182,18 +227,23 @@ async def _run(
     sampling: dict[str, Any],
     streamed: bool,
     kind: str,
-    messages: list[tuple[str, str]] | None = None,
+    messages: list[tuple[str, str]] | ToolChat | None = None,
+    tools: ToolPlan | None = None,
 ) -> Response:
     bid_micros = admission_amount(state, bid_value, tier_value)
     field = "prompt" if messages is None else "messages"
     tokens = await prompt_tokens(state, text, input_ids, field, messages)
-    payload = {
+    payload: dict[str, Any] = {
         "kind": kind,
         "text": text,
         "input_ids": input_ids,
         "sampling": sampling,
         "bid": bid_micros,
     }
+    if isinstance(messages, ToolChat):  # what the plain transcript leaves out
+        payload["tool_chat"] = {"messages": messages.messages, "tools": messages.tools}
+        if tools is not None:
+            payload["tool_choice"] = [tools.choice, tools.named, tools.parallel]
     if tier_value is not None:  # a tier named is part of what a retry must repeat
         payload["service_tier"] = tier_value
     admission = admission_of(user, rid, tokens, bid_micros, sampling, payload, streamed=streamed)
@@ -201,7 +251,13 @@ async def _run(
     remember(request.scope, state.user_limits.take_tokens(user, counted, "max_tokens"))
     ticket = await state.service.admit(admission)
     model = served_model(state)
-    renderer = _Renderer(admission.rid, model, kind, logprobs="return_logprob" in sampling)
+    renderer = _Renderer(
+        admission.rid,
+        model,
+        kind,
+        logprobs="return_logprob" in sampling,
+        tools=tools if tools is not None and tools.parses else None,
+    )
     if streamed:
         return stream(state.service, ticket, renderer.chunk)
     clearance, final = await complete(request, state.service, ticket)
@@ -211,8 +267,11 @@ async def _run(
 class _Renderer:
     """OpenAI-shaped bodies of one request: whole, or streamed as text deltas."""
 
-    def __init__(self, rid: str, model: str, kind: str, logprobs: bool = False) -> None:
+    def __init__(
+        self, rid: str, model: str, kind: str, logprobs: bool = False, tools: ToolPlan | None = None
+    ) -> None:
         self.rid, self.model, self.kind = rid, model, kind
+        self.tools = tools  # the answer is read for calls of these
         self.created = int(time.time())
         self._sent = 0
         self.logprobs = logprobs  # asked of the engine: OpenAI's shape of them goes out
@@ -243,7 +302,9 @@ class _Renderer:
         reason = finish_reason(final.meta_info)
         logprobs = self._logprobs(final.meta_info)
         if self.kind == "chat.completion":
-            message = {"role": "assistant", "content": final.text}
+            message: dict[str, Any] = {"role": "assistant", "content": final.text}
+            if self.tools is not None:
+                reason = _read_calls(self.tools, message, reason)
             choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": reason}
             if logprobs is not None:
                 choice["logprobs"] = logprobs
@@ -256,12 +317,18 @@ class _Renderer:
         delta = ""
         reason = None
         logprobs = None
+        calls: list[dict[str, Any]] = []
         if chunk is not None:
-            delta, self._sent = chunk.text[self._sent :], len(chunk.text)
             reason = finish_reason(chunk.meta_info)
             logprobs = self._logprobs(chunk.meta_info)
+            if self.tools is None:
+                delta, self._sent = chunk.text[self._sent :], len(chunk.text)
+            else:
+                delta, calls, reason = self._tool_delta(self.tools, chunk.text, reason)
         if self.kind == "chat.completion":
             content: dict[str, Any] = {"content": delta}
+            if calls:
+                content["tool_calls"] = calls
             if chunk is None:
                 content["role"] = "assistant"
             choice: dict[str, Any] = {"index": 0, "delta": content, "finish_reason": reason}
@@ -276,6 +343,38 @@ class _Renderer:
         if reason is not None and chunk is not None:
             body["usage"] = usage(chunk.meta_info)
         return body
+
+    def _tool_delta(
+        self, plan: ToolPlan, text: str, reason: str | None
+    ) -> tuple[str, list[dict[str, Any]], str | None]:
+        """The content delta, the calls and the finish reason of a streamed answer read for
+        calls. Content that cannot be a call goes out as it comes (none under a constraint);
+        the rest is held until the answer ends, then sent as calls or, if it is not wholly
+        calls, as content."""
+        if reason is None:
+            end = 0 if plan.constrained else streamable_end(text)
+            delta, self._sent = text[self._sent : max(end, self._sent)], max(end, self._sent)
+            return delta, [], None
+        found = calls_in(plan, text)
+        if found is None:
+            delta, self._sent = text[self._sent :], len(text)
+            return delta, [], reason
+        start = 0 if plan.constrained else text.find(CALL_OPEN)
+        delta, self._sent = text[self._sent : max(start, self._sent)].rstrip(), len(text)
+        calls = [{"index": i, **call} for i, call in enumerate(openai_tool_calls(found[1]))]
+        return delta, calls, "tool_calls" if reason == "stop" else reason
+
+
+def _read_calls(plan: ToolPlan, message: dict[str, Any], reason: str | None) -> str | None:
+    """Move the calls in `message`'s content to its `tool_calls`; the finish reason then.
+
+    As SGLang's chat route: an answer that stopped on its own with calls in it finished with
+    `tool_calls`; one cut by `max_tokens` keeps `length`."""
+    found = calls_in(plan, message["content"])
+    if found is None:
+        return reason
+    message["content"], message["tool_calls"] = found[0], openai_tool_calls(found[1])
+    return "tool_calls" if reason == "stop" else reason
 
 
 def finish_reason(meta: dict[str, Any]) -> str | None:

@@ -56,6 +56,7 @@ from pydantic import (
     StrictInt,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -66,6 +67,14 @@ from inference_auctions.server.api.openai_fields import (
     SGLANG_SAMPLING_EXTRAS,
     json_schema_of,
     refused_field,
+)
+from inference_auctions.server.api.tool_calls import (
+    MessageToolCall,
+    NamedToolChoice,
+    ToolPlan,
+    ToolSpec,
+    arguments_object,
+    tool_plan,
 )
 
 __all__ = [
@@ -437,16 +446,33 @@ class TextPart(BaseModel):
 
 class ChatMessage(BaseModel):
     """One message of a conversation; content parts are joined with a space, as SGLang
-    flattens them for a chat template that takes text."""
+    flattens them for a chat template that takes text. An assistant message may carry the
+    `tool_calls` it made (its content then may be null), a `tool` message the
+    `tool_call_id` it answers (`server.api.tool_calls`)."""
 
     model_config = ConfigDict(extra="ignore")
 
+    # Validated in this order: whether content may be null depends on the role and the calls.
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart]
+    tool_calls: list[MessageToolCall] | None = None
+    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=256)
+    name: str | None = None
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _assistants_call(
+        cls, value: list[MessageToolCall] | None, info: ValidationInfo
+    ) -> list[MessageToolCall] | None:
+        if value and info.data.get("role") != "assistant":
+            raise ValueError("only an assistant message carries tool calls")
+        return value
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_parts_only(cls, value: Any) -> Any:
+    def _text_parts_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and not info.data.get("tool_calls"):
+            raise ValueError("this field is required (null only beside an assistant's tool_calls)")
         # Said here, by part, rather than as the union's first failure ("a valid string").
         if isinstance(value, list):
             for index, part in enumerate(value):
@@ -460,10 +486,38 @@ class ChatMessage(BaseModel):
 
     @property
     def text(self) -> str:
-        """The content as one string."""
-        if isinstance(self.content, str):
-            return self.content
+        """The content as one string ("" for an assistant's calls without content)."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return " ".join(part.text for part in self.content)
+
+    @property
+    def has_tool_fields(self) -> bool:
+        """Whether rendering it needs the template's tool support."""
+        return bool(self.tool_calls) or self.tool_call_id is not None
+
+    def template_message(self) -> dict[str, Any]:
+        """The message as SGLang hands it to a chat template: calls' arguments as objects."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.content is None:
+            message["content"] = None
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": arguments_object(call.function.arguments),
+                    },
+                }
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
 
 class ChatBody(OpenAIBody):
@@ -477,6 +531,31 @@ class ChatBody(OpenAIBody):
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     # `text`, `json_object` or `json_schema` (`server.api.openai_fields.json_schema_of`).
     response_format: dict[str, Any] | None = None
+    # OpenAI's tool calling (`server.api.tool_calls`).
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _known_choice(cls, value: Any) -> Any:
+        # Said here rather than as the union's first failure.
+        if value is None or value in ("none", "auto", "required"):
+            return value
+        if isinstance(value, dict):
+            try:
+                return NamedToolChoice.model_validate(value)
+            except ValidationError as error:
+                raise ValueError(describe_validation_error(error.errors())[0]) from None
+        raise ValueError(
+            "must be 'none', 'auto', 'required' or "
+            f'{{"type": "function", "function": {{"name": ...}}}}, got {value!r}'
+        )
+
+    def tool_plan(self) -> ToolPlan | None:
+        """What the tool fields ask for (None: nothing); a `ValueError` starting with the
+        field's name when they do not fit together."""
+        return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     @field_validator("response_format")
     @classmethod

@@ -23,6 +23,7 @@ from inference_auctions.server.emulator.sglang_request import (
 from inference_auctions.server.emulator.simulator import DEFAULT_CACHE_TOKENS, EngineSimulator
 from inference_auctions.server.engine.builtin_tokenizer import VOCABULARY_SIZE, encode
 from inference_auctions.server.engine.errors import (
+    ChatRefused,
     EngineError,
     EngineRejected,
     EngineServerError,
@@ -108,6 +109,13 @@ class EmbeddedEngine(EngineBase):
     async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
         """The emulator's fixed chat template (`server.engine.protocol.render_chat`)."""
         return await self.tokenize_array(render_chat(messages))
+
+    async def tokenize_tool_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> TokenArray:
+        """Refused: the emulator's fixed template has no tools, and it generates no text a
+        call could be read from."""
+        raise ChatRefused("the embedded emulator cannot render tools or tool calls")
 
     async def context_length(self) -> int:
         """The emulated model's context: its KV capacity, as the emulator's `/tokenize` says."""

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "load_chat_template"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "load_chat_template", "sglang_template_tools"]
 
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
 
@@ -66,9 +66,42 @@ class ChatTemplate:
     def render(self, messages: list[tuple[str, str]]) -> str:
         """The prompt of (role, content) messages, ending with the assistant's turn opened."""
         conversation = [{"role": role, "content": content} for role, content in messages]
-        return self._template.render(
-            messages=conversation, add_generation_prompt=True, **self._special
-        )
+        return self.render_messages(conversation, None)
+
+    def render_messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> str:
+        """The prompt of OpenAI-shaped messages (an assistant's `tool_calls`, a tool's
+        answer) and the tools offered as the client declared them (None: none), as SGLang
+        passes them to transformers."""
+        try:
+            return self._template.render(
+                messages=messages,
+                tools=sglang_template_tools(tools),
+                add_generation_prompt=True,
+                **self._special,
+            )
+        except ChatTemplateError:
+            raise
+        except Exception as error:  # a template that cannot walk these messages, say
+            raise ChatTemplateError(f"the chat template failed: {error}") from None
+
+
+def sglang_template_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """`tools` as SGLang 0.5.23 hands them to a chat template: each its `Tool` model dumped,
+    the function's fields in the order the client sent them, unset `description` and
+    `parameters` after them as nulls, unset `strict` left out, and the tool's own
+    `defer_loading` null. Templates that `tojson` a tool (Qwen's do) render the same prompt
+    here as at the engine only with the same dictionaries."""
+    if not tools:
+        return None
+    shaped = []
+    for tool in tools:
+        function = {k: v for k, v in tool["function"].items() if k != "strict" or v is not None}
+        for key in ("description", "name", "parameters"):
+            function.setdefault(key, None)
+        shaped.append({"type": "function", "function": function, "defer_loading": None})
+    return shaped
 
 
 def _token_text(value: Any) -> str | None:

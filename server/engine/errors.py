@@ -9,9 +9,12 @@ EngineError                  any failure to get a generation from the engine   -
 ├── EngineServerError        the engine answered 5xx or aborted the request     -> HTTP 502
 ├── EngineProtocolError      the answer is unreadable: bad JSON, a stream cut
 │                            before its last chunk                             -> HTTP 502
-└── TokenizerMismatch        the local tokenizer (`tokenizer` setting) gives other
-                             ids than the engine's `/tokenize`: a misconfigured
-                             server, refused for every prompt it would tokenize -> HTTP 502
+├── TokenizerMismatch        the local tokenizer (`tokenizer` setting) gives other
+│                            ids than the engine's `/tokenize`: a misconfigured
+│                            server, refused for every prompt it would tokenize -> HTTP 502
+└── ChatRefused              a chat with tools or tool calls that the chat template
+                             or the engine's `/tokenize` refused to render: the
+                             client's conversation, so the route answers        -> HTTP 400
 ```
 
 `http_status` is what the auction server should answer its own client; `engine_status` is the
@@ -24,6 +27,7 @@ from __future__ import annotations
 from http import HTTPStatus
 
 __all__ = [
+    "ChatRefused",
     "EngineError",
     "EngineProtocolError",
     "EngineRejected",
@@ -69,3 +73,10 @@ class EngineProtocolError(EngineError):
 
 class TokenizerMismatch(EngineError):
     """The local tokenizer gives other token ids than the engine's `/tokenize`."""
+
+
+class ChatRefused(EngineError):
+    """A chat with tools that the template or the engine would not render; its message says
+    why, in the engine's or the template's words."""
+
+    http_status = HTTPStatus.BAD_REQUEST

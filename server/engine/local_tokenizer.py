@@ -42,6 +42,7 @@ __all__ = [
     "ENGINE",
     "INLINE_TOKENIZE_CHARS",
     "PROBE_TEXTS",
+    "TOOL_CHAT_PROBE",
     "BuiltinTokenizer",
     "HuggingFaceTokenizer",
     "LocalTokenizer",
@@ -83,6 +84,41 @@ CHAT_PROBES: tuple[list[tuple[str, str]], ...] = (
     [("user", "Hello, world!")],
     [("system", "You are brief."), ("user", "Name three rivers.")],
     [("user", "Hi"), ("assistant", "Hello! How can I help?"), ("user", "Grüße 🙂 and 12345")],
+)
+
+
+# A chat with a tool offered, a call made and its result: a template that renders tools must
+# render it to the engine's ids before chats with tools are rendered here.
+TOOL_CHAT_PROBE: tuple[list[dict[str, Any]], list[dict[str, Any]]] = (
+    [
+        {"role": "system", "content": "You are brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",  # not None: a template without tool support renders it too
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
+        {"role": "tool", "content": '{"celsius": 21}', "tool_call_id": "call_0"},
+    ],
+    [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ],
 )
 
 

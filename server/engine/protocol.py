@@ -214,6 +214,12 @@ class Engine(Protocol):
         """The prompt ids of (role, content) messages in the engine's chat template, ending
         with the opening of the assistant's turn, as its own chat route renders them."""
 
+    async def tokenize_tool_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> TokenArray:
+        """The prompt ids of OpenAI-shaped messages (tool calls and results among them) with
+        `tools` offered, in the engine's chat template; `ChatRefused` where it cannot."""
+
     async def context_length(self) -> int | None:
         """The model's context length in tokens (None when the engine does not say)."""
 

@@ -57,6 +57,7 @@ from inference_auctions.server.engine.chat_template import (
     load_chat_template,
 )
 from inference_auctions.server.engine.errors import (
+    ChatRefused,
     EngineError,
     EngineProtocolError,
     EngineRejected,
@@ -75,6 +76,7 @@ from inference_auctions.server.engine.local_tokenizer import (
     CHAT_PROBES,
     INLINE_TOKENIZE_CHARS,
     PROBE_TEXTS,
+    TOOL_CHAT_PROBE,
     HuggingFaceTokenizer,
     LocalTokenizer,
     TokenizerMismatch,
@@ -146,6 +148,17 @@ def _chunk(data: Any, rid: str) -> EngineChunk:
         message = str(reason.get("message") or "aborted")
         raise _status_error(status if isinstance(status, int) else 500, f"aborted: {message}")
     return chunk
+
+
+def _chat_tokens(read_json: Callable[[], Any]) -> list[int]:
+    """The `tokens` of a `/tokenize` answer to chat messages."""
+    try:
+        tokens = read_json().get("tokens")
+    except (ValueError, AttributeError) as error:
+        raise EngineProtocolError("SGLang /tokenize sent a malformed body") from error
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise EngineProtocolError("SGLang /tokenize sent no token list")
+    return tokens
 
 
 def _local_array(tokens: list[int]) -> TokenArray:
@@ -244,6 +257,8 @@ class SGLangHTTPEngine(EngineBase):
         # `_chat_special`: whether its prompt is encoded with special tokens added.
         self._chat_template: ChatTemplate | None = None
         self._chat_special = False
+        # Whether it also renders a chat with tools as the engine does (`TOOL_CHAT_PROBE`).
+        self._tool_template = False
         # The local tokenizer serves only once it agreed with the engine's on the probes.
         self._tokenizer_agrees = tokenizer is None
         self._tokenizer_check: asyncio.Task[None] | None = None
@@ -320,11 +335,30 @@ class SGLangHTTPEngine(EngineBase):
             if local == [list(ids) for ids in expected]:
                 self._chat_template, self._chat_special = template, special
                 log.info("rendering chat templates here: they agree with the engine's")
+                await self._check_tool_template(template, special)
                 return
         log.warning(
             "the model's chat template rendered here gives other tokens than the engine's on "
             "the probe chats: chats are rendered by the engine (one round trip each)"
         )
+
+    async def _check_tool_template(self, template: ChatTemplate, special: bool) -> None:
+        """Render chats with tools here too once the probe with a tool agrees."""
+        assert self.tokenizer is not None
+        messages, tools = TOOL_CHAT_PROBE
+        try:
+            expected = await self._engine_tool_chat_ids(messages, tools)
+            text = template.render_messages(messages, tools)
+        except EngineError as error:
+            log.info("chats with tools are rendered by the engine: %s", error)
+            return
+        if self.tokenizer.encode(text, add_special_tokens=special) == expected:
+            self._tool_template = True
+        else:
+            log.warning(
+                "the model's chat template rendered here gives other tokens than the engine's "
+                "on a chat with tools: those are rendered by the engine (one round trip each)"
+            )
 
     def _use_engine_tokenizer(self, reason: str) -> None:
         """Say once why prompts go to the engine's `/tokenize`."""
@@ -488,6 +522,58 @@ class SGLangHTTPEngine(EngineBase):
             return await self.tokenize_array(render_chat(messages))
         return _token_array(await self._engine_chat_ids(messages))
 
+    async def tokenize_tool_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> TokenArray:
+        """A chat with tools offered or tool calls in it, rendered with the served model's
+        chat template: here once the template agreed on a chat with tools, else by the
+        engine's `/tokenize`. `ChatRefused` when neither will render it (an engine that
+        renders no chats cannot show the model its tools)."""
+        if self._client is None:
+            raise EngineUnavailable("the SGLang engine is not started")
+        template, tokenizer, special = self._chat_template, self.tokenizer, self._chat_special
+        if self._tool_template and template is not None and tokenizer is not None:
+            try:
+                text = template.render_messages(messages, tools)
+            except ChatTemplateError as error:
+                # It renders as the engine's does, so the engine would refuse it too.
+                raise ChatRefused(str(error)) from None
+            else:
+                if len(text) <= INLINE_TOKENIZE_CHARS:
+                    return _local_array(tokenizer.encode(text, add_special_tokens=special))
+                ids = await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=special)
+                return _local_array(ids)
+        if not self._renders_chats:
+            raise ChatRefused(
+                "the engine's /tokenize does not render chat messages with the model's chat "
+                "template, so it cannot show the model tools or tool calls"
+            )
+        return _token_array(await self._engine_tool_chat_ids(messages, tools))
+
+    async def _engine_tool_chat_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        """The engine's ids of a chat with tools; its 4xx is the client's `ChatRefused`."""
+        assert self._client is not None
+        body: dict[str, Any] = {"messages": messages}
+        if tools:
+            body.update(tools=tools, tool_choice="auto")  # the tools the template is to see
+        try:
+            response = await self._client.request(
+                "POST", "/tokenize", body, timeout=self.control_timeout
+            )
+        except HTTPTimeout as error:
+            raise EngineTimeout(f"SGLang /tokenize timed out: {error!r}") from error
+        except HTTPClientError as error:
+            raise EngineUnavailable(f"SGLang /tokenize unreachable: {error!r}") from error
+        status = response.status
+        if HTTPStatus.BAD_REQUEST <= status < HTTPStatus.INTERNAL_SERVER_ERROR:
+            message = _error_message(response.content, status)
+            raise ChatRefused(f"the engine would not render the chat: {message}")
+        if status != HTTPStatus.OK:
+            raise _status_error(status, _error_message(response.content, status))
+        return _chat_tokens(response.json)
+
     async def _render_chat_locally(self, messages: list[tuple[str, str]]) -> TokenArray:
         """The chat's ids from the model's template and tokenizer, here."""
         template, tokenizer, special = self._chat_template, self.tokenizer, self._chat_special
@@ -527,13 +613,7 @@ class SGLangHTTPEngine(EngineBase):
         if response.status != HTTPStatus.OK:
             status = response.status
             raise _status_error(status, _error_message(response.content, status))
-        try:
-            tokens = response.json().get("tokens")
-        except (ValueError, AttributeError) as error:
-            raise EngineProtocolError("SGLang /tokenize sent a malformed body") from error
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise EngineProtocolError("SGLang /tokenize sent no token list")
-        return tokens
+        return _chat_tokens(response.json)
 
     async def context_length(self) -> int | None:
         """SGLang's context length (`max_model_len` of its `/tokenize`), asked once."""

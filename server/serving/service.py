@@ -243,6 +243,12 @@ class AuctionService:
         """A conversation's prompt ids, rendered with the engine's chat template."""
         return await self._engine.tokenize_chat(messages)
 
+    async def tokenize_tool_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> TokenArray:
+        """A chat with tools' prompt ids, rendered with the engine's chat template."""
+        return await self._engine.tokenize_tool_chat(messages, tools)
+
     def load(self) -> Load:
         """Requests waiting in the pool, and outstanding at the engine, now."""
         return Load(queue=len(self._pool), inflight=self._dispatch.inflight)

@@ -242,8 +242,15 @@ def _steer(path: str, case: Any, steer: bool, bid: object) -> Any:
         body.pop("model", None)
         for name in REFUSED:
             body.pop(name, None)
-        for name in ("n", "logprobs", "top_logprobs", "response_format"):
+        for name in ("n", "logprobs", "top_logprobs", "response_format", "tools"):
             body.pop(name, None)  # more than one choice, or what the emulator cannot do
+        if isinstance(body.get("messages"), list):  # tool calls: the emulator cannot either
+            body["messages"] = [
+                {**{k: v for k, v in m.items() if k not in ("tool_calls", "tool_call_id")},
+                 "content": m.get("content") or "fuzz"}
+                if isinstance(m, dict) else m
+                for m in body["messages"]
+            ]  # fmt: skip
         if path == "/v1/completions" and not (
             isinstance(body.get("prompt"), str) and body["prompt"]
         ):

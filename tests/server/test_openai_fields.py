@@ -91,6 +91,15 @@ def front(
 
 
 CHAT = {"messages": [{"role": "user", "content": "name three rivers"}], "max_tokens": 3}
+PARAMETERS = {"type": "object", "properties": {"n": {"type": "integer"}}}
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": PARAMETERS}}]
+TEMPLATE_TOOL = TOOLS[0]
+REQUIRED_SCHEMA = (
+    '{"type":"array","minItems":1,"items":{"type":"object","anyOf":[{"properties":'
+    '{"name":{"type":"string","enum":["f"]},"parameters":'
+    + json.dumps(PARAMETERS, separators=(",", ":"))
+    + '},"required":["name","parameters"]}]}}'
+)
 TEXT = {"prompt": "once upon a time", "max_tokens": 3}
 # What each served field must show at the engine: (where, key, value) in the /generate body,
 # `where` being `sampling_params` or the top level; `None`: served by the route itself (the
@@ -117,12 +126,22 @@ SAMPLE: dict[str, tuple[Any, tuple[str, str, Any] | None]] = {
         {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}},
         ("sampling_params", "json_schema", '{"type":"object"}'),
     ),
+    # Tools reach the engine's chat template (its /tokenize here) as SGLang hands them over;
+    # `required` and `parallel_tool_calls` become the constraint on the answer.
+    "tools": (TOOLS, ("/tokenize", "tools", [TEMPLATE_TOOL])),
+    "tool_choice": ("required", ("sampling_params", "json_schema", REQUIRED_SCHEMA)),
+    "parallel_tool_calls": (
+        False,
+        ("sampling_params", "json_schema", REQUIRED_SCHEMA[:-1] + ',"maxItems":1}'),
+    ),
+}
+# The fields a tool field is sent with, to ask for something.
+WITH: dict[str, dict[str, Any]] = {
+    "tool_choice": {"tools": TOOLS},
+    "parallel_tool_calls": {"tools": TOOLS, "tool_choice": "required"},
 }
 # A value for each refused field that asks for something.
 REFUSED_SAMPLE: dict[str, Any] = {
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-    "tool_choice": "required",
-    "parallel_tool_calls": True,
     "functions": [{"name": "f", "parameters": {}}],
     "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"},
@@ -194,7 +213,7 @@ def test_every_openai_field_is_served_or_refused_by_name(
                 continue
             value, shows = (TEXT_SAMPLE if base is TEXT else SAMPLE)[name]
             recorder.sent.clear()
-            reply = client.post(path, json={**base, name: value})
+            reply = client.post(path, json={**base, **WITH.get(name, {}), name: value})
             if shows is None:
                 assert reply.status_code == 200, (name, reply.text)
                 continue
@@ -202,6 +221,9 @@ def test_every_openai_field_is_served_or_refused_by_name(
             # The emulator computes no logprobs and refuses them; what was sent is the point.
             if name not in ("logprobs", "top_logprobs"):
                 assert reply.status_code == 200, (name, reply.text)
+            if where == "/tokenize":
+                assert recorder.last(where).get(engine_key) == expected, (name, recorder.sent)
+                continue
             sent = recorder.last("/generate")
             holder = sent[where] if where else sent
             assert holder.get(engine_key) == expected, (name, sent)

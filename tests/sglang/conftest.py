@@ -27,6 +27,7 @@ from bench.sglang_cpu.launcher import (
     setup_script,
     sglang_home,
 )
+from bench.sglang_cpu.tool_model import make_tool_model
 from tests.db_fixtures import ledger_db
 from tests.server.harness import RunningServer
 
@@ -77,6 +78,33 @@ def sglang(
         yield server
     finally:
         server.kill()  # nothing to drain; a graceful stop waits about five seconds
+
+
+@pytest.fixture(scope="session")
+def sglang_tools(
+    sglang_home_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SGLangServer]:
+    """A second SGLang, started only for the tests that ask for it: the tiny model with a
+    chat template that renders tools (`bench.sglang_cpu.tool_model`), and JSON constrained
+    without free whitespace (random weights would otherwise fill a JSON answer with blanks up
+    to `max_tokens`). No `--tool-call-parser`: the auction server reads calls itself (SGLang's
+    `/generate` parses none), and without one SGLang's own chat route forces `required` and
+    named calls with the same JSON-schema constraint as the server (leaving them as text),
+    which the tests compare."""
+    folder = tmp_path_factory.mktemp("sglang-tools")
+    server = SGLangServer(
+        home=sglang_home_dir,
+        model=make_tool_model(sglang_home_dir / "model", folder / "model"),
+        max_total_tokens=MAX_TOTAL_TOKENS,
+        extra_args=["--constrained-json-disable-any-whitespace"],
+        log_path=folder / "sglang.log",
+        startup_deadline=300,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
 
 
 @pytest.fixture
