@@ -20,6 +20,7 @@ from inference_auctions.experiments.figures import _figure, _save
 from inference_auctions.experiments.live_metrics import WINDOW_SECONDS, measure
 from inference_auctions.experiments.live_plan import CLASSES, PARETO_SHAPE, LivePlan, make_plan
 from inference_auctions.experiments.live_run import (
+    DEFAULT_SCHEMES,
     SCHEMES,
     ServerSetup,
     engine_capacity_at,
@@ -33,7 +34,13 @@ QUICK_SECONDS = 10.0
 # quarter of the words.
 SGLANG_PROMPT_SCALE = 0.25
 FULL_SECONDS = 60.0
-_COLORS = {"fcfs": "#7f7f7f", "tiers2": "#ff7f0e", "tiers3": "#2ca02c", "auction": "#1f77b4"}
+_COLORS = {
+    "fcfs": "#7f7f7f",
+    "tiers2": "#ff7f0e",
+    "tiers3": "#2ca02c",
+    "auction": "#1f77b4",
+    "auction-floor": "#9467bd",
+}
 
 # (scheme, planned requests) -> a callback ticking once per finished request
 Tracker = Callable[[str, int], Callable[[], None]]
@@ -47,7 +54,7 @@ def run_live(
     seconds: float,
     seed: int,
     setup: ServerSetup | None = None,
-    schemes: tuple[str, ...] = SCHEMES,
+    schemes: tuple[str, ...] = DEFAULT_SCHEMES,
     tracker: Tracker = _no_progress,
     load: float = 1.5,
 ) -> dict[str, Any]:

@@ -144,7 +144,8 @@ class _RichTracker:
     "--schemes",
     default="fcfs,tiers2,tiers3,auction",
     show_default=True,
-    help="live only: the comma-separated schemes to run, on the same plan.",
+    help="live only: the comma-separated schemes to run, on the same plan (also "
+    "auction-floor: the auction under --price-floor posted).",
 )
 def experiment(
     target: str,

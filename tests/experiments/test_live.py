@@ -67,3 +67,14 @@ def test_a_small_live_run_measures_the_four_schemes(tmp_path: Path) -> None:
         bought = sum(prices[tier] * count for tier, count in run["requests_by_tier"].items())
         assert run["revenue_micros"] == bought  # exactly the tier prices, nothing else
     assert "| auction |" in (tmp_path / "live.md").read_text()
+
+
+def test_the_auction_under_a_posted_floor_runs_on_the_same_plan(tmp_path: Path) -> None:
+    results = run_live(3.0, seed=1, schemes=("auction", "auction-floor"))
+    write_live(results, tmp_path)
+    plain, floored = results["auction"], results["auction-floor"]
+    assert plain["plan_digest"] == floored["plan_digest"]
+    planned = results["settings"]["requests"]
+    # Below the floor a request waits, but it is served: nobody is lost, nobody overspends.
+    assert floored["requests_served"] == planned and floored["overspent_tenants"] == []
+    assert "| auction-floor |" in (tmp_path / "live.md").read_text()
