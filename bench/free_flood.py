@@ -267,7 +267,7 @@ def _start(
 ) -> tuple[Service | SGLangServer, Service, str, str]:
     """The engine and an auction server in front of it, on a fresh ledger."""
     database_url = f"sqlite:///{folder / f'{name}.db'}"
-    emulator, emulator_url = _start_engine(folder, name, plan)
+    engine, engine_url = _start_engine(folder, name, plan)
     server_port = free_port()
     server_url = f"http://127.0.0.1:{server_port}"
     env = {
@@ -286,7 +286,7 @@ def _start(
             [
                 *_CLI,
                 "serve",
-                *("--port", str(server_port), "--engine-url", emulator_url),
+                *("--port", str(server_port), "--engine-url", engine_url),
                 *("--database-url", database_url, "--log-level", "warning", *server_options),
             ],
             url=server_url,
@@ -295,16 +295,16 @@ def _start(
             env=env,
         )
     except BaseException:
-        emulator.stop()
+        engine.stop()
         raise
-    return emulator, server, server_url, database_url
+    return engine, server, server_url, database_url
 
 
 def run(plan: Plan, folder: Path, console: Console) -> dict[str, dict[str, Latencies]]:
     """Every setting, every shape: the paying requests' latencies."""
     results: dict[str, dict[str, Latencies]] = {}
     for name in plan.settings:
-        emulator, server, url, database_url = _start(folder, name, plan, SETTINGS[name])
+        engine, server, url, database_url = _start(folder, name, plan, SETTINGS[name])
         try:
             payers, free = _users(database_url, plan)
             rng = random.Random(plan.seed)
@@ -325,7 +325,7 @@ def run(plan: Plan, folder: Path, console: Console) -> dict[str, dict[str, Laten
                 )
         finally:
             server.stop()
-            emulator.stop()
+            engine.stop()
     return results
 
 
