@@ -184,9 +184,7 @@ class WalkTracer:
             self._on = False
 
     def _hook(self, frame: FrameType, event: str, _arg: Any) -> None:
-        if not self._on:
-            return
-        if event != "call":
+        if not self._on or event != "call":
             return
         module = frame.f_globals.get("__name__", "")
         if frame.f_code.co_flags & inspect.CO_COROUTINE:
