@@ -385,20 +385,23 @@ class Generation:
             producer.close()
             return
         self._producing = True
+        task = asyncio.current_task()
         try:
             await producer
         except asyncio.CancelledError:
             self.fail(EngineUnavailable("the generation was cancelled"))
-            task = asyncio.current_task()
             if not self._cancelled_here or task is None or task.uncancel() > 0:
-                raise
+                raise  # a cancellation from outside (a deadline's scope, a shutdown)
+            self._cancelled_here = False
         except EngineError as error:
             self.fail(error)
         except Exception as error:  # a bug in a producer must still end the request
             self.fail(EngineError(f"unexpected engine failure: {error!r}"))
         finally:
             self._producing = False
-            self._cancelled_here = False
+        if self._cancelled_here and task is not None:
+            task.uncancel()  # the producer swallowed the cancellation `cancel` asked for
+        self._cancelled_here = False
         if not self._done:
             self.fail(EngineError("the engine ended the request without a result"))
 
