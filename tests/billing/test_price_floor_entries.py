@@ -19,8 +19,9 @@ from inference_auctions.billing import (
     RequestInput,
     migrate,
 )
+from inference_auctions.billing.fees import refund_floor
 from tests.billing.conftest import Clock
-from tests.billing.helpers import batch_of
+from tests.billing.helpers import batch_of, refund_part
 from tests.db_fixtures import MigratedDatabase
 
 BUDGET = 1_000_000
@@ -90,6 +91,28 @@ def test_a_failed_request_gets_its_own_floor_back_once(users: Ledger) -> None:
     assert _floors(ledger, "alice") == [(-(FLOOR + 2_000), "h", None), (2_000, "h", "a2")]
     ledger.record_served("a1")  # served: keeps its floor
     assert ledger.balance("alice").balance_micros == BUDGET - 1_000 - FLOOR
+    assert ledger.reconcile().ok
+
+
+def test_a_floor_given_back_is_never_given_back_again(users: Ledger) -> None:
+    ledger = users
+    floors = {"a1": FLOOR, "a2": 2_000, "b1": FLOOR}
+    _settle(ledger, "h", BIDS, {"alice": 1_000, "bob": 0}, floors)
+    ledger.record_failed("a2", "h", "alice", target_micros=0, reason="engine failed")
+    after_failure = ledger.balance("alice").balance_micros
+    # The refund of a2's floor again (a retried failure): a1's floor, still taken, would cover
+    # a second one; the refund's key stops it.
+    assert refund_part(ledger, refund_floor, "alice", "h", "a2") == 0
+    assert _floors(ledger, "alice") == [(-(FLOOR + 2_000), "h", None), (2_000, "h", "a2")]
+    assert ledger.balance("alice").balance_micros == after_failure
+    # Nor does a floor come back beyond what the user's floors took: with a1's given back too,
+    # bob's request, failed on alice's account, gets her nothing.
+    assert refund_part(ledger, refund_floor, "alice", "h", "a1") == FLOOR
+    assert refund_part(ledger, refund_floor, "alice", "h", "b1") == 0
+    assert ledger.balance("alice").balance_micros == BUDGET - 1_000
+    # bob's own failure still gets his floor back: the refused one wrote nothing under its key.
+    ledger.record_failed("b1", "h", "bob", target_micros=0, reason="engine failed")
+    assert _floors(ledger, "bob") == [(-FLOOR, "h", None), (FLOOR, "h", "b1")]
     assert ledger.reconcile().ok
 
 
