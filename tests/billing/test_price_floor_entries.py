@@ -17,6 +17,8 @@ from inference_auctions.billing import (
     InvalidBatch,
     Ledger,
     RequestInput,
+    SummaryRecord,
+    hold_micros,
     migrate,
 )
 from inference_auctions.billing.fees import refund_floor
@@ -132,6 +134,34 @@ def test_recovery_gives_the_floor_of_an_unserved_request_back_once(
     assert _floors(ledger, "alice") == [(-2 * FLOOR, "h", None), (FLOOR, "h", "a2")]
     assert ledger.balance("alice").balance_micros == BUDGET - FLOOR
     assert ledger.reconcile().ok
+
+
+def test_summaries_list_the_floors_and_reconcile(timed_ledger: Ledger) -> None:
+    ledger = timed_ledger
+    ledger.create_user("alice", budget_micros=BUDGET)
+    fee = 700
+    bids = [("a1", "alice", 300_000), ("a2", "alice", 50_000)]
+    for rid, user, bid in bids:
+        ledger.place_hold(user, rid, hold_micros(bid, fee))
+    batch, requests, charges = _batch("h", bids, {"alice": 1_000}, {"a1": FLOOR, "a2": 2_000})
+    ledger.settle_batch(dataclasses.replace(batch, request_fee_micros=fee), requests, charges)
+    ledger.record_failed("a2", "h", "alice", target_micros=400, reason="engine failed")
+    ledger.adjust("alice", -50, reason="correction")
+    (row,) = ledger.summary("alice", "month")
+    # a2's floor and fee came back with its share of the charge: a1's alone are left.
+    assert (row.charged_micros, row.refunded_micros) == (1_000, 400)
+    assert (row.fees_micros, row.floors_micros) == (fee, FLOOR)
+    assert row.net_micros == (
+        row.granted_micros
+        - row.charged_micros
+        + row.refunded_micros
+        + row.adjusted_micros
+        - row.fees_micros
+        - row.floors_micros
+    )
+    assert row.net_micros == ledger.balance("alice").balance_micros
+    # The record the API and the CLI give names it too.
+    assert SummaryRecord.of(row).as_json()["floors_micros"] == FLOOR
 
 
 def test_a_floor_above_the_bid_is_refused_whole(users: Ledger) -> None:
