@@ -157,6 +157,12 @@ class Metrics:
             "engine and cleared again",
             registry=r,
         )
+        # Free requests that yielded the engine to paying ones (server.serving.dispatch).
+        self.free_preempted = Counter(
+            "inference_auction_free_preempted",
+            "Free requests stopped at the engine for a paying one, to resume from where they were",
+            registry=r,
+        )
         # In-step prefix deferral (server.serving.deferral).
         self.deferral_held = Counter(
             "inference_auction_deferral_held",

@@ -134,7 +134,8 @@ class ServerSettings(LedgerSettings):
     `pricing_rule batch-size`, which prices whole batches)."""
     free_traffic: Literal["idle", "shared"] = "idle"
     """Under `rolling`: `idle` sends free requests (zero bids, a free tier) only while no paying
-    request is at the engine, whose decoding their prefills would stall; `shared` lets them
+    request is at the engine, whose decoding their prefills would stall, and preempts one still
+    there when a paying request comes (it resumes later from where it was); `shared` lets them
     take what the bidders leave, within `zero_bid_share`."""
     clearing_log: Path | None = None
     """Under `rolling`: append every clearing's pool (rids, users, bids, tree paths), head and

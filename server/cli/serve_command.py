@@ -74,8 +74,9 @@ from inference_auctions.server.settings import ServerSettings
     "--free-traffic",
     type=click.Choice(["idle", "shared"]),
     help="Under --scheduling rolling: idle sends free requests (zero bids, a free tier) only "
-    "while no paying request is at the engine, whose decoding their prefills would stall; "
-    "shared lets them take what the bidders leave.  [default: idle]",
+    "while no paying request is at the engine, whose decoding their prefills would stall, and "
+    "preempts one still there when a paying request comes (it resumes later from where it "
+    "was); shared lets them take what the bidders leave.  [default: idle]",
 )
 @click.option(
     "--clearing-log",

@@ -21,6 +21,15 @@ the engine still admits it before every request of a later place. With the rule 
 engine in `ordered` mode (which never admits two of a batch into one step), every request is
 sent at once, exactly as before.
 
+Free requests yield the engine (`BatchDispatch.rebalance`, under `free_traffic idle`): the
+scheduler tells the dispatcher at every turn what the engine can start and whether a paying
+request waits. A free request at the engine while a paying one is there or waits is stopped
+there and parked; once nothing that pays is at the engine or waits, it is sent again, its
+prompt followed by what it produced, for the tokens it has left, under a rid of its own, and
+its follower goes on with the same answer (`FollowedRequest.preempt`). On a CPU a decode step
+costs in proportion to the requests in it, so a free answer started while the engine was idle
+would slow every paying request that joins it.
+
 `client_left`: a client that leaves after its batch closed has its generation stopped at once.
 
 Every HTTP handler following a ticket calls `client_left` when its client goes; once none is
@@ -36,14 +45,22 @@ by the per-request rule.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from inference_auctions.billing import Ledger
 from inference_auctions.server.auction import AuctionOutcome
-from inference_auctions.server.engine.protocol import Engine, EngineRequest, Generation
+from inference_auctions.server.engine.protocol import (
+    DEFAULT_MAX_NEW_TOKENS,
+    Engine,
+    EngineRequest,
+    Generation,
+)
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
 from inference_auctions.server.serving.deferral import (
@@ -108,6 +125,18 @@ class BatchDispatch:
         self._timings: deque[tuple[float, float]] = deque(maxlen=100_000)
         # The requests sent and not yet followed to their end (`FollowedRequest.ended`).
         self._followers: set[asyncio.Future[None]] = set()
+        # Free requests yield the engine to paying ones (`rebalance`): those at the engine
+        # now, by engine rid, the latest sent last; and those preempted, waiting to resume.
+        self._yields = (
+            settings.free_traffic == "idle"
+            and settings.scheduling == "rolling"
+            and settings.pricing != "fcfs"
+        )
+        self._free_running: dict[str, tuple[FollowedRequest, Generation]] = {}
+        self._parked: deque[FollowedRequest] = deque()
+        self._engine = engine
+        self._finishing: set[asyncio.Task[None]] = set()  # parked requests being ended
+        self._draining = False
         # What the engine can admit next, learnt from it (`server.serving.pool`).
         self.capacity = EngineCapacity(
             engine,
@@ -161,6 +190,8 @@ class BatchDispatch:
             sent(followed.ticket, generation.cancel)
             if ahead is not None:
                 ahead.follow(generation, followed.ended)
+            if self._yields and followed.ticket.bid_micros <= 0:
+                self._free_running[followed.ticket.engine_rid] = (followed, generation)
 
         self._deferral.dispatch(batch.outcome, requests, drivers, follow)
 
@@ -185,16 +216,100 @@ class BatchDispatch:
         """A request left the engine (or failed before it started)."""
         self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)
         self._paying.discard(engine_rid)
+        self._free_running.pop(engine_rid, None)
         self._deferral.ended(engine_rid)  # a request held back for this one's prefix may go
         self.inflight -= 1
         self._wakeup.set()
+
+    def parked(self, followed: FollowedRequest) -> None:
+        """A free request was preempted (`rebalance`): it waits to resume; a client that
+        leaves meanwhile ends it at once."""
+        if self._draining:  # nothing else is left to go first
+            self._resume(followed)
+            return
+        self._parked.append(followed)
+        followed.ticket.stop = lambda _reason: self._unpark(followed)
+        if followed.ticket.left:
+            self._unpark(followed)
+        self._wakeup.set()
+
+    def rebalance(self, room: int, paying_waits: Callable[[], bool]) -> None:
+        """At a turn of the scheduler, under `free_traffic idle`, free requests use the
+        engine only while nothing that pays is there or waits: one at the engine when a
+        paying request is there or waits is stopped (it is parked and resumed later from where
+        it was, `FollowedRequest.preempt`); with room, and nothing that pays at the engine or
+        waiting, the parked ones resume, oldest first. `room`: requests the engine can start
+        now; `paying_waits`: whether a paying request waits (asked only when it matters)."""
+        if self._free_running and (self._paying or paying_waits()):
+            self._preempt_free()
+            return
+        if room <= 0 or not self._parked or self._paying or paying_waits():
+            return
+        for _ in range(min(room, len(self._parked))):
+            self._resume(self._parked.popleft())
+
+    def _preempt_free(self) -> None:
+        """Stop every free request at the engine (each is resumed later)."""
+        for engine_rid, (followed, generation) in list(self._free_running.items()):
+            settled = followed.settled
+            if settled is not None and not (settled.done() and settled.result()):
+                continue  # sent ahead of its batch's commit: that commit decides it first
+            del self._free_running[engine_rid]
+            self._metrics.free_preempted.inc()
+            followed.preempt(generation.cancel)
+
+    def _resume(self, followed: FollowedRequest) -> None:
+        """Send a preempted request again: its prompt and what it produced so far, for the
+        tokens it has left."""
+        ticket = followed.ticket
+        if ticket.left or ticket.done:
+            self._finish_parked(followed)
+            return
+        produced = followed.produced
+        done_ids: list[int] = [] if produced is None else produced.output_ids
+        prompt = [*(int(token) for token in ticket.tokens), *done_ids]
+        params = self._engine_sampling(ticket)
+        asked = params.get("max_new_tokens")
+        limit = asked if isinstance(asked, int) else DEFAULT_MAX_NEW_TOKENS
+        params = {**params, "max_new_tokens": max(1, limit - len(done_ids))}
+        ticket.resent += 1  # a rid of its own at the engine
+        ids = np.array(prompt, dtype=np.int64)
+        clearance = ticket.clearance
+        request = EngineRequest(
+            rid=ticket.engine_rid,
+            input_ids=ids,
+            sampling_params=params,
+            priority=clearance.sequence if clearance is not None else 0,
+            stream=True,
+            headers=ticket.trace_headers,
+        )
+        self.inflight += 1
+        self._unstarted[request.rid] = len(prompt)
+        self._unstarted_tokens += len(prompt)
+        (generation,) = self._engine.dispatch([request], [followed])
+        sent(ticket, generation.cancel)
+        self._free_running[request.rid] = (followed, generation)
+
+    def _unpark(self, followed: FollowedRequest) -> None:
+        with contextlib.suppress(ValueError):
+            self._parked.remove(followed)
+            self._finish_parked(followed)
+
+    def _finish_parked(self, followed: FollowedRequest) -> None:
+        task = asyncio.create_task(followed.finish_parked(), context=followed.context)
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
     def recent_timings(self) -> list[tuple[float, float]]:
         """(overhead, batching wait) in seconds of the most recent requests, oldest first."""
         return list(self._timings)
 
     async def drain(self) -> None:
-        """Wait until every request sent has been followed to its end."""
+        """Wait until every request sent has been followed to its end (the preempted ones
+        resumed at once: nothing else is left to go first)."""
+        self._draining = True
+        while self._parked:
+            self._resume(self._parked.popleft())
         while self._followers:
             await asyncio.gather(*list(self._followers), return_exceptions=True)
 

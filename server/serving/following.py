@@ -40,7 +40,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -73,6 +73,9 @@ class EngineLoad(Protocol):
 
     def freed(self, engine_rid: str) -> None:
         """The request left the engine (or failed before it started)."""
+
+    def parked(self, followed: FollowedRequest) -> None:
+        """A preempted request waits to be resumed (after `freed`)."""
 
 
 class _Stalled(Exception):
@@ -210,9 +213,12 @@ class FollowedRequest:
     `ended` resolves once it has been followed to its end, however it ended."""
 
     __slots__ = (
+        "_before",
         "_final",
         "_follower",
         "_last",
+        "_preempted",
+        "_started",
         "_ttft",
         "_watch",
         "batch",
@@ -240,19 +246,43 @@ class FollowedRequest:
         self._final: Chunk | None = None  # the finishing chunk, withheld until recorded
         self._ttft: float | None = None
         self._watch: Watch | None = None
+        self._started = False  # whether its generation at the engine now produced a chunk
+        # Set by `preempt`: its generation was stopped to make room for a paying request, and
+        # it waits to be resumed (`server.serving.dispatch`) rather than to end.
+        self._preempted = False
+        # What the engine produced before it was preempted, which a resumed generation's
+        # chunks continue (None: nothing yet).
+        self._before: Chunk | None = None
+
+    @property
+    def produced(self) -> Chunk | None:
+        """Everything the engine produced for it so far (cumulative), if anything."""
+        return self._last
+
+    def preempt(self, stop: Callable[[str], None]) -> None:
+        """Stop its generation (`stop`) to make room for a paying request: it is not ended but
+        parked, and resumed from what it produced so far (`server.serving.dispatch`)."""
+        self._preempted = True
+        stop("preempted: the engine's slot went to a paying request; it resumes later")
 
     def chunk(self, chunk: EngineChunk) -> None:
         """One chunk from the engine, on the generation's task: to the ticket at once, except
         the last, withheld until the outcome is recorded."""
         ticket = self.ticket
+        if not self._started:
+            self._started = True
+            self._follower.load.started(ticket.engine_rid)
         if self._ttft is None:
             assert ticket.dispatched is not None
             self._ttft = ticket.first_token = time.monotonic() - ticket.dispatched
             self._follower.metrics.engine_ttft.observe(self._ttft)
-            self._follower.load.started(ticket.engine_rid)
-        # The engine's own objects, not copies: each chunk is made afresh, and copying its
-        # cumulative ids would cost time quadratic in them.
-        pushed = Chunk(chunk.text, chunk.output_ids, chunk.meta_info)
+        before = self._before
+        if before is None:
+            # The engine's own objects, not copies: each chunk is made afresh, and copying its
+            # cumulative ids would cost time quadratic in them.
+            pushed = Chunk(chunk.text, chunk.output_ids, chunk.meta_info)
+        else:
+            pushed = _continued(before, chunk, len(self.ticket.tokens))
         if chunk.finished:
             self._final = pushed
             return
@@ -262,17 +292,40 @@ class FollowedRequest:
             self._watch.waiting()  # the next chunk's stall deadline starts now
 
     async def drive(self, generation: Generation, produce: Awaitable[None]) -> None:
-        """Run the engine's side to its end, then record the outcome and answer the ticket."""
+        """Run the engine's side to its end, then record the outcome and answer the ticket
+        (unless it was preempted: then it waits to be resumed, by another generation)."""
+        parked = False
         try:
-            await self._serve(generation, produce)
+            parked = await self._serve(generation, produce)
+        finally:
+            if not parked and not self.ended.done():
+                self.ended.set_result(None)
+
+    async def finish_parked(self) -> None:
+        """End a preempted request that will not be resumed (its client left, the server
+        stops): recorded as any request whose client left, or failed."""
+        self._preempted = False
+        try:
+            follower, ticket = self._follower, self.ticket
+            if ticket.left:
+                await ticket.finish(await follower._departed(ticket, self.batch))
+            else:
+                error = unavailable(
+                    f"request {ticket.rid!r} was stopped for paying traffic and the server "
+                    "stopped before it could resume"
+                )
+                await follower._fail(ticket, self.batch, error)
+                await ticket.finish(error)
         finally:
             if not self.ended.done():
                 self.ended.set_result(None)
 
-    async def _serve(self, generation: Generation, produce: Awaitable[None]) -> None:
+    async def _serve(self, generation: Generation, produce: Awaitable[None]) -> bool:
+        """Follow one generation of the request; True if it was preempted and waits."""
         follower, ticket, batch = self._follower, self.ticket, self.batch
         error: ServiceError | None = None
         streamed = _Streamed(None, None)
+        self._started = False
         try:
             streamed = await self.stream(generation, produce)
         except _Stalled:
@@ -284,6 +337,11 @@ class FollowedRequest:
             )
         finally:
             follower.load.freed(ticket.engine_rid)
+        if self._preempted and streamed.final is None and not ticket.left:
+            self._preempted = False
+            self._before = self._last
+            follower.load.parked(self)
+            return True
         failure = generation.error
         # A generation that failed before its last chunk (one that sent its last chunk
         # and then broke reading the end of the stream was served).
@@ -294,20 +352,21 @@ class FollowedRequest:
             else:
                 error = EngineFailed(f"the engine failed request {ticket.rid!r}: {detail}")
         if self.settled is not None and not await self.settled:
-            return  # the batch is void: it is cleared again (`server.serving.clearing`)
+            return False  # the batch is void: it is cleared again (`server.serving.clearing`)
         if ticket.left:
             await ticket.finish(await follower._departed(ticket, batch))
-            return
+            return False
         if error is None and not streamed.streamed:
             error = EngineFailed(f"the engine returned nothing for request {ticket.rid!r}")
         if error is not None:
             await follower._fail(ticket, batch, error)
             await ticket.finish(error)
-            return
+            return False
         refused = await follower._record_served(ticket, streamed)
         if refused is None and streamed.final is not None:
             ticket.push(streamed.final)
         await ticket.finish(refused)
+        return False
 
     async def stream(self, generation: Generation, produce: Awaitable[None]) -> _Streamed:
         """Run `produce` (the engine reading the request's stream, which hands each chunk to
@@ -334,6 +393,17 @@ class FollowedRequest:
             return _Streamed(_capped(last, cap), self._ttft, streamed=True)
         sent = self._final is not None or self._last is not None
         return _Streamed(self._final, self._ttft, streamed=sent)
+
+
+def _continued(before: Chunk, chunk: EngineChunk, prompt_tokens: int) -> Chunk:
+    """A resumed generation's chunk as the client sees it: after what the engine produced
+    before the preemption, counted as one answer to the original prompt."""
+    meta = dict(chunk.meta_info)
+    completion = meta.get("completion_tokens")
+    if isinstance(completion, int) and not isinstance(completion, bool):
+        meta["completion_tokens"] = completion + len(before.output_ids)
+    meta["prompt_tokens"] = prompt_tokens
+    return Chunk(before.text + chunk.text, before.output_ids + chunk.output_ids, meta)
 
 
 def _client_words(failure: EngineError, ticket: Ticket) -> str:

@@ -187,12 +187,18 @@ class BatchPool(Generic[Item, Context]):
         clock: Callable[[], float] = time.monotonic,
         wakeup: Wakeup | None = None,
         startable: Callable[[], int] | None = None,
+        rebalance: Callable[[int, Callable[[], bool]], None] | None = None,
+        pays: Callable[[Item], bool] | None = None,
     ) -> None:
         """`select(waiting, room)`: the places of the waiting requests a batch takes now, at
         most `room`; by default the oldest. `clock`: seconds, for the collection window.
         `wakeup`: set by whoever changes the engine's load (see above). `startable`: how many
         more requests the engine can start at its next step (None: `batch_size`), which bounds
-        every batch besides `max_inflight`."""
+        every batch besides `max_inflight`. `rebalance(room, paying_waits)`: told at every
+        turn what the engine can start and whether a request that pays (`pays`) waits, so
+        that free work can yield the engine to it (`server.serving.dispatch`)."""
+        self._rebalance = rebalance
+        self._pays = pays
         self._policy = policy
         self._clock = clock
         self._select = select
@@ -259,6 +265,8 @@ class BatchPool(Generic[Item, Context]):
                     async with asyncio.timeout(timeout):
                         await self._wake.wait()
             self._unblock_if_woken()
+            if self._rebalance is not None:
+                self._rebalance(self._room(), self._paying_waits)
             while self._ready():
                 batch, context = self._take(self._room())
                 if not batch:
@@ -266,6 +274,10 @@ class BatchPool(Generic[Item, Context]):
                     break
                 await self._clear([waiting.item for waiting in batch], context)
                 self._mark_idle()
+
+    def _paying_waits(self) -> bool:
+        pays = self._pays
+        return pays is not None and any(pays(waiting.item) for waiting in self._waiting)
 
     def _room(self) -> int:
         """How many requests the next batch may take: `max_inflight` is a hard cap, and the

@@ -177,6 +177,8 @@ class AuctionService:
             ),
             wakeup=wakeup,
             startable=(lambda: self._dispatch.startable()[0]) if rolling else None,
+            rebalance=self._dispatch.rebalance,
+            pays=lambda ticket: ticket.bid_micros > 0,
         )
         self._answers = AnswerMemory(
             settings.answer_memory_mib * 2**20, self._admissions.forget_if_current

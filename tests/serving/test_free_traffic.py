@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
+import json
 from typing import Any
 
 import httpx
@@ -136,3 +138,73 @@ async def test_shared_free_requests_go_beside_a_paying_request(
     held_end = engine.when("ended", "hold")
     assert all(engine.when("sent", "hold") < engine.when("sent", rid) for rid in FREE)
     assert all(engine.when("ended", rid) < held_end for rid in FREE)
+
+
+async def _metric(client: httpx.AsyncClient, name: str) -> float:
+    text = (await client.get("/metrics")).text
+    line = next(x for x in text.splitlines() if x.startswith(f"{name} "))
+    return float(line.split()[1])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_free_long_answer_yields_the_engine_to_a_paying_request_and_resumes(
+    ledger_db: MigratedDatabase, streamed: bool
+) -> None:
+    """Under `idle`: a free long answer is running when a paying request arrives. The free
+    one is stopped at once (though the engine had room for both: on a CPU a decode step costs
+    in proportion to the requests in it), the paying one served, then the free one resumes
+    from where it was and ends with every token it asked for, as one answer (streamed: every
+    chunk continues the one before)."""
+    settings = ServerSettings(
+        database_url=ledger_db.url, **{**TEST_SETTINGS, "free_traffic": "idle"}
+    )
+    engine = _RecordingEngine(time_scale=0.05)
+    long_answer = 600
+    with serve_app(settings, engine=engine) as url:
+        ledger = Ledger(ledger_db.new_engine())
+        payer = ledger.create_user("payer", budget_micros=10**9).api_key
+        free = ledger.create_user("free", budget_micros=0).api_key
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=120) as client,
+            httpx.AsyncClient(
+                base_url=url, timeout=120, headers={"Authorization": f"Bearer {payer}"}
+            ) as paying,
+            httpx.AsyncClient(
+                base_url=url, timeout=120, headers={"Authorization": f"Bearer {free}"}
+            ) as freeloading,
+        ):
+            body = _body("long") | {
+                "sampling_params": {"max_new_tokens": long_answer},
+                "stream": streamed,
+            }
+            freed = asyncio.create_task(freeloading.post("/generate", json=body))
+            while await _metric(client, "inference_auction_engine_ttft_seconds_count") < 1:
+                await asyncio.sleep(0.01)  # the free answer is streaming at the engine
+            paid = await paying.post("/generate", json=_body("pay") | {"bid": "0.01"})
+            assert paid.status_code == 200, paid.text
+            answer = await freed
+            preempted = await _metric(client, "inference_auction_free_preempted_total")
+        report = ledger.reconcile()
+    assert answer.status_code == 200, answer.text
+    if streamed:
+        events = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ")]
+        chunks = [json.loads(event) for event in events[1:] if event != "[DONE]"]
+        texts = [chunk["text"] for chunk in chunks]
+        assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts))
+        counts = [chunk["meta_info"]["completion_tokens"] for chunk in chunks]
+        assert counts == sorted(counts) and len(set(counts)) == len(counts)
+        payload = chunks[-1]
+    else:
+        payload = answer.json()
+    assert payload["meta_info"]["completion_tokens"] == long_answer
+    assert len(payload["output_ids"]) == long_answer
+    assert preempted == 1
+    # The engine's order: the free one sent, and stopped for the paying one, which ends
+    # before the free one is sent again, under a rid of its own, to its end.
+    assert sorted(engine.events) == sorted(
+        [(kind, rid) for rid in ("long", "pay", "long~1") for kind in ("sent", "ended")]
+    )
+    assert engine.when("sent", "long") < engine.when("ended", "long") < engine.when("ended", "pay")
+    assert engine.when("ended", "pay") < engine.when("sent", "long~1")
+    assert report.ok, report
