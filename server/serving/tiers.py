@@ -10,27 +10,46 @@ SGLang (low values first) serves a dearer tier's waiting requests first, lets th
 cheaper tier's running ones (more urgent by more than its preemption threshold of 10), and
 keeps first come, first served within a tier (equal values: arrival order, no preemption).
 
-What each tier has recently bought (`GET /v1/market/tiers`): the mean priority of its
-requests in their batches, so that a client can weigh a tier's price against it.
+What each tier has recently bought (`GET /v1/market/tiers`), so that a client can weigh a
+tier's price against it:
 
-A request's priority is (n-1-k)/(n-1) at position k of a batch of n (1 alone in its batch):
-the share of its batch it went ahead of. The figures are this replica's last `window`
-requests of each tier; before a tier has any, its figure is what an even split of the batch
-by tier would give it (the dearest tier the top share, and so on), so a client can choose
-before any traffic. Integers in parts per million, so that a client's comparison of
-value x priority with a price stays in integers.
+* `expected_priority_ppm`: the mean, over the tier's recent requests, of the share of their
+  competitors each went ahead of: of the requests whose waits overlapped its own (a wait runs
+  from joining the waiting pool to being sent to the engine), those sent after it
+  (`server.auction.wait_overlap`). A request nobody waited beside counts 1: it lost nothing.
+  Unlike its place within the head it was sent in, this sees the whole pool it waited in,
+  however few requests each dispatch takes. Before a tier has any request, its figure is what
+  an even split of the pool by tier would give it (the dearest tier the top share, and so
+  on), so a client can choose before any traffic.
+* `recent_wait_ms`: the median wait of its recent requests, from arrival to dispatch.
+
+The figures are this replica's last `window` requests of each tier; the shares are integers in
+parts per million, so that a client's comparison of value x priority with a price stays in
+integers.
 """
 
 from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
+from statistics import median_low
+from typing import NamedTuple
 
 from inference_auctions.billing import InvalidAmount, parse_credits
+from inference_auctions.server.auction.wait_overlap import PPM, DispatchHistory
 
-__all__ = ["AUTO", "ENGINE_PRIORITY_GAP", "PPM", "Tier", "TierFigures", "TierMenu", "parse_tiers"]
+__all__ = [
+    "AUTO",
+    "ENGINE_PRIORITY_GAP",
+    "PPM",
+    "Tier",
+    "TierFigures",
+    "TierMenu",
+    "Waited",
+    "parse_tiers",
+]
 
 # Above SGLang's default `--priority-scheduling-preemption-threshold` (10): one tier apart is
 # urgent enough to preempt, the same tier never is.
@@ -115,38 +134,86 @@ def parse_tiers(text: str, default: str | None = None, *, maximum: int) -> TierM
     return TierMenu(tiers, chosen)
 
 
-PPM = 1_000_000
 _WINDOW = 1_000
 
 
+class Waited(NamedTuple):
+    """One request of a head sent to the engine: its tier (None: none), and when it arrived
+    and when it joined the waiting pool (monotonic seconds)."""
+
+    tier: str | None
+    arrived: float
+    joined: float
+
+
 class TierFigures:
-    """The recent priorities of each tier's requests (see the module docstring)."""
+    """What each tier's recent requests got (see the module docstring)."""
 
     def __init__(self, menu: TierMenu | None, window: int = _WINDOW) -> None:
         self._menu = menu
-        self._recent: dict[str, deque[int]] = {}
         self._window = window
+        self._history = DispatchHistory()
+        self._shares: dict[str, deque[int]] = {}
+        self._share_sums: dict[str, int] = {}  # of each deque, kept as it moves
+        self._waits: dict[str, deque[int]] = {}  # milliseconds
+        self._sent: dict[str, int] = {}  # requests of each tier ever counted
+        self._median: dict[str, tuple[int, int]] = {}  # tier -> (its `_sent`, median then)
 
-    def observe(self, tier: str, priority: Fraction) -> None:
-        """A request of `tier` was cleared at `priority`."""
-        recent = self._recent.setdefault(tier, deque(maxlen=self._window))
-        recent.append(int(priority * PPM))
+    def sent(self, head: Sequence[Waited], at: float, still_waiting: int) -> None:
+        """A head went to the engine at `at`, in its order, `still_waiting` requests staying
+        in the pool."""
+        joined = [request.joined for request in head]
+        for request, overlap in zip(
+            head, self._history.sent(joined, at, still_waiting), strict=True
+        ):
+            if request.tier is None:
+                continue
+            # Nobody waited beside it: it lost nothing, as the first of any queue.
+            share = overlap.share_ppm()
+            self._count(request.tier, PPM if share is None else share, at - request.arrived)
+
+    def _count(self, tier: str, share_ppm: int, wait_seconds: float) -> None:
+        shares = self._shares.setdefault(tier, deque(maxlen=self._window))
+        total = self._share_sums.get(tier, 0)
+        if len(shares) == shares.maxlen:
+            total -= shares[0]
+        shares.append(share_ppm)
+        self._share_sums[tier] = total + share_ppm
+        self._waits.setdefault(tier, deque(maxlen=self._window)).append(
+            max(0, round(wait_seconds * 1000))
+        )
+        self._sent[tier] = self._sent.get(tier, 0) + 1
 
     def expected_priority_ppm(self, tier: str) -> int:
-        """The mean recent priority of the tier's requests, in parts per million."""
-        recent = self._recent.get(tier)
-        if recent:
-            return sum(recent) // len(recent)
+        """The mean share of their competitors the tier's recent requests went ahead of, in
+        parts per million."""
+        shares = self._shares.get(tier)
+        if shares:
+            return self._share_sums[tier] // len(shares)
         return self._prior_ppm(tier)
 
+    def recent_wait_ms(self, tier: str) -> int | None:
+        """The median wait of the tier's recent requests, arrival to dispatch, in
+        milliseconds (None before it has any)."""
+        waits = self._waits.get(tier)
+        if not waits:
+            return None
+        sent = self._sent[tier]
+        cached = self._median.get(tier)
+        if cached is None or cached[0] != sent:
+            # Sorted when asked, at most once per request counted: a menu read, not each request.
+            cached = (sent, median_low(waits))
+            self._median[tier] = cached
+        return cached[1]
+
     def samples(self, tier: str) -> int:
-        """How many recent requests the tier's figure is drawn from (0: the prior)."""
-        return len(self._recent.get(tier, ()))
+        """How many recent requests the tier's figures are drawn from (0: the prior)."""
+        return len(self._shares.get(tier, ()))
 
     def _prior_ppm(self, tier: str) -> int:
         if self._menu is None:
             return PPM
         count = len(self._menu.tiers)
         rank = next(t.rank for t in self._menu.tiers if t.name == tier)
-        # The middle of the tier's share when the batch splits evenly, dearest on top.
+        # The middle of the tier's share when the queue splits evenly, dearest on top.
         return (2 * (count - rank) - 1) * PPM // (2 * count)
