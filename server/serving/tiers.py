@@ -146,6 +146,35 @@ class Waited(NamedTuple):
     joined: float
 
 
+class _Recent:
+    """One tier's last `window` requests: their shares, with their sum kept as they move (the
+    mean in O(1)), and their waits in milliseconds."""
+
+    def __init__(self, window: int) -> None:
+        self.shares: deque[int] = deque(maxlen=window)
+        self._share_sum = 0
+        self._waits: deque[int] = deque(maxlen=window)
+        self._counted = 0  # requests ever counted, so that a median is sorted once per change
+        self._median: tuple[int, int] = (-1, 0)  # (`_counted` then, the median then)
+
+    def add(self, share_ppm: int, wait_ms: int) -> None:
+        if len(self.shares) == self.shares.maxlen:
+            self._share_sum -= self.shares[0]
+        self.shares.append(share_ppm)
+        self._share_sum += share_ppm
+        self._waits.append(wait_ms)
+        self._counted += 1
+
+    def mean_share_ppm(self) -> int:
+        return self._share_sum // len(self.shares)
+
+    def median_wait_ms(self) -> int:
+        # Sorted when a menu is read, not as each request is counted; at most once per change.
+        if self._median[0] != self._counted:
+            self._median = (self._counted, median_low(self._waits))
+        return self._median[1]
+
+
 class TierFigures:
     """What each tier's recent requests got (see the module docstring)."""
 
@@ -153,62 +182,41 @@ class TierFigures:
         self._menu = menu
         self._window = window
         self._history = DispatchHistory()
-        self._shares: dict[str, deque[int]] = {}
-        self._share_sums: dict[str, int] = {}  # of each deque, kept as it moves
-        self._waits: dict[str, deque[int]] = {}  # milliseconds
-        self._sent: dict[str, int] = {}  # requests of each tier ever counted
-        self._median: dict[str, tuple[int, int]] = {}  # tier -> (its `_sent`, median then)
+        self._recent: dict[str, _Recent] = {}
 
     def sent(self, head: Sequence[Waited], at: float, still_waiting: int) -> None:
         """A head went to the engine at `at`, in its order, `still_waiting` requests staying
         in the pool."""
         joined = [request.joined for request in head]
-        for request, overlap in zip(
-            head, self._history.sent(joined, at, still_waiting), strict=True
-        ):
+        overlaps = self._history.sent(joined, at, still_waiting)
+        for request, overlap in zip(head, overlaps, strict=True):
             if request.tier is None:
                 continue
-            # Nobody waited beside it: it lost nothing, as the first of any queue.
             share = overlap.share_ppm()
-            self._count(request.tier, PPM if share is None else share, at - request.arrived)
-
-    def _count(self, tier: str, share_ppm: int, wait_seconds: float) -> None:
-        shares = self._shares.setdefault(tier, deque(maxlen=self._window))
-        total = self._share_sums.get(tier, 0)
-        if len(shares) == shares.maxlen:
-            total -= shares[0]
-        shares.append(share_ppm)
-        self._share_sums[tier] = total + share_ppm
-        self._waits.setdefault(tier, deque(maxlen=self._window)).append(
-            max(0, round(wait_seconds * 1000))
-        )
-        self._sent[tier] = self._sent.get(tier, 0) + 1
+            recent = self._recent.get(request.tier)
+            if recent is None:
+                recent = self._recent[request.tier] = _Recent(self._window)
+            # Nobody waited beside it: it lost nothing, as the first of any queue.
+            recent.add(
+                PPM if share is None else share, max(0, round((at - request.arrived) * 1000))
+            )
 
     def expected_priority_ppm(self, tier: str) -> int:
         """The mean share of their competitors the tier's recent requests went ahead of, in
         parts per million."""
-        shares = self._shares.get(tier)
-        if shares:
-            return self._share_sums[tier] // len(shares)
-        return self._prior_ppm(tier)
+        recent = self._recent.get(tier)
+        return self._prior_ppm(tier) if recent is None else recent.mean_share_ppm()
 
     def recent_wait_ms(self, tier: str) -> int | None:
         """The median wait of the tier's recent requests, arrival to dispatch, in
         milliseconds (None before it has any)."""
-        waits = self._waits.get(tier)
-        if not waits:
-            return None
-        sent = self._sent[tier]
-        cached = self._median.get(tier)
-        if cached is None or cached[0] != sent:
-            # Sorted when asked, at most once per request counted: a menu read, not each request.
-            cached = (sent, median_low(waits))
-            self._median[tier] = cached
-        return cached[1]
+        recent = self._recent.get(tier)
+        return None if recent is None else recent.median_wait_ms()
 
     def samples(self, tier: str) -> int:
         """How many recent requests the tier's figures are drawn from (0: the prior)."""
-        return len(self._shares.get(tier, ()))
+        recent = self._recent.get(tier)
+        return 0 if recent is None else len(recent.shares)
 
     def _prior_ppm(self, tier: str) -> int:
         if self._menu is None:
