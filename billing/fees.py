@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import period_charges
@@ -66,34 +67,28 @@ def refund_fee(
     """Give back the fee of the failed request `rid` of the locked `account`, once; returns
     what was given back now (0 for a replay, a batch without a fee, or fees already all
     given back)."""
-    key = fee_refund_key(rid)
-    if session.scalar(select(LedgerEntry.id).where(LedgerEntry.idempotency_key == key)):
-        return 0
-    fee = session.scalar(select(AuctionBatch.request_fee_micros).where(AuctionBatch.id == batch_id))
-    if not fee:
-        return 0
-    taken, back = period_charges.fees_paid(session, budget, batch_id)
-    amount = min(int(fee), taken - back)
-    if amount <= 0:
-        return 0
-    period_charges.post_refund(
+    return _give_back(
         session,
         account,
         budget,
-        amount_micros=amount,
-        key=key,
-        reason=f"fee of a failed request: {reason}"[:REASON_LENGTH],
+        EntryKind.FEE,
+        paid=select(AuctionBatch.request_fee_micros).where(AuctionBatch.id == batch_id),
+        key=fee_refund_key(rid),
+        reason=f"fee of a failed request: {reason}",
         batch_id=batch_id,
         rid=rid,
         now=now,
-        fee=True,
     )
-    return amount
 
 
 def floor_key(user_id: int, batch_id: str) -> str:
     """Idempotency key of a user's part of the price floor in a batch."""
     return f"floor:{user_id}:{batch_id}"
+
+
+def floor_refund_key(rid: str) -> str:
+    """Idempotency key of the price floor given back for the failed request `rid`."""
+    return f"floor-refund:{rid}"
 
 
 def refund_floor(
@@ -108,14 +103,44 @@ def refund_floor(
 ) -> int:
     """Give back the price floor the failed request `rid` paid, once; returns what was given
     back now (0 for a replay, a request that paid none, or floors already all given back)."""
-    key = f"floor-refund:{rid}"
+    return _give_back(
+        session,
+        account,
+        budget,
+        EntryKind.FLOOR,
+        paid=select(BatchRequest.floor_micros).where(BatchRequest.rid == rid),
+        key=floor_refund_key(rid),
+        reason=f"price floor of a failed request: {reason}",
+        batch_id=batch_id,
+        rid=rid,
+        now=now,
+    )
+
+
+def _give_back(
+    session: Session,
+    account: Account,
+    budget: Budget,
+    kind: EntryKind,
+    *,
+    paid: Select[Any],
+    key: str,
+    reason: str,
+    batch_id: str,
+    rid: str,
+    now: datetime,
+) -> int:
+    """Give back, under `key` and once, what the failed request `rid` paid under `kind` (the
+    query `paid`), never more than its user's `kind` entries in the batch took and have not
+    given back yet; returns what was given back now."""
+    # The key first: a replay reads nothing more and writes nothing.
     if session.scalar(select(LedgerEntry.id).where(LedgerEntry.idempotency_key == key)):
         return 0
-    paid = session.scalar(select(BatchRequest.floor_micros).where(BatchRequest.rid == rid))
-    if not paid:
+    paid_micros = session.scalar(paid)
+    if not paid_micros:
         return 0
-    taken, back = period_charges.floors_paid(session, budget, batch_id)
-    amount = min(int(paid), taken - back)
+    taken, back = period_charges.taken_and_given_back(session, budget, kind, batch_id)
+    amount = min(int(paid_micros), taken - back)
     if amount <= 0:
         return 0
     period_charges.post_refund(
@@ -124,10 +149,10 @@ def refund_floor(
         budget,
         amount_micros=amount,
         key=key,
-        reason=f"price floor of a failed request: {reason}"[:REASON_LENGTH],
+        reason=reason[:REASON_LENGTH],
         batch_id=batch_id,
         rid=rid,
         now=now,
-        kind=EntryKind.FLOOR,
+        kind=kind,
     )
     return amount

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +31,41 @@ def _period(budget: Budget, start: datetime | None) -> datetime:
 
 def _part_key(key: str, first: bool, start: datetime) -> str:
     return key if first else f"{key}@{time_key(start)}"
+
+
+@dataclass(slots=True)
+class _Taking:
+    """One kind of money a settlement takes from a user's holds (the charge, the request fees,
+    the price floor), period by period: one entry per period it is taken from, the first under
+    `key`, the others under `key@period`."""
+
+    kind: EntryKind
+    left: int
+    key: str
+    reason: str
+    first: bool = True
+
+    def part(self, room: int) -> int:
+        """Take what is left of it, up to `room` of a period's holds; returns what was taken."""
+        part = min(self.left, room)
+        self.left -= part
+        return part
+
+    def entry(
+        self, account: Account, part: int, start: datetime, *, batch_id: str, now: datetime
+    ) -> dict[str, Any]:
+        """The entry of `part` taken from the holds of the period starting at `start`."""
+        entry = account.entry(
+            self.kind,
+            -part,
+            key=_part_key(self.key, self.first, start),
+            now=now,
+            reason=self.reason,
+            batch_id=batch_id,
+            period_start=start,
+        )
+        self.first = False
+        return entry
 
 
 def charge_entries(
@@ -56,60 +92,21 @@ def charge_entries(
     by_period: dict[datetime, int] = defaultdict(int)
     for start, amount in held:
         by_period[current if start is None else start] += amount
+    charge = _Taking(EntryKind.CHARGE, charge_micros, key, f"VCG payment in batch {batch_id}")
+    fee = _Taking(EntryKind.FEE, fee_micros, fee_key, f"request fees in batch {batch_id}")
+    floor = _Taking(EntryKind.FLOOR, floor_micros, floor_key, f"price floor in batch {batch_id}")
     entries: list[dict[str, Any]] = []
-    left = charge_micros
-    fee_left = fee_micros
-    first = True
-    fee_first = True
-    floor_left = floor_micros
-    floor_first = True
     for start in sorted(by_period):
-        part = min(left, by_period[start])
-        left -= part
-        fee_part = min(fee_left, by_period[start] - part)
-        fee_left -= fee_part
-        if fee_part:
-            entries.append(
-                account.entry(
-                    EntryKind.FEE,
-                    -fee_part,
-                    key=_part_key(fee_key, fee_first, start),
-                    now=now,
-                    reason=f"request fees in batch {batch_id}",
-                    batch_id=batch_id,
-                    period_start=start,
-                )
-            )
-            fee_first = False
-        if part:
-            entries.append(
-                account.entry(
-                    EntryKind.CHARGE,
-                    -part,
-                    key=_part_key(key, first, start),
-                    now=now,
-                    reason=f"VCG payment in batch {batch_id}",
-                    batch_id=batch_id,
-                    period_start=start,
-                )
-            )
-            first = False
-        floor_part = min(floor_left, by_period[start] - part - fee_part)
-        floor_left -= floor_part
-        if floor_part:
-            entries.append(
-                account.entry(
-                    EntryKind.FLOOR,
-                    -floor_part,
-                    key=_part_key(floor_key, floor_first, start),
-                    now=now,
-                    reason=f"price floor in batch {batch_id}",
-                    batch_id=batch_id,
-                    period_start=start,
-                )
-            )
-            floor_first = False
-        unused = by_period[start] - part - fee_part - floor_part
+        # Each period's holds pay the charge first, then the fees, then the floor...
+        charge_part = charge.part(by_period[start])
+        fee_part = fee.part(by_period[start] - charge_part)
+        floor_part = floor.part(by_period[start] - charge_part - fee_part)
+        # ...and the entries keep the order they have always been written in (fee, charge,
+        # floor), so that a ledger's entry ids read the same whichever version settled it.
+        for taking, part in ((fee, fee_part), (charge, charge_part), (floor, floor_part)):
+            if part:
+                entries.append(taking.entry(account, part, start, batch_id=batch_id, now=now))
+        unused = by_period[start] - charge_part - fee_part - floor_part
         # As `grants.expire_ended`: money returned to an ended period expires with it.
         if unused > 0 and start < current:
             entries.append(
@@ -124,7 +121,7 @@ def charge_entries(
                     period_start=start,
                 )
             )
-    assert left == fee_left == floor_left == 0, "the caller checks that the holds cover them"
+    assert charge.left == fee.left == floor.left == 0, "the caller checks that the holds cover them"
     return entries
 
 
@@ -155,17 +152,13 @@ def charged(session: Session, budget: Budget, batch_id: str) -> int:
     return sum(_by_period(session, budget, EntryKind.CHARGE, batch_id).values())
 
 
-def fees_paid(session: Session, budget: Budget, batch_id: str) -> tuple[int, int]:
-    """The request fees the user paid in the batch, and how much of them came back."""
-    taken = _by_period(session, budget, EntryKind.FEE, batch_id, sign=-1)
-    back = _by_period(session, budget, EntryKind.FEE, batch_id, sign=1)
-    return sum(taken.values()), sum(back.values())
-
-
-def floors_paid(session: Session, budget: Budget, batch_id: str) -> tuple[int, int]:
-    """The price floor the user paid in the batch, and how much of it came back."""
-    taken = _by_period(session, budget, EntryKind.FLOOR, batch_id, sign=-1)
-    back = _by_period(session, budget, EntryKind.FLOOR, batch_id, sign=1)
+def taken_and_given_back(
+    session: Session, budget: Budget, kind: EntryKind, batch_id: str
+) -> tuple[int, int]:
+    """What the user paid in the batch under `kind` (the request fees, the price floor), and
+    how much of it came back."""
+    taken = _by_period(session, budget, kind, batch_id, sign=-1)
+    back = _by_period(session, budget, kind, batch_id, sign=1)
     return sum(taken.values()), sum(back.values())
 
 
@@ -195,16 +188,13 @@ def post_refund(
     batch_id: str,
     rid: str | None,
     now: datetime,
-    fee: bool = False,
     kind: EntryKind | None = None,
 ) -> None:
-    """Credit a refund to the periods of the charge (with `fee`, or `kind` FEE or FLOOR: what
-    was taken under that kind given back, to its periods); the caller checked it is
-    refundable."""
-    back_kind = EntryKind.FEE if fee else kind
-    if back_kind is not None:
-        charges = _by_period(session, budget, back_kind, batch_id, sign=-1)
-        refunds = _by_period(session, budget, back_kind, batch_id, sign=1)
+    """Credit a refund to the periods of the charge (with `kind` FEE or FLOOR: what was taken
+    under that kind given back, to its periods); the caller checked it is refundable."""
+    if kind is not None:
+        charges = _by_period(session, budget, kind, batch_id, sign=-1)
+        refunds = _by_period(session, budget, kind, batch_id, sign=1)
     else:
         charges = _by_period(session, budget, EntryKind.CHARGE, batch_id)
         refunds = _by_period(session, budget, EntryKind.REFUND, batch_id)
@@ -220,7 +210,7 @@ def post_refund(
         post(
             session,
             account,
-            back_kind or EntryKind.REFUND,
+            kind or EntryKind.REFUND,
             part,
             key=part_key,
             now=now,

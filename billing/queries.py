@@ -202,6 +202,7 @@ def summary(
                 ),
                 entries=counts[start],
                 fees_micros=-sums[EntryKind.FEE],
+                floors_micros=-sums[EntryKind.FLOOR],
             )
         )
     return rows

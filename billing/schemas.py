@@ -114,6 +114,7 @@ class SummaryRecord(LedgerRecord):
     refunded_micros: int
     adjusted_micros: int
     fees_micros: int
+    floors_micros: int
     net_micros: int
     entries: int
 
@@ -127,6 +128,7 @@ class SummaryRecord(LedgerRecord):
             refunded_micros=row.refunded_micros,
             adjusted_micros=row.adjusted_micros,
             fees_micros=row.fees_micros,
+            floors_micros=row.floors_micros,
             net_micros=row.net_micros,
             entries=row.entries,
         )

@@ -219,6 +219,7 @@ class SummaryView:
     net_micros: int
     entries: int
     fees_micros: int = 0  # request fees paid, net of those given back
+    floors_micros: int = 0  # price floors paid, net of those given back
 
 
 @dataclass(frozen=True, slots=True)

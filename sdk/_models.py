@@ -666,9 +666,10 @@ class LedgerSummaryRow(_Model):
     """Totals over one day, week or month.
 
     `charged`, `refunded` and `granted` are magnitudes (never negative: what was charged is
-    reported as a positive amount), and so is `fees`, the request fees paid net of those given
-    back; `adjusted` and `net` are signed as they move the balance, like
-    `LedgerEntry.amount_micros`, so `net = granted - charged + refunded + adjusted - fees`.
+    reported as a positive amount), and so are `fees` and `floors`, the request fees and the
+    price floors paid net of those given back; `adjusted` and `net` are signed as they move the
+    balance, like `LedgerEntry.amount_micros`, so
+    `net = granted - charged + refunded + adjusted - fees - floors`.
     """
 
     period_start: datetime
@@ -677,6 +678,7 @@ class LedgerSummaryRow(_Model):
     granted_micros: int
     adjusted_micros: int = 0
     fees_micros: int = 0
+    floors_micros: int = 0
     net_micros: int | None = None
     requests: int | None = None
     entries: int | None = None
@@ -705,6 +707,11 @@ class LedgerSummaryRow(_Model):
     def fees(self) -> Decimal:
         """Request fees paid in the period, net of those given back, in credits (positive)."""
         return Decimal(self.fees_micros) / MICROS_PER_CREDIT
+
+    @property
+    def floors(self) -> Decimal:
+        """Price floors paid in the period, net of those given back, in credits (positive)."""
+        return Decimal(self.floors_micros) / MICROS_PER_CREDIT
 
     @property
     def net(self) -> Decimal | None:

@@ -45,13 +45,14 @@ for good; its request then counts as left by its client (`server.serving.dispatc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import ipaddress
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import uvicorn
@@ -61,7 +62,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from inference_auctions.server.api.bearer import bearer_key
 from inference_auctions.server.settings import ServerSettings
 
-__all__ = ["TrustedProxies", "guarded_protocol", "key_digest", "uvicorn_config"]
+__all__ = [
+    "DISCONNECT_NOTICE",
+    "DisconnectNotice",
+    "TrustedProxies",
+    "disconnect_notice",
+    "guarded_protocol",
+    "key_digest",
+    "uvicorn_config",
+]
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +197,53 @@ _BUSY_RESPONSE = _plain_response(
 _REFUSAL_LOG_SECONDS = 60.0
 
 
+# The ASGI scope extension under which the guarded protocol hands each request its
+# `DisconnectNotice` (as `{"notice": ...}`: ASGI extensions are dicts).
+DISCONNECT_NOTICE = "inference_auctions.disconnect"
+
+
+class DisconnectNotice:
+    """Callbacks run when the connection of the request being served is lost.
+
+    A handler that waits for something else (its batch, its answer) learns that its client
+    left from these, called by the protocol's `connection_lost`, instead of from a task of its
+    own reading `receive()` until `http.disconnect`.
+    """
+
+    __slots__ = ("_callbacks", "lost")
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[], None]] = []
+        self.lost = False
+
+    def add(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when the connection is lost (at once if it already is)."""
+        if self.lost:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def discard(self, callback: Callable[[], None]) -> None:
+        """No longer call `callback`."""
+        with contextlib.suppress(ValueError):
+            self._callbacks.remove(callback)
+
+    def connection_lost(self) -> None:
+        """The connection is gone: call every callback, once."""
+        self.lost = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+def disconnect_notice(scope: Mapping[str, Any]) -> DisconnectNotice | None:
+    """The request's `DisconnectNotice`, when it is served by the guarded protocol."""
+    extensions = scope.get("extensions")
+    extension = extensions.get(DISCONNECT_NOTICE) if isinstance(extensions, dict) else None
+    notice = extension.get("notice") if isinstance(extension, dict) else None
+    return notice if isinstance(notice, DisconnectNotice) else None
+
+
 class _Guarded(HttpToolsProtocol):
     """The deadline and the cap on top of uvicorn's httptools protocol."""
 
@@ -207,6 +263,7 @@ class _Guarded(HttpToolsProtocol):
         # Who the request being served is from (the forwarded address, the key's digest).
         self._client_address: str | None = None
         self._key: bytes | None = None
+        self._notice: DisconnectNotice | None = None  # the request being served's
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         host = _host(transport)
@@ -235,6 +292,9 @@ class _Guarded(HttpToolsProtocol):
             # The application sees the client the shares count (its port is the proxy's own).
             cycle.scope["client"] = (self._client_address, 0)
         self._key = key_digest(headers)
+        self._notice = DisconnectNotice()
+        extensions = cycle.scope.get("extensions") or {}
+        cycle.scope["extensions"] = {**extensions, DISCONNECT_NOTICE: {"notice": self._notice}}
         over = self._over_share()
         if over is not None:
             app = self._refusal(over)
@@ -328,6 +388,9 @@ class _Guarded(HttpToolsProtocol):
             self._write_deadline.cancel()
             self._write_deadline = None
         super().connection_lost(exc)
+        notice, self._notice = self._notice, None
+        if notice is not None and self.cycle is not None and not self.cycle.response_complete:
+            notice.connection_lost()
 
     def pause_writing(self) -> None:
         super().pause_writing()

@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from inference_auctions.billing import MICROS_PER_CREDIT, InvalidAmount, UserInfo, parse_credits
+from inference_auctions.server.api.connections import disconnect_notice
 from inference_auctions.server.api.deps import AppState
 from inference_auctions.server.api.json_response import sse_event
 from inference_auctions.server.engine.errors import ChatRefused, EngineError, EngineTimeout
@@ -226,13 +228,13 @@ async def _done_unless_gone(request: Request, ticket: Ticket) -> None:
     done = ticket.when_done()
     if done.done():
         return
-    watch = asyncio.ensure_future(_fail_when_gone(request, done))
+    stop_watching = _fail_when_gone(request, done)
     try:
         await done
     except _ClientLeft:
         raise Unavailable("the client disconnected before its answer was complete") from None
     finally:
-        watch.cancel()
+        stop_watching()
 
 
 async def _cleared_unless_gone(
@@ -240,9 +242,9 @@ async def _cleared_unless_gone(
 ) -> Clearance:
     cleared = ticket.when_cleared()
     if not cleared.done():
-        # One task watches the connection and fails this reader's own future if the client
-        # leaves first; the handler awaits that future directly (no second task, no `wait`).
-        watch = asyncio.ensure_future(_fail_when_gone(request, cleared))
+        # This reader's own future fails if the client leaves first; the handler awaits that
+        # future directly (no second task, no `wait`).
+        stop_watching = _fail_when_gone(request, cleared)
         try:
             await cleared
         except _ClientLeft:
@@ -250,7 +252,7 @@ async def _cleared_unless_gone(
                 await service.abandon(ticket)
             raise Unavailable("the client disconnected before its batch closed") from None
         finally:
-            watch.cancel()
+            stop_watching()
     return ticket.cleared()
 
 
@@ -258,15 +260,36 @@ class _ClientLeft(Exception):
     """The client disconnected (or its connection could no longer be read) before clearance."""
 
 
-async def _fail_when_gone(request: Request, waiting: asyncio.Future[None]) -> None:
+def _fail_when_gone(request: Request, waiting: asyncio.Future[None]) -> Callable[[], None]:
+    """Fail `waiting` with `_ClientLeft` if the client's connection is lost first; returns
+    what stops watching. Under the server's own protocol the connection says so itself
+    (`DisconnectNotice`); under another ASGI server, a task reads `receive()` until the
+    disconnect."""
+
+    def gone() -> None:
+        if not waiting.done():  # once the ticket resolved it, a no-op
+            waiting.set_exception(_ClientLeft())
+
+    notice = disconnect_notice(request.scope)
+    if notice is not None:
+        notice.add(gone)
+        return partial(notice.discard, gone)
+    watch = asyncio.ensure_future(_read_until_gone(request, gone))
+
+    def stop_watching() -> None:
+        watch.cancel()
+
+    return stop_watching
+
+
+async def _read_until_gone(request: Request, gone: Callable[[], None]) -> None:
     try:
         while (await request.receive())["type"] != "http.disconnect":
             pass
     finally:
         # Also when reading failed or this watch was cancelled from outside: as before, the
-        # request then counts as left. Once the ticket resolved `waiting`, this is a no-op.
-        if not waiting.done():
-            waiting.set_exception(_ClientLeft())
+        # request then counts as left.
+        gone()
 
 
 Render = Callable[[Clearance, Chunk | None], dict[str, Any]]

@@ -510,6 +510,7 @@ SUMMARY_COLUMNS = [
     ("refunded_micros", "refunded"),
     ("adjusted_micros", "adjusted"),
     ("fees_micros", "fees"),
+    ("floors_micros", "floors"),
     ("net_micros", "net"),
     ("entries", "entries"),
 ]

@@ -11,10 +11,18 @@ SGLang returned, untouched; the properties below read the fields the server need
 
 A request in flight at an engine, the bookkeeping every engine shares, and waiting on it.
 
-A `Generation` is produced by an engine's background task and consumed by the server: the
-producer reports admission, chunks, and the end (a result or an `EngineError`); the consumer
-awaits `admitted()`, iterates `chunks()` or awaits `result()`. Chunks are buffered, so a
-consumer that only wants the result can ignore them.
+A `Generation` is produced by an engine's task and consumed by the server: the producer
+reports admission, chunks, and the end (a result or an `EngineError`); the consumer awaits
+`admitted()`, iterates `chunks()` or awaits `result()`. Chunks are buffered, so a consumer that
+only wants the result can ignore them.
+
+A consumer may instead drive the generation (`Driver`, given to `Engine.dispatch`): the
+engine's producer then runs on a task of the driver's making (`Driver.drive`), which hands
+each chunk to `Driver.chunk` as it is read and, once the producer ended, goes on with what
+the driver does next. The server follows each request this way, on one task per request,
+where a producer task and a consumer task would hand every chunk from one to the other. A
+driven generation that ends without ever starting (refused, cancelled in the engine's queue)
+still gets its driver's task, with nothing to produce.
 
 `EngineBase` gives every engine the same `generate`, `stream` and `close` on top of its own
 `dispatch`, and cancels what is still running when the engine closes.
@@ -40,9 +48,10 @@ facts here.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, Protocol, TypeAlias
@@ -57,6 +66,7 @@ __all__ = [
     "REQUEST_LEVEL_KEYS",
     "ContextTooLong",
     "DispatchMode",
+    "Driver",
     "Engine",
     "EngineBase",
     "EngineChunk",
@@ -189,6 +199,20 @@ class EngineResult:
         return cls(chunk.rid, chunk.text, chunk.output_ids, chunk.meta_info, client_ttft)
 
 
+class Driver(Protocol):
+    """What follows one generation on its own task (see the module docstring)."""
+
+    # The context its task runs in (None: the current one where it is started).
+    context: contextvars.Context | None
+
+    def chunk(self, chunk: EngineChunk) -> None:
+        """A chunk, as the engine read it (on the driving task)."""
+
+    async def drive(self, generation: Generation, produce: Awaitable[None]) -> None:
+        """Await `produce` (the engine's side, to the generation's end; it never raises but
+        a cancellation from outside), then do what follows."""
+
+
 class Engine(Protocol):
     """What the server needs from an engine (see the module docstring)."""
 
@@ -239,8 +263,11 @@ class Engine(Protocol):
     def forget_prompt(self, tokens: TokenIds) -> None:
         """Drop a refused request's prompt (these ids) from what the engine client caches."""
 
-    def dispatch(self, requests: Sequence[EngineRequest]) -> list[Generation]:
-        """Send `requests` in this order, in the background; one `Generation` each."""
+    def dispatch(
+        self, requests: Sequence[EngineRequest], drivers: Sequence[Driver] | None = None
+    ) -> list[Generation]:
+        """Send `requests` in this order, in the background; one `Generation` each, driven by
+        its driver when `drivers` (one per request) are given."""
 
     async def generate(self, request: EngineRequest) -> EngineResult:
         """Run one request to its end (raises `EngineError`)."""
@@ -255,8 +282,12 @@ _UNREAD_CHUNKS = 16  # unread chunks kept apart; more are merged into the latest
 class Generation:
     """One request handed to an engine (see the module docstring)."""
 
-    def __init__(self, request: EngineRequest) -> None:
+    def __init__(self, request: EngineRequest, driver: Driver | None = None) -> None:
         self.request = request
+        self._driver = driver
+        # While its driven producer runs: `cancel` then stops the producer, not the driver.
+        self._producing = False
+        self._cancelled_here = False
         self._chunks: deque[EngineChunk | EngineError] = deque()
         self._chunk_waiter: asyncio.Future[None] | None = None  # the consumer, if it waits
         self._admitted = False
@@ -277,6 +308,11 @@ class Generation:
     def done(self) -> bool:
         """True once it has a result or an error."""
         return self._done
+
+    @property
+    def error(self) -> EngineError | None:
+        """The error that ended it, if it failed."""
+        return self._error
 
     @property
     def is_admitted(self) -> bool:
@@ -315,16 +351,59 @@ class Generation:
 
     def cancel(self, reason: str = "the generation was cancelled") -> None:
         """Stop the request (the engine aborts it); waiters get `EngineUnavailable`."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        task = self._task
+        if task is not None and not task.done():
+            if self._driver is None:
+                task.cancel()
+            elif self._producing and not self._cancelled_here:
+                # The driver's task runs the producer: cancel that, and let the driver go on.
+                self._cancelled_here = True
+                task.cancel()
         self.fail(EngineUnavailable(reason))
 
     # The producer's side, called by engines.
 
     def start(self, producer: Coroutine[Any, Any, None]) -> None:
-        """Run `producer` as this generation's task; an exception it raises ends it."""
-        self._task = asyncio.create_task(producer, name=f"generation-{self.rid}")
-        self._task.add_done_callback(self._producer_done)
+        """Run `producer` as this generation's task (its driver's, when it has one); an
+        exception it raises ends it."""
+        driver = self._driver
+        if driver is None:
+            self._task = asyncio.create_task(producer, name=f"generation-{self.rid}")
+            self._task.add_done_callback(self._producer_done)
+            return
+        self._task = asyncio.create_task(
+            driver.drive(self, self._produce(producer)),
+            name=f"generation-{self.rid}",
+            context=driver.context,
+        )
+
+    async def _produce(self, producer: Coroutine[Any, Any, None]) -> None:
+        """Run a driven generation's producer on the driver's task; what it raises ends the
+        generation, as `_producer_done` does for a task of its own. Only a cancellation from
+        outside (not `cancel`'s) goes on to the driver."""
+        if self._done:  # ended (cancelled) before its task first ran
+            producer.close()
+            return
+        self._producing = True
+        task = asyncio.current_task()
+        try:
+            await producer
+        except asyncio.CancelledError:
+            self.fail(EngineUnavailable("the generation was cancelled"))
+            if not self._cancelled_here or task is None or task.uncancel() > 0:
+                raise  # a cancellation from outside (a deadline's scope, a shutdown)
+            self._cancelled_here = False
+        except EngineError as error:
+            self.fail(error)
+        except Exception as error:  # a bug in a producer must still end the request
+            self.fail(EngineError(f"unexpected engine failure: {error!r}"))
+        finally:
+            self._producing = False
+        if self._cancelled_here and task is not None:
+            task.uncancel()  # the producer swallowed the cancellation `cancel` asked for
+        self._cancelled_here = False
+        if not self._done:
+            self.fail(EngineError("the engine ended the request without a result"))
 
     def on_end(self, cleanup: Callable[[], object]) -> None:
         """Call `cleanup` when the generation ends, however it ends (even if never started)."""
@@ -345,6 +424,9 @@ class Generation:
             return  # cancelled meanwhile: its consumer has had its error
         self.admit()
         self._finished_chunk = chunk.finished
+        if self._driver is not None:
+            self._driver.chunk(chunk)
+            return
         chunks = self._chunks
         if len(chunks) >= _UNREAD_CHUNKS and isinstance(chunks[-1], EngineChunk):
             # Chunks are cumulative: past a few unread ones, this one replaces the one before,
@@ -367,7 +449,8 @@ class Generation:
         if self.done():
             return
         self._error = error
-        self._push(error)
+        if self._driver is None:
+            self._push(error)
         self._end()
 
     async def wait_task(self) -> None:
@@ -388,6 +471,14 @@ class Generation:
         cleanups, self._cleanups = self._cleanups, []
         for cleanup in cleanups:
             cleanup()
+        driver = self._driver
+        if driver is not None and self._task is None:
+            # Ended without ever starting: its driver still follows it to its end.
+            self._task = asyncio.create_task(
+                driver.drive(self, _nothing()),
+                name=f"generation-{self.rid}",
+                context=driver.context,
+            )
 
     def _producer_done(self, task: asyncio.Task[None]) -> None:
         # A callback rather than a wrapper coroutine: a task cancelled before it ever ran
@@ -404,6 +495,10 @@ class Generation:
             self.fail(EngineError("the engine ended the request without a result"))
 
 
+async def _nothing() -> None:
+    """The producer of a generation that ended before it started."""
+
+
 class EngineBase(ABC):
     """`generate`, `stream` and cancellation on close, shared by every engine.
 
@@ -418,9 +513,18 @@ class EngineBase(ABC):
         self._generations: set[Generation] = set()
         self._closed = False
 
-    def dispatch(self, requests: Sequence[EngineRequest]) -> list[Generation]:
-        """Send `requests` in this order, in the background; one `Generation` each."""
-        generations = [Generation(request) for request in requests]
+    def dispatch(
+        self, requests: Sequence[EngineRequest], drivers: Sequence[Driver] | None = None
+    ) -> list[Generation]:
+        """Send `requests` in this order, in the background; one `Generation` each, driven by
+        its driver when `drivers` (one per request) are given."""
+        if drivers is None:
+            generations = [Generation(request) for request in requests]
+        else:
+            generations = [
+                Generation(request, driver)
+                for request, driver in zip(requests, drivers, strict=True)
+            ]
         if self._closed:
             for generation in generations:
                 generation.fail(EngineUnavailable(f"the {self.name} engine is closed"))

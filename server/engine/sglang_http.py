@@ -248,7 +248,9 @@ class SGLangHTTPEngine(EngineBase):
         self._tokenize_cache_bytes = tokenize_cache_bytes
         self._token_bytes = 0
         self._text_of: dict[int, str] = {}  # id of a cached array -> its text (`forget_prompt`)
-        self._tokenizing: dict[str, asyncio.Task[TokenArray]] = {}
+        # Texts being tokenized, by the first caller on its own task: later callers of the
+        # same text wait for its future rather than asking again.
+        self._tokenizing: dict[str, asyncio.Future[TokenArray]] = {}
         self.tokenizer = tokenizer
         # `--tokenizer auto`: the engine's own tokenizer files, when readable here, at start.
         self._learn_tokenizer = learn_tokenizer and tokenizer is None
@@ -395,10 +397,9 @@ class SGLangHTTPEngine(EngineBase):
         if self._tokenizer_check is not None and not self._tokenizer_check.done():
             self._tokenizer_check.cancel()
             await asyncio.wait([self._tokenizer_check])
-        for task in self._tokenizing.values():
-            task.cancel()
-        if self._tokenizing:
-            await asyncio.wait(list(self._tokenizing.values()))
+        tokenizing, self._tokenizing = self._tokenizing, {}
+        for waited in tokenizing.values():  # their first callers fail with the client below
+            waited.cancel()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -493,16 +494,45 @@ class SGLangHTTPEngine(EngineBase):
             # The common case with a local tokenizer: no task, no await, nothing to share.
             self.tokenize_misses += 1
             return self._remember(text, self._encode_locally(text))
-        task = self._tokenizing.get(text)
-        if task is None:
-            self.tokenize_misses += 1
-            task = asyncio.create_task(self._tokens_of(text))
-            self._tokenizing[text] = task
-            task.add_done_callback(lambda _: self._tokenizing.pop(text, None))
-        else:
+        waited = self._tokenizing.get(text)
+        if waited is not None:
             self.tokenize_hits += 1
-        # Shielded: one caller giving up must not cancel the request the others wait on.
-        return await asyncio.shield(task)
+            return await self._tokenized_by_another(text, waited)
+        self.tokenize_misses += 1
+        # Tokenized on the caller's own task (no task per prompt); its future tells the
+        # callers of the same text that arrive meanwhile.
+        waited = self._tokenizing[text] = asyncio.get_running_loop().create_future()
+        try:
+            tokens = await self._tokens_of(text)
+        except BaseException as error:
+            if self._tokenizing.get(text) is waited:
+                del self._tokenizing[text]
+            if isinstance(error, asyncio.CancelledError):
+                waited.cancel()  # its caller gave up: the others ask again themselves
+            elif not waited.done():
+                waited.set_exception(error)
+                waited.exception()  # read here: nobody else may be waiting for it
+            raise
+        if self._tokenizing.get(text) is waited:
+            del self._tokenizing[text]
+        if not waited.done():
+            waited.set_result(tokens)
+        return tokens
+
+    async def _tokenized_by_another(
+        self, text: str, waited: asyncio.Future[TokenArray]
+    ) -> TokenArray:
+        """The ids another caller is fetching; asked again if that caller gave up first."""
+        try:
+            # Shielded: this caller giving up must not cancel the others' future.
+            return await asyncio.shield(waited)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not waited.cancelled() or (current is not None and current.cancelling()):
+                raise  # this caller itself was cancelled
+        if self._client is None:
+            raise EngineUnavailable("the SGLang engine is not started")
+        return await self.tokenize_array(text)
 
     async def tokenize_chat(self, messages: list[tuple[str, str]]) -> TokenArray:
         """The conversation rendered by SGLang with the served model's chat template: its

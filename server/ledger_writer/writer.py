@@ -51,10 +51,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from inference_auctions.billing import (
@@ -70,6 +71,8 @@ from inference_auctions.billing import (
 __all__ = ["Lane", "LedgerWriter", "ThreadLane"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 # How long a failed commit, with none succeeding after it, makes the ledger count as unable
 # to write: past it, with no traffic to tell, `/health` gives the database another chance.
@@ -105,8 +108,17 @@ class LedgerWriter:
         self._holds: list[tuple[HoldInput, asyncio.Future[HoldView]]] = []
         self._claims: list[tuple[BatchClaim, asyncio.Future[ClaimedBatch]]] = []
         self._served: list[tuple[ServedInput, asyncio.Future[bool]]] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self._served_flusher: asyncio.Task[None] | None = None
+        # Each lane's groups are committed by one task of the writer's, started once and woken
+        # when something is queued: no task per group (`_GroupRunner`).
+        self._groups = _GroupRunner("ledger-group-commit", self._pending, self._commit_next)
+        self._served_groups: _GroupRunner | None = None
+        if self._served_lane is not None:
+            served_lane = self._served_lane
+            self._served_groups = _GroupRunner(
+                "ledger-served-commit",
+                lambda: bool(self._served),
+                lambda: self._commit_next_served(served_lane),
+            )
         # Per user: available funds as of the last commit, and the bids queued since.
         self._available: dict[str, int] = {}
         self._queued_bids: dict[str, int] = {}
@@ -115,8 +127,11 @@ class LedgerWriter:
     async def start(self) -> None:
         """Have the lanes ready before the first request."""
         await self._lane.start()
+        self._groups.start()
         if self._served_lane is not None:
             await self._served_lane.start()
+        if self._served_groups is not None:
+            self._served_groups.start()
 
     def queue_hold(self, request: HoldInput) -> asyncio.Future[HoldView]:
         """Queue one hold for the next group commit, now; its future is the outcome (what
@@ -161,10 +176,10 @@ class LedgerWriter:
         `scheduled` (recovery recorded it unserved first)."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._served.append((record, future))
-        if self._served_lane is None:
+        if self._served_groups is None:
             self._kick()
         else:
-            self._kick_served(self._served_lane)
+            self._served_groups.wake()
         return await future
 
     async def call(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -174,78 +189,50 @@ class LedgerWriter:
 
     async def close(self) -> None:
         """Commit what is queued, then stop the lanes."""
-        while self._flusher is not None or self._served_flusher is not None:
-            await asyncio.shield(next(f for f in (self._flusher, self._served_flusher) if f))
+        await self._groups.close()
+        if self._served_groups is not None:
+            await self._served_groups.close()
         await self._lane.close()
         if self._served_lane is not None:
             await self._served_lane.close()
 
     def _kick(self) -> None:
-        if self._flusher is None:
-            self._flusher = asyncio.get_running_loop().create_task(
-                self._flush(), name="ledger-group-commit"
-            )
-
-    def _kick_served(self, lane: Lane) -> None:
-        if self._served_flusher is None:
-            self._served_flusher = asyncio.get_running_loop().create_task(
-                self._flush_served(lane), name="ledger-served-commit"
-            )
+        self._groups.wake()
 
     def _pending(self) -> bool:
         served = self._served if self._served_lane is None else []
         return bool(self._holds or self._claims or served)
 
-    async def _flush(self) -> None:
-        try:
-            while True:
-                # One turn of the loop before each commit: what that turn queues joins it
-                # instead of waiting for the next one (the batch a new request closes; after
-                # a commit, the next batch, which the pool closes as soon as it has dispatched
-                # the batch this writer just settled).
-                await asyncio.sleep(0)
-                if not self._pending():
-                    break
-                holds = _take(self._holds, self._max_group)
-                claims = _take(self._claims, self._max_group)
-                served = _take(self._served, self._max_group) if self._served_lane is None else []
-                outcome = await self._commit(
-                    self._lane,
-                    [request for request, _ in holds],
-                    [claim for claim, _ in claims],
-                    [record for record, _ in served],
-                )
-                self._account(holds, outcome)
-                if isinstance(outcome, Exception):  # nothing of the group was written
-                    for waiting in (holds, claims, served):
-                        _settle(waiting, [outcome] * len(waiting))
-                    continue
-                # Holds first: a request's own hold error is known before its batch's outcome.
-                _settle(holds, outcome.placed)
-                _settle(claims, outcome.claimed)
-                _settle(served, outcome.served)
-        finally:
-            self._flusher = None
-            if self._pending():  # arrived after the last check: never stranded
-                self._kick()
+    async def _commit_next(self) -> None:
+        """Commit the next group of the main lane: holds, then claims, then (unless they
+        have a lane of their own) `served` records."""
+        holds = _take(self._holds, self._max_group)
+        claims = _take(self._claims, self._max_group)
+        served = _take(self._served, self._max_group) if self._served_lane is None else []
+        outcome = await self._commit(
+            self._lane,
+            [request for request, _ in holds],
+            [claim for claim, _ in claims],
+            [record for record, _ in served],
+        )
+        self._account(holds, outcome)
+        if isinstance(outcome, Exception):  # nothing of the group was written
+            for waiting in (holds, claims, served):
+                _settle(waiting, [outcome] * len(waiting))
+            return
+        # Holds first: a request's own hold error is known before its batch's outcome.
+        _settle(holds, outcome.placed)
+        _settle(claims, outcome.claimed)
+        _settle(served, outcome.served)
 
-    async def _flush_served(self, lane: Lane) -> None:
-        """The `served` lane: what `_flush` does, for the records alone, in `lane`."""
-        try:
-            while True:
-                await asyncio.sleep(0)
-                if not self._served:
-                    break
-                served = _take(self._served, self._max_group)
-                outcome = await self._commit(lane, [], [], [record for record, _ in served])
-                if isinstance(outcome, Exception):
-                    _settle(served, [outcome] * len(served))
-                else:
-                    _settle(served, outcome.served)
-        finally:
-            self._served_flusher = None
-            if self._served:  # arrived after the last check: never stranded
-                self._kick_served(lane)
+    async def _commit_next_served(self, lane: Lane) -> None:
+        """The `served` lane's next group: what `_commit_next` does, for the records alone."""
+        served = _take(self._served, self._max_group)
+        outcome = await self._commit(lane, [], [], [record for record, _ in served])
+        if isinstance(outcome, Exception):
+            _settle(served, [outcome] * len(served))
+        else:
+            _settle(served, outcome.served)
 
     def _account(
         self,
@@ -313,6 +300,76 @@ def _settle(waiting: Sequence[tuple[Any, asyncio.Future[Any]]], results: Sequenc
             future.set_exception(result)
         else:
             future.set_result(result)
+
+
+class _GroupRunner:
+    """Commits a lane's groups on one long-lived task, woken when something is queued.
+
+    A task per group would cost every lone request a task created, and its scheduling, for
+    each of its commits; this one waits on a future of its own while nothing is queued. Before
+    each commit it lets one turn of the loop pass, so that what that turn queues joins the
+    commit instead of waiting for the next one (the batch a new request closes; after a
+    commit, the next batch, which the pool closes as soon as it has dispatched the batch this
+    writer just settled).
+    """
+
+    def __init__(
+        self, name: str, pending: Callable[[], bool], commit_next: Callable[[], Awaitable[None]]
+    ) -> None:
+        self._name = name
+        self._pending = pending
+        self._commit_next = commit_next
+        self._task: asyncio.Task[None] | None = None
+        self._idle: asyncio.Future[None] | None = None  # resolved by `wake` while it waits
+        self._closing = False
+
+    def start(self) -> None:
+        """Start the task now rather than on the first write."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name)
+            self._task.add_done_callback(self._ended)
+
+    def wake(self) -> None:
+        """Something was queued: commit it soon."""
+        if self._task is None:
+            self.start()
+            return
+        idle = self._idle
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+
+    async def close(self) -> None:
+        """Commit what is queued, then end the task."""
+        self._closing = True
+        task = self._task
+        if task is None:
+            return
+        self.wake()
+        await asyncio.shield(task)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending():
+                if self._closing:
+                    return
+                self._idle = loop.create_future()
+                try:
+                    await self._idle
+                finally:
+                    self._idle = None
+            await asyncio.sleep(0)
+            if self._pending():
+                await self._commit_next()
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        # Only a bug ends the loop early: say so, and let the next write start a new task,
+        # so that nothing queued is stranded.
+        self._task = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the ledger writer's %s task failed", self._name, exc_info=task.exception())
+        if self._pending() and not self._closing:
+            self.start()
 
 
 class Lane(Protocol):

@@ -9,6 +9,12 @@ part of it (`floors`). `rolling.order_pool` and
 `rolling.rolling_charges` over those requests give the same charges (a test checks it against
 a live server, and the brute-force oracle on small pools).
 
+Under a posted floor every clearing writes its line, also one that sends no entrant (an empty
+head and no charges): the floor takes its step after every clearing, so each line's level is
+`price_floor.next_floor` of the line before's level and pool depth, and the log holds the
+floor's whole path. Without a floor, a clearing that sends no bidder prices nothing and moves
+nothing: it writes no line.
+
 Off by default (`clearing_log`): a line holds the whole pool, which is large under a deep
 backlog. Written from the event loop; the file is flushed by line.
 """

@@ -2,8 +2,9 @@
 
 `BatchDispatch.dispatch` turns a cleared batch's tickets into engine requests in the
 auction's order (each with its clearance's sequence as its priority), hands them to the prefix
-deferral (`DeferredDispatch`), and starts one follower per request once it is sent
-(`server.serving.following.Follower`: its stream, its outcome, its refund).
+deferral (`DeferredDispatch`), each with the driver that follows it on its generation's own
+task once it is sent (`server.serving.following.FollowedRequest`: its stream, its outcome, its
+refund).
 
 It also counts what the pool needs to decide when to close a batch (`server.serving.pool`): the
 requests outstanding at the engine, and those sent but not started (no first token yet), whose
@@ -37,15 +38,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from inference_auctions.billing import Ledger
 from inference_auctions.server.auction import AuctionOutcome
 from inference_auctions.server.engine.protocol import Engine, EngineRequest, Generation
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
-from inference_auctions.server.request_context import request_context
 from inference_auctions.server.serving.deferral import (
     BatchPrefixes,
     DeferralSettings,
@@ -53,7 +53,7 @@ from inference_auctions.server.serving.deferral import (
     Release,
 )
 from inference_auctions.server.serving.dispatch_ahead import BatchAhead
-from inference_auctions.server.serving.following import Follower
+from inference_auctions.server.serving.following import FollowedRequest, Follower
 from inference_auctions.server.serving.pool import EngineCapacity, Wakeup
 from inference_auctions.server.serving.tickets import Clearance, Ticket
 from inference_auctions.server.settings import ServerSettings
@@ -106,7 +106,8 @@ class BatchDispatch:
         self._starts: deque[float] = deque(maxlen=_START_RATE_SAMPLES)
         # Recent (overhead, batching wait) of each request, for benchmarks and operators.
         self._timings: deque[tuple[float, float]] = deque(maxlen=100_000)
-        self._followers: set[asyncio.Task[None]] = set()
+        # The requests sent and not yet followed to their end (`FollowedRequest.ended`).
+        self._followers: set[asyncio.Future[None]] = set()
         # What the engine can admit next, learnt from it (`server.serving.pool`).
         self.capacity = EngineCapacity(
             engine,
@@ -151,16 +152,17 @@ class BatchDispatch:
                 )
             )
         settled = None if ahead is None else ahead.settled
+        drivers = [self._follower.follow(ticket, batch, settled) for ticket in ordered]
 
         def follow(place: int, generation: Generation) -> None:
-            ticket = ordered[place]
-            work = self._follower.serve(ticket, generation, batch, settled)
-            task = self._follow(work, ticket)
-            sent(ticket, generation.cancel)
+            followed = drivers[place]
+            self._followers.add(followed.ended)
+            followed.ended.add_done_callback(self._followers.discard)
+            sent(followed.ticket, generation.cancel)
             if ahead is not None:
-                ahead.follow(generation, task)
+                ahead.follow(generation, followed.ended)
 
-        self._deferral.dispatch(batch.outcome, requests, follow)
+        self._deferral.dispatch(batch.outcome, requests, drivers, follow)
 
     async def void(self, ahead: BatchAhead) -> None:
         """Take a batch sent ahead back from the engine, its requests no longer in flight."""
@@ -217,13 +219,6 @@ class BatchDispatch:
         self._deferral.first_token(engine_rid)  # a request held back for its prefix may go
         self._wakeup.set()
 
-    def _follow(self, work: Coroutine[Any, Any, None], ticket: Ticket) -> asyncio.Task[None]:
-        # In a context of the request's own, so that its log lines name it (`request_context`).
-        task = asyncio.create_task(work, context=request_context(ticket))
-        self._followers.add(task)
-        task.add_done_callback(self._followers.discard)
-        return task
-
     def _engine_sampling(self, ticket: Ticket) -> dict[str, Any]:
         """The sampling parameters sent to the engine. Every request is streamed from the
         engine, so that its first token is seen (saturation, deferral); one whose client
@@ -246,6 +241,16 @@ def deferral_settings(settings: ServerSettings) -> DeferralSettings | None:
 Follow = Callable[[int, Generation], None]
 
 
+class _Ready(NamedTuple):
+    """A request ready to be sent (or held back): its driver, its place in its batch, and
+    what is told once it is sent."""
+
+    request: EngineRequest
+    driver: FollowedRequest
+    place: int
+    follow: Follow
+
+
 class DeferredDispatch:
     """Sends cleared batches to the engine, holding back what the rule says (see the docstring)."""
 
@@ -255,27 +260,36 @@ class DeferredDispatch:
             PrefixDeferral(settings) if settings is not None else None
         )
         self._metrics = metrics
-        self._held: dict[str, tuple[EngineRequest, int, Follow]] = {}
+        self._held: dict[str, _Ready] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
 
     def dispatch(
-        self, outcome: AuctionOutcome, requests: Sequence[EngineRequest], follow: Follow
+        self,
+        outcome: AuctionOutcome,
+        requests: Sequence[EngineRequest],
+        drivers: Sequence[FollowedRequest],
+        follow: Follow,
     ) -> None:
-        """Send a cleared batch (`requests` in `outcome.order`); `follow` each once it is sent."""
+        """Send a cleared batch (`requests` in `outcome.order`, each followed by its driver);
+        `follow` each once it is sent."""
+        batch = [
+            _Ready(request, driver, place, follow)
+            for place, (request, driver) in enumerate(zip(requests, drivers, strict=True))
+        ]
         if self.rule is None or len(requests) < 2:
-            self._send([(request, place, follow) for place, request in enumerate(requests)])
+            self._send(batch)
             return
         now = asyncio.get_running_loop().time()
         # Keyed by the engine's rids (a request sent again has a rid of its own there).
         keys = [request.rid for request in requests]
         send = set(self.rule.add_batch(BatchPrefixes.from_outcome(outcome), keys, now))
         ready = []
-        for place, request in enumerate(requests):
-            if request.rid in send:
-                ready.append((request, place, follow))
+        for item in batch:
+            if item.request.rid in send:
+                ready.append(item)
             else:
-                self._held[request.rid] = (request, place, follow)
+                self._held[item.request.rid] = item
         self._metrics.deferral_held.inc(len(requests) - len(ready))
         self._send(ready)
         self._arm_timer()
@@ -319,12 +333,14 @@ class DeferredDispatch:
                 self._metrics.deferral_expired.inc()
         self._send(ready)
 
-    def _send(self, ready: list[tuple[EngineRequest, int, Follow]]) -> None:
+    def _send(self, ready: list[_Ready]) -> None:
         if not ready:
             return
-        generations = self.engine.dispatch([request for request, _, _ in ready])
-        for (_, place, follow), generation in zip(ready, generations, strict=True):
-            follow(place, generation)
+        generations = self.engine.dispatch(
+            [item.request for item in ready], [item.driver for item in ready]
+        )
+        for item, generation in zip(ready, generations, strict=True):
+            item.follow(item.place, generation)
 
     def _arm_timer(self) -> None:
         assert self.rule is not None

@@ -60,12 +60,13 @@ class BatchAhead:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     _generations: list[Generation] = field(default_factory=list, init=False)
-    _followers: list[asyncio.Task[None]] = field(default_factory=list, init=False)
+    _followers: list[asyncio.Future[None]] = field(default_factory=list, init=False)
 
-    def follow(self, generation: Generation, follower: asyncio.Task[None]) -> None:
-        """A request of the batch was sent: `follower` serves it once the commit says so."""
+    def follow(self, generation: Generation, followed: asyncio.Future[None]) -> None:
+        """A request of the batch was sent: its follower serves it once the commit says so;
+        `followed` resolves once it let go of the request."""
         self._generations.append(generation)
-        self._followers.append(follower)
+        self._followers.append(followed)
 
     def confirm(self) -> None:
         """The commit settled the batch as sent: its followers carry on."""

@@ -1,5 +1,10 @@
 """Following a dispatched request to its outcome: its stream, its deadlines, its durable record.
 
+A request is followed on its generation's own task (`server.engine.protocol.Driver`): the task
+that reads the engine's stream hands each chunk to the request's `FollowedRequest` as it is
+read, and once the stream ends it records the outcome and answers the ticket. One task per
+dispatched request, with no queue between the engine's reader and the ticket.
+
 The engine's chunks go to the ticket as they come, except the last: that one is withheld until
 the request's outcome is committed to the ledger (`served`, moving it out of `scheduled` only
 if it is still there). If that commit fails, or crash recovery failed and refunded the request
@@ -24,17 +29,18 @@ deadlines, and the streams ordered by when they started are ordered by their tot
 Two insertion-ordered dicts keep those two orders at O(1) per chunk (a stream that waits
 again moves to the end), and one timer, armed for the earliest deadline of all, expires what
 is due when it fires and re-arms for the next. A stream expires through its own timeout scope,
-rescheduled to now, so the `anext` it awaits raises `TimeoutError` exactly as a timeout of its
-own would: the deadlines are those of a fresh `asyncio.timeout(min(stall, cap left))` per
+rescheduled to now, so the engine's read it awaits raises `TimeoutError` exactly as a timeout of
+its own would: the deadlines are those of a fresh `asyncio.timeout(min(stall, cap left))` per
 chunk, without a timer per stream or per chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -44,6 +50,7 @@ from inference_auctions.server.engine.protocol import EngineChunk, Generation
 from inference_auctions.server.errors import EngineFailed, EngineTimedOut, ServiceError
 from inference_auctions.server.ledger_writer.writer import LedgerWriter
 from inference_auctions.server.metrics import Metrics
+from inference_auctions.server.request_context import request_context
 from inference_auctions.server.serving.admission import unavailable
 from inference_auctions.server.serving.tickets import Chunk, Ticket
 from inference_auctions.server.settings import ServerSettings
@@ -51,7 +58,7 @@ from inference_auctions.server.settings import ServerSettings
 if TYPE_CHECKING:
     from inference_auctions.server.serving.clearing import ClearedBatch
 
-__all__ = ["EngineLoad", "Follower", "StreamDeadlines", "Watch"]
+__all__ = ["EngineLoad", "FollowedRequest", "Follower", "StreamDeadlines", "Watch"]
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +88,8 @@ class _Streamed:
 
 @dataclass
 class Follower:
-    """Follows dispatched requests to their end (one `serve` task per request)."""
+    """Follows dispatched requests to their end: one `FollowedRequest` per request, run on
+    its generation's own task."""
 
     settings: ServerSettings
     ledger: Ledger
@@ -97,91 +105,17 @@ class Follower:
             settings.engine_stall_timeout_seconds, settings.engine_max_seconds
         )
 
-    async def serve(
+    def follow(
         self,
         ticket: Ticket,
-        generation: Generation,
         batch: ClearedBatch,
         settled: asyncio.Future[bool] | None = None,
-    ) -> None:
-        """Stream the generation into the ticket; record the outcome before the last byte.
+    ) -> FollowedRequest:
+        """The driver of `ticket`'s generation (`server.engine.protocol.Driver`).
         `settled`: the commit's verdict on a batch sent ahead of it
         (`server.serving.dispatch_ahead`); nothing is recorded or finished before it, nothing at all
         if it is False."""
-        error: ServiceError | None = None
-        streamed = _Streamed(None, None)
-        try:
-            streamed = await self._stream(ticket, generation)
-        except _Stalled:
-            generation.cancel("the auction server's stall deadline passed")
-            seconds = self.settings.engine_stall_timeout_seconds
-            error = EngineTimedOut(
-                f"the engine produced nothing for request {ticket.rid!r} within its deadline "
-                f"({seconds:g} s without a token)"
-            )
-        except EngineTimeout as failure:
-            detail = _client_words(failure, ticket)
-            error = EngineTimedOut(f"the engine timed out on request {ticket.rid!r}: {detail}")
-        except EngineError as failure:
-            detail = _client_words(failure, ticket)
-            error = EngineFailed(f"the engine failed request {ticket.rid!r}: {detail}")
-        finally:
-            self.load.freed(ticket.engine_rid)
-        if settled is not None and not await settled:
-            return  # the batch is void: it is cleared again (`server.serving.clearing`)
-        if ticket.left:
-            await ticket.finish(await self._departed(ticket, batch))
-            return
-        if error is None and not streamed.streamed:
-            error = EngineFailed(f"the engine returned nothing for request {ticket.rid!r}")
-        if error is not None:
-            await self._fail(ticket, batch, error)
-            await ticket.finish(error)
-            return
-        refused = await self._record_served(ticket, streamed)
-        if refused is None and streamed.final is not None:
-            await ticket.push(streamed.final)
-        await ticket.finish(refused)
-
-    async def _stream(self, ticket: Ticket, generation: Generation) -> _Streamed:
-        assert ticket.dispatched is not None
-        chunks: AsyncIterator[EngineChunk] = generation.chunks().__aiter__()
-        last: Chunk | None = None
-        ttft: float | None = None
-        try:
-            # One scope for the whole stream, expired by the server's `StreamDeadlines`: no
-            # scope per chunk, no timer per stream.
-            async with asyncio.timeout(None) as scope:
-                deadlines = self._deadlines.watch(scope)
-                try:
-                    while True:
-                        deadlines.waiting()
-                        try:
-                            engine_chunk = await anext(chunks)
-                        except StopAsyncIteration:
-                            return _Streamed(None, ttft, streamed=last is not None)
-                        if ttft is None:
-                            ttft = ticket.first_token = time.monotonic() - ticket.dispatched
-                            self.metrics.engine_ttft.observe(ttft)
-                            self.load.started(ticket.engine_rid)
-                        # The engine's own objects, not copies: each chunk is made afresh,
-                        # and copying its cumulative ids would cost time quadratic in them.
-                        chunk = Chunk(
-                            engine_chunk.text, engine_chunk.output_ids, engine_chunk.meta_info
-                        )
-                        if engine_chunk.finished:
-                            return _Streamed(chunk, ttft, streamed=True)  # withheld until recorded
-                        await ticket.push(chunk)
-                        last = chunk
-                finally:
-                    deadlines.cancel()
-        except TimeoutError:
-            if not deadlines.capped or last is None:
-                raise _Stalled from None
-            generation.cancel("the operator's total-time cap passed")
-            cap = self.settings.engine_max_seconds
-            assert cap is not None
-            return _Streamed(_capped(last, cap), ttft, streamed=True)
+        return FollowedRequest(self, ticket, batch, settled)
 
     async def _record_served(self, ticket: Ticket, streamed: _Streamed) -> ServiceError | None:
         """Commit `served`; the error to answer instead if that fails (None: committed)."""
@@ -268,6 +202,138 @@ class Follower:
                 ticket.rid,
                 failure,
             )
+
+
+class FollowedRequest:
+    """One dispatched request, followed on its generation's task: the engine's chunks go to
+    the ticket as the engine reads them, then the outcome is recorded before the last byte.
+    `ended` resolves once it has been followed to its end, however it ended."""
+
+    __slots__ = (
+        "_final",
+        "_follower",
+        "_last",
+        "_ttft",
+        "_watch",
+        "batch",
+        "context",
+        "ended",
+        "settled",
+        "ticket",
+    )
+
+    def __init__(
+        self,
+        follower: Follower,
+        ticket: Ticket,
+        batch: ClearedBatch,
+        settled: asyncio.Future[bool] | None,
+    ) -> None:
+        self._follower = follower
+        self.ticket = ticket
+        self.batch = batch
+        self.settled = settled
+        # Its log lines name the request (`request_context`).
+        self.context: contextvars.Context | None = request_context(ticket)
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._last: Chunk | None = None  # the latest chunk pushed to the ticket
+        self._final: Chunk | None = None  # the finishing chunk, withheld until recorded
+        self._ttft: float | None = None
+        self._watch: Watch | None = None
+
+    def chunk(self, chunk: EngineChunk) -> None:
+        """One chunk from the engine, on the generation's task: to the ticket at once, except
+        the last, withheld until the outcome is recorded."""
+        ticket = self.ticket
+        if self._ttft is None:
+            assert ticket.dispatched is not None
+            self._ttft = ticket.first_token = time.monotonic() - ticket.dispatched
+            self._follower.metrics.engine_ttft.observe(self._ttft)
+            self._follower.load.started(ticket.engine_rid)
+        # The engine's own objects, not copies: each chunk is made afresh, and copying its
+        # cumulative ids would cost time quadratic in them.
+        pushed = Chunk(chunk.text, chunk.output_ids, chunk.meta_info)
+        if chunk.finished:
+            self._final = pushed
+            return
+        ticket.push(pushed)
+        self._last = pushed
+        if self._watch is not None:
+            self._watch.waiting()  # the next chunk's stall deadline starts now
+
+    async def drive(self, generation: Generation, produce: Awaitable[None]) -> None:
+        """Run the engine's side to its end, then record the outcome and answer the ticket."""
+        try:
+            await self._serve(generation, produce)
+        finally:
+            if not self.ended.done():
+                self.ended.set_result(None)
+
+    async def _serve(self, generation: Generation, produce: Awaitable[None]) -> None:
+        follower, ticket, batch = self._follower, self.ticket, self.batch
+        error: ServiceError | None = None
+        streamed = _Streamed(None, None)
+        try:
+            streamed = await self.stream(generation, produce)
+        except _Stalled:
+            generation.cancel("the auction server's stall deadline passed")
+            seconds = follower.settings.engine_stall_timeout_seconds
+            error = EngineTimedOut(
+                f"the engine produced nothing for request {ticket.rid!r} within its deadline "
+                f"({seconds:g} s without a token)"
+            )
+        finally:
+            follower.load.freed(ticket.engine_rid)
+        failure = generation.error
+        # A generation that failed before its last chunk (one that sent its last chunk
+        # and then broke reading the end of the stream was served).
+        if error is None and failure is not None and streamed.final is None:
+            detail = _client_words(failure, ticket)
+            if isinstance(failure, EngineTimeout):
+                error = EngineTimedOut(f"the engine timed out on request {ticket.rid!r}: {detail}")
+            else:
+                error = EngineFailed(f"the engine failed request {ticket.rid!r}: {detail}")
+        if self.settled is not None and not await self.settled:
+            return  # the batch is void: it is cleared again (`server.serving.clearing`)
+        if ticket.left:
+            await ticket.finish(await follower._departed(ticket, batch))
+            return
+        if error is None and not streamed.streamed:
+            error = EngineFailed(f"the engine returned nothing for request {ticket.rid!r}")
+        if error is not None:
+            await follower._fail(ticket, batch, error)
+            await ticket.finish(error)
+            return
+        refused = await follower._record_served(ticket, streamed)
+        if refused is None and streamed.final is not None:
+            ticket.push(streamed.final)
+        await ticket.finish(refused)
+
+    async def stream(self, generation: Generation, produce: Awaitable[None]) -> _Streamed:
+        """Run `produce` (the engine reading the request's stream, which hands each chunk to
+        `chunk`) under the request's deadlines; what came of it. Raises `_Stalled`."""
+        assert self.ticket.dispatched is not None
+        try:
+            # One scope for the whole stream, expired by the server's `StreamDeadlines`: no
+            # scope per chunk, no timer per stream.
+            async with asyncio.timeout(None) as scope:
+                watch = self._watch = self._follower._deadlines.watch(scope)
+                try:
+                    await produce
+                finally:
+                    watch.cancel()
+                    self._watch = None
+        except TimeoutError:
+            if self._final is not None:  # it finished as the deadline passed
+                return _Streamed(self._final, self._ttft, streamed=True)
+            last = self._last
+            if not watch.capped or last is None:
+                raise _Stalled from None
+            generation.cancel("the operator's total-time cap passed")
+            cap = self._follower.settings.engine_max_seconds
+            return _Streamed(_capped(last, cap), self._ttft, streamed=True)
+        sent = self._final is not None or self._last is not None
+        return _Streamed(self._final, self._ttft, streamed=sent)
 
 
 def _client_words(failure: EngineError, ticket: Ticket) -> str:

@@ -171,7 +171,9 @@ class PoolSelector:
             )
             charges, floors = priced.charges, priced.floors
         pricing = HeadPricing(order=rids, users=users, bids=bids, charges=charges, floors=floors)
-        if self._log is not None and rids:
+        # A clearing that sends no bidder prices nothing; under a floor it still moves the
+        # floor, and its line (an empty head) keeps the floor's every step in the log.
+        if self._log is not None and (rids or floor is not None):
             level = None if floor is None else floor.micros
             self._log.write(self._slots, clearing.pool(), rids, pricing.charges, level, floors)
         sent = [waiting[place] for place in places]

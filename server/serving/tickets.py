@@ -151,7 +151,7 @@ class Ticket:
         self.clearance = clearance
         self._on_cleared.wake()
 
-    async def push(self, chunk: Chunk) -> None:
+    def push(self, chunk: Chunk) -> None:
         """Record one engine chunk (it replaces the one before: chunks are cumulative)."""
         self.last_chunk = chunk
         self.chunk_count += 1

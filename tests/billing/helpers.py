@@ -5,13 +5,33 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from inference_auctions.billing import BatchClaim, BatchInput, HoldView, Ledger, RequestInput
+from inference_auctions.billing.grants import open_period
 from inference_auctions.billing.holds import find_hold
+from inference_auctions.billing.models import Budget
+from inference_auctions.billing.postings import Account, lock_account
+
+
+class PartRefund(Protocol):
+    """`billing.fees.refund_fee` or `refund_floor`: what a failed request gets back of a kind."""
+
+    def __call__(
+        self,
+        session: Session,
+        account: Account,
+        budget: Budget,
+        *,
+        batch_id: str,
+        rid: str,
+        reason: str,
+        now: datetime,
+    ) -> int: ...
+
 
 TABLES = (
     "users",
@@ -108,6 +128,19 @@ def get_hold(ledger: Ledger, rid: str) -> HoldView | None:
     """The hold placed for the ledger rid `rid`, if any (the service never needs to ask)."""
     with Session(ledger.engine) as session:
         return find_hold(session, rid)
+
+
+def refund_part(ledger: Ledger, refund: PartRefund, name: str, batch_id: str, rid: str) -> int:
+    """Call `refund` for `rid` of `name` in `batch_id` in a transaction of its own, as recording
+    a failure calls it (under the account's lock, in the open period), without recording the
+    failure; what it gave back."""
+    now = datetime.now(UTC)
+    with Session(ledger.engine) as session, session.begin():
+        account = lock_account(session, name)
+        budget = open_period(session, account, now)
+        return refund(
+            session, account, budget, batch_id=batch_id, rid=rid, reason="failed again", now=now
+        )
 
 
 def read_calls() -> int:

@@ -17,10 +17,13 @@ from inference_auctions.billing import (
     InvalidBatch,
     Ledger,
     RequestInput,
+    SummaryRecord,
+    hold_micros,
     migrate,
 )
+from inference_auctions.billing.fees import refund_floor
 from tests.billing.conftest import Clock
-from tests.billing.helpers import batch_of
+from tests.billing.helpers import batch_of, refund_part
 from tests.db_fixtures import MigratedDatabase
 
 BUDGET = 1_000_000
@@ -93,6 +96,28 @@ def test_a_failed_request_gets_its_own_floor_back_once(users: Ledger) -> None:
     assert ledger.reconcile().ok
 
 
+def test_a_floor_given_back_is_never_given_back_again(users: Ledger) -> None:
+    ledger = users
+    floors = {"a1": FLOOR, "a2": 2_000, "b1": FLOOR}
+    _settle(ledger, "h", BIDS, {"alice": 1_000, "bob": 0}, floors)
+    ledger.record_failed("a2", "h", "alice", target_micros=0, reason="engine failed")
+    after_failure = ledger.balance("alice").balance_micros
+    # The refund of a2's floor again (a retried failure): a1's floor, still taken, would cover
+    # a second one; the refund's key stops it.
+    assert refund_part(ledger, refund_floor, "alice", "h", "a2") == 0
+    assert _floors(ledger, "alice") == [(-(FLOOR + 2_000), "h", None), (2_000, "h", "a2")]
+    assert ledger.balance("alice").balance_micros == after_failure
+    # Nor does a floor come back beyond what the user's floors took: with a1's given back too,
+    # bob's request, failed on alice's account, gets her nothing.
+    assert refund_part(ledger, refund_floor, "alice", "h", "a1") == FLOOR
+    assert refund_part(ledger, refund_floor, "alice", "h", "b1") == 0
+    assert ledger.balance("alice").balance_micros == BUDGET - 1_000
+    # bob's own failure still gets his floor back: the refused one wrote nothing under its key.
+    ledger.record_failed("b1", "h", "bob", target_micros=0, reason="engine failed")
+    assert _floors(ledger, "bob") == [(-FLOOR, "h", None), (FLOOR, "h", "b1")]
+    assert ledger.reconcile().ok
+
+
 def test_recovery_gives_the_floor_of_an_unserved_request_back_once(
     ledger_db: MigratedDatabase, clock: Clock
 ) -> None:
@@ -109,6 +134,34 @@ def test_recovery_gives_the_floor_of_an_unserved_request_back_once(
     assert _floors(ledger, "alice") == [(-2 * FLOOR, "h", None), (FLOOR, "h", "a2")]
     assert ledger.balance("alice").balance_micros == BUDGET - FLOOR
     assert ledger.reconcile().ok
+
+
+def test_summaries_list_the_floors_and_reconcile(timed_ledger: Ledger) -> None:
+    ledger = timed_ledger
+    ledger.create_user("alice", budget_micros=BUDGET)
+    fee = 700
+    bids = [("a1", "alice", 300_000), ("a2", "alice", 50_000)]
+    for rid, user, bid in bids:
+        ledger.place_hold(user, rid, hold_micros(bid, fee))
+    batch, requests, charges = _batch("h", bids, {"alice": 1_000}, {"a1": FLOOR, "a2": 2_000})
+    ledger.settle_batch(dataclasses.replace(batch, request_fee_micros=fee), requests, charges)
+    ledger.record_failed("a2", "h", "alice", target_micros=400, reason="engine failed")
+    ledger.adjust("alice", -50, reason="correction")
+    (row,) = ledger.summary("alice", "month")
+    # a2's floor and fee came back with its share of the charge: a1's alone are left.
+    assert (row.charged_micros, row.refunded_micros) == (1_000, 400)
+    assert (row.fees_micros, row.floors_micros) == (fee, FLOOR)
+    assert row.net_micros == (
+        row.granted_micros
+        - row.charged_micros
+        + row.refunded_micros
+        + row.adjusted_micros
+        - row.fees_micros
+        - row.floors_micros
+    )
+    assert row.net_micros == ledger.balance("alice").balance_micros
+    # The record the API and the CLI give names it too.
+    assert SummaryRecord.of(row).as_json()["floors_micros"] == FLOOR
 
 
 def test_a_floor_above_the_bid_is_refused_whole(users: Ledger) -> None:

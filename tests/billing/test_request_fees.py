@@ -25,11 +25,12 @@ from inference_auctions.billing import (
     hold_micros,
     migrate,
 )
+from inference_auctions.billing.fees import refund_fee
 from inference_auctions.server.auction import AuctionRequest, run_auction
 from inference_auctions.server.auction.charges import PricingRule, Repricer
 from tests.auction.strategies import batches
 from tests.billing.conftest import Clock
-from tests.billing.helpers import batch_of, entries_total, snapshot
+from tests.billing.helpers import batch_of, entries_total, refund_part, snapshot
 from tests.db_fixtures import MigratedDatabase
 
 FEE = 20_000
@@ -122,6 +123,28 @@ def test_a_failed_request_gets_its_own_fee_back_once(users: Ledger) -> None:
     assert ledger.balance("alice").balance_micros == BUDGET - 100_000 - FEE
     assert ledger.balance("bob").balance_micros == BUDGET - FEE
     assert _fees(ledger, "bob") == [(-FEE, "b", None)]
+    assert ledger.reconcile().ok
+
+
+def test_a_fee_given_back_is_never_given_back_again(users: Ledger) -> None:
+    ledger = users
+    bids = [("a1", "alice", 300_000), ("a2", "alice", 0), ("b1", "bob", 100_000)]
+    _settle_with_fee(ledger, "b", bids, {"alice": 100_000, "bob": 0})
+    ledger.record_failed("a2", "b", "alice", target_micros=0, reason="engine failed")
+    after_failure = ledger.balance("alice").balance_micros
+    # The refund of a2's fee again (a retried failure): a1's fee, still taken, would cover a
+    # second one; the refund's key stops it.
+    assert refund_part(ledger, refund_fee, "alice", "b", "a2") == 0
+    assert _fees(ledger, "alice") == [(-2 * FEE, "b", None), (FEE, "b", "a2")]
+    assert ledger.balance("alice").balance_micros == after_failure
+    # Nor does a fee come back beyond what the user's fees took: with a1's given back too,
+    # bob's request, failed on alice's account, gets her nothing.
+    assert refund_part(ledger, refund_fee, "alice", "b", "a1") == FEE
+    assert refund_part(ledger, refund_fee, "alice", "b", "b1") == 0
+    assert ledger.balance("alice").balance_micros == BUDGET - 100_000
+    # bob's own failure still gets his fee back: the refused one wrote nothing under its key.
+    ledger.record_failed("b1", "b", "bob", target_micros=0, reason="engine failed")
+    assert _fees(ledger, "bob") == [(-FEE, "b", None), (FEE, "b", "b1")]
     assert ledger.reconcile().ok
 
 

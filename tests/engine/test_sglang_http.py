@@ -215,6 +215,28 @@ async def test_tokenize_is_cached_per_prompt_and_shared_between_concurrent_calle
 
 
 @pytest.mark.anyio
+async def test_a_caller_waiting_on_another_asks_again_when_the_first_gives_up() -> None:
+    """The first caller of a text tokenizes it on its own task; if that caller is cancelled,
+    one waiting for the same text is not cancelled with it but fetches the ids itself."""
+
+    async def run(url: str) -> tuple[list[int], int]:
+        async with started_engine(url) as engine:
+            first = asyncio.ensure_future(engine.tokenize("Hello again"))
+            await asyncio.sleep(0)  # the first caller is on its way to /tokenize
+            second = asyncio.ensure_future(engine.tokenize("Hello again"))
+            await asyncio.sleep(0)  # the second waits for the first's answer
+            first.cancel()
+            tokens = await second
+            assert first.cancelled()
+            return tokens, engine.tokenize_misses
+
+    with emulator() as (url, _):
+        tokens, misses = await run(url)
+    assert tokens == encode("Hello again")
+    assert misses == 2  # asked once by each: the first's answer never came
+
+
+@pytest.mark.anyio
 async def test_the_tokenize_cache_is_bounded() -> None:
     async def run(url: str) -> None:
         async with started_engine(url, tokenize_cache_size=2) as engine:

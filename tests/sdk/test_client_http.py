@@ -410,3 +410,4 @@ def test_models_accept_both_usage_and_summary_shapes() -> None:
         }
     )
     assert (row.net_micros, row.entries, row.requests) == (3, 7, None)
+    assert (row.fees_micros, row.floors_micros) == (0, 0)  # a server that names neither

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 
 import pytest
 
@@ -148,6 +149,8 @@ def test_floor_charges_count_as_spend_once_per_dispatched_request(floored: LiveS
         counted = client.bidder.spent_micros
         entries = list(client.ledger.iter_entries())
         spend = client.ledger.spend(since=client.bidder.spend_since)
+        rows = client.ledger.summary(by="month").rows
+        balance = client.ledger.balance()
     booked = -sum(e.amount_micros for e in entries if e.kind in _SPEND_KINDS)
     floors = [e.amount_micros for e in entries if e.kind == "floor"]
     assert floors and all(amount < 0 for amount in floors)  # the entrants paid the floor
@@ -155,6 +158,13 @@ def test_floor_charges_count_as_spend_once_per_dispatched_request(floored: LiveS
     assert counted == booked == sum(paid)
     assert sum(r.auction.floor_micros for r in results) == -sum(floors)
     assert spend.spent_micros == booked  # the server counts floor entries as spend too
+    # The summary names the floors beside the fees, and its rows add up to the balance.
+    assert sum(row.floors_micros for row in rows) == -sum(floors)
+    assert sum(row.floors for row in rows) == Decimal(-sum(floors)) / 1_000_000
+    for row in rows:
+        moved = row.granted_micros - row.charged_micros + row.refunded_micros + row.adjusted_micros
+        assert row.net_micros == moved - row.fees_micros - row.floors_micros
+    assert sum(row.net_micros or 0 for row in rows) == balance.balance_micros
 
 
 def test_the_outlook_reads_the_pool_under_a_posted_floor(floored: LiveServer) -> None:

@@ -10,6 +10,7 @@ that the pool fills behind it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -121,6 +122,15 @@ def _clearings(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
+def _check_the_floors_path(clearings: list[dict[str, Any]], target: int) -> None:
+    """Every clearing under a floor is logged, so the log holds each of the floor's steps: each
+    line's level is `next_floor` of the line before's level and pool depth (its entrants)."""
+    for before, after in itertools.pairwise(clearings):
+        level = before["price_floor_micros"]
+        assert after["price_floor_micros"] == next_floor(level, len(before["pool"]), target)
+        assert abs(after["price_floor_micros"] - level) <= max(1, level // 8)
+
+
 def _entries(server: RunningServer, name: str, kind: str) -> list[int]:
     return [e.amount_micros for e in server.ledger.entries(name, kind=kind, limit=1000).entries]
 
@@ -222,10 +232,30 @@ async def test_below_the_floor_waits_outside_and_entrants_pay_the_floor(
         assert server.ledger.balance("bob").balance_micros == BUDGET
         alice_paid = sum(a["request_charge_micros"] + a["floor_micros"] for a in auction.values())
         assert server.ledger.balance("alice").balance_micros == BUDGET - alice_paid
-        # Every logged clearing names the floor it priced with, and each entrant's part.
+        # Every clearing is logged with the floor it priced with and each entrant's part, also
+        # the two that sent only requests from outside: no head, nothing charged, but the floor
+        # stepped down at each (no entrant waited), so each line's level is the step from the
+        # line before it.
         clearings = _clearings(log)
-        assert [c["price_floor_micros"] for c in clearings] == [START, START, raised]
+        assert [c["head"] for c in clearings] == [
+            ["alice/hold"],
+            ["alice/e-2"],
+            ["alice/e-1"],
+            [],
+            [],
+        ]
+        lowered = next_floor(raised, 0, 1)
+        assert lowered < raised
+        assert [c["price_floor_micros"] for c in clearings] == [
+            START,
+            START,
+            raised,
+            raised,
+            lowered,
+        ]
         assert [c["floors"] for c in clearings][1] == {"alice/e-2": START}
+        assert [(c["charges"], c["floors"], c["pool"]) for c in clearings[3:]] == [({}, {}, [])] * 2
+        _check_the_floors_path(clearings, target=1)
 
         # A retry of a served request replays its answer: no second floor, no second charge.
         async with server.async_client(alice) as retrying:
@@ -236,6 +266,8 @@ async def test_below_the_floor_waits_outside_and_entrants_pay_the_floor(
         # An entrant the engine fails gets its floor back, once, in the same ledger.
         with server.client(alice) as client:
             level = client.get("/v1/market/rule").json()["price_floor"]["micros"]
+            # The log's last line and its step explain the floor now.
+            assert level == next_floor(lowered, 0, 1)
             failed = client.post("/generate", json=_body("fail-1", 40_000))
             assert failed.status_code >= 500, failed.text
             assert _gauge(client) == client.get("/v1/market/rule").json()["price_floor"]["micros"]
@@ -286,10 +318,9 @@ async def test_the_floor_climbs_under_a_deep_pool_and_falls_when_shallow(
         clearings = _clearings(log)
         levels = [c["price_floor_micros"] for c in clearings] + [low]
         depths = [len(c["pool"]) for c in clearings]
-        # Every clearing sent an entrant, so each was logged: each step is the study's.
-        for before, depth, after in zip(levels, depths, levels[1:], strict=False):
-            assert after == next_floor(before, depth, target)
-            assert abs(after - before) <= max(1, before // 8)
+        # Each step is the study's, up to the floor in force now.
+        _check_the_floors_path(clearings, target)
+        assert low == next_floor(levels[-2], depths[-1], target)
         assert depths[: len(deep_clearings)] == [1, 8, 7, 6, 5, 4, 3, 2, 1]
         assert peak > START  # climbed while the pool held more than the target...
         assert levels[len(deep_clearings) :] == sorted(levels[len(deep_clearings) :], reverse=True)

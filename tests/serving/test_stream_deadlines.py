@@ -6,20 +6,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable
 
 import numpy as np
 import pytest
 
-from inference_auctions.server.engine.protocol import EngineChunk
+from inference_auctions.server.engine.protocol import (
+    EngineChunk,
+    EngineRequest,
+    EngineResult,
+    Generation,
+)
 from inference_auctions.server.metrics import Metrics
-from inference_auctions.server.serving.following import Follower, _Stalled, _Streamed
+from inference_auctions.server.serving.following import (
+    FollowedRequest,
+    Follower,
+    _Stalled,
+    _Streamed,
+)
 from inference_auctions.server.serving.tickets import Ticket
 from inference_auctions.server.settings import ServerSettings
 
 
 class _Engine:
-    """A generation that sends a chunk every `every` seconds (after `first`), `count` in all,
+    """A producer that emits a chunk every `every` seconds (after `first`), `count` in all,
     the last one finished; or stops sending after `count` if `hang`."""
 
     def __init__(
@@ -28,17 +38,17 @@ class _Engine:
         self.every, self.count, self.first, self.hang = every, count, first, hang
         self.cancelled: list[str] = []
 
-    async def chunks(self) -> AsyncIterator[EngineChunk]:
+    async def produce(self, generation: Generation) -> None:
         for i in range(1, self.count + 1):
             await asyncio.sleep(self.every if i > 1 or self.first is None else self.first)
             finished = i == self.count and not self.hang
             meta = {"finish_reason": {"type": "length"} if finished else None}
-            yield EngineChunk("r", "x" * i, [7] * i, meta)
+            chunk = EngineChunk("r", "x" * i, [7] * i, meta)
+            generation.emit(chunk)
+            if finished:
+                generation.finish(EngineResult.from_chunk(chunk))
         if self.hang:
             await asyncio.sleep(3600)
-
-    def cancel(self, reason: str) -> None:
-        self.cancelled.append(reason)
 
 
 class _Unwatched:
@@ -57,10 +67,45 @@ def _serving(stall: float, cap: float | None = None) -> Follower:
     return Follower(settings, None, None, metrics, load=_Unwatched())  # type: ignore[arg-type]
 
 
+class _StreamOnly:
+    """Drives a generation as the server's follower does, up to the end of its stream: its
+    chunks to the follower, the producer under the follower's deadlines; what came of it."""
+
+    def __init__(self, followed: FollowedRequest, engine: _Engine) -> None:
+        self.followed = followed
+        self.engine = engine
+        self.context = None
+        self.outcome: asyncio.Future[_Streamed] = asyncio.get_running_loop().create_future()
+
+    def chunk(self, chunk: EngineChunk) -> None:
+        self.followed.chunk(chunk)
+
+    async def drive(self, generation: Generation, produce: Awaitable[None]) -> None:
+        try:
+            self.outcome.set_result(await self.followed.stream(generation, produce))
+        except _Stalled as stalled:
+            self.outcome.set_exception(stalled)
+
+
+class _Recorded(Generation):
+    """A generation that notes why the follower cancelled it."""
+
+    def __init__(self, request: EngineRequest, driver: _StreamOnly) -> None:
+        super().__init__(request, driver)
+        self.reasons = driver.engine.cancelled
+
+    def cancel(self, reason: str = "the generation was cancelled") -> None:
+        self.reasons.append(reason)
+        super().cancel(reason)
+
+
 async def _follow(serving: Follower, engine: _Engine, rid: str = "r") -> _Streamed:
     ticket = Ticket("ann", rid, f"ann/{rid}", np.zeros(2, dtype=np.int32), 1, {}, "f")
     ticket.dispatched = time.monotonic()
-    return await serving._stream(ticket, engine)  # type: ignore[arg-type]
+    driver = _StreamOnly(serving.follow(ticket, None), engine)  # type: ignore[arg-type]
+    generation = _Recorded(EngineRequest(rid, [1, 2]), driver)
+    generation.start(engine.produce(generation))
+    return await driver.outcome
 
 
 async def _stream(engine: _Engine, stall: float, cap: float | None = None) -> _Streamed:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inference_auctions.server.api.connections import DISCONNECT_NOTICE, DisconnectNotice
 from inference_auctions.server.api.generation import complete
 from inference_auctions.server.errors import ServiceError, Unavailable
 from inference_auctions.server.serving.tickets import Chunk, Clearance, Ticket
@@ -36,7 +37,7 @@ async def test_follow_yields_every_chunk_in_order_from_the_first() -> None:
     # all it missed (chunks are cumulative: memory linear in the answer, not quadratic).
     async def scenario() -> list[str]:
         ticket = _ticket()
-        await ticket.push(_chunk("a"))  # before anyone follows
+        ticket.push(_chunk("a"))  # before anyone follows
         seen: list[str] = []
 
         async def reader() -> None:
@@ -45,10 +46,10 @@ async def test_follow_yields_every_chunk_in_order_from_the_first() -> None:
 
         task = asyncio.create_task(reader())
         await _settle()
-        await ticket.push(_chunk("ab"))
-        await ticket.push(_chunk("abc"))  # two pushes before the reader runs again
+        ticket.push(_chunk("ab"))
+        ticket.push(_chunk("abc"))  # two pushes before the reader runs again
         await _settle()
-        await ticket.push(_chunk("abcd"))
+        ticket.push(_chunk("abcd"))
         await ticket.finish()
         await asyncio.wait_for(task, 1)
         return seen
@@ -61,15 +62,15 @@ async def test_result_is_the_last_chunk_or_the_error_or_no_output() -> None:
     served = _ticket()
     waiting = asyncio.create_task(served.result())
     await _settle()
-    await served.push(_chunk("a"))
+    served.push(_chunk("a"))
     await _settle()
     assert not waiting.done()  # a chunk is not the end
-    await served.push(_chunk("ab"))
+    served.push(_chunk("ab"))
     await served.finish()
     assert (await asyncio.wait_for(waiting, 1)).text == "ab"
 
     failed = _ticket()
-    await failed.push(_chunk("a"))
+    failed.push(_chunk("a"))
     await failed.finish(ServiceError("engine down"))
     with pytest.raises(ServiceError, match="engine down"):
         await failed.result()
@@ -112,9 +113,11 @@ async def test_wait_cleared_raises_the_error_of_a_request_that_ended_uncleared()
 
 
 class _Connection:
-    """An ASGI `receive` whose client leaves when told to."""
+    """An ASGI `receive` whose client leaves when told to (an ASGI server other than the
+    auction server's own: the handler reads `receive` until the disconnect)."""
 
     def __init__(self) -> None:
+        self.scope: dict[str, Any] = {}
         self.left = asyncio.Event()
         self.receiving = 0
 
@@ -122,6 +125,25 @@ class _Connection:
         self.receiving += 1
         await self.left.wait()
         return {"type": "http.disconnect"}
+
+    def leave(self) -> None:
+        self.left.set()
+
+
+class _NoticedConnection(_Connection):
+    """The auction server's own protocol: the connection tells the handler it is lost
+    (`DisconnectNotice`), and nothing reads `receive`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notice = DisconnectNotice()
+        self.scope = {"extensions": {DISCONNECT_NOTICE: {"notice": self.notice}}}
+
+    def leave(self) -> None:
+        self.notice.connection_lost()
+
+
+CONNECTIONS = [_Connection, _NoticedConnection]
 
 
 class _Service:
@@ -133,12 +155,16 @@ class _Service:
 
 
 @pytest.mark.anyio
-async def test_a_client_that_leaves_before_clearance_abandons_its_ticket() -> None:
-    ticket, connection, service = _ticket(), _Connection(), _Service()
+@pytest.mark.parametrize("connected", CONNECTIONS)
+async def test_a_client_that_leaves_before_clearance_abandons_its_ticket(
+    connected: type[_Connection],
+) -> None:
+    ticket, connection, service = _ticket(), connected(), _Service()
     handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
     await _settle()
-    assert connection.receiving == 1
-    connection.left.set()
+    # Read until the disconnect only where the connection cannot say it itself.
+    assert connection.receiving == (0 if connected is _NoticedConnection else 1)
+    connection.leave()
     with pytest.raises(Unavailable, match="disconnected before its batch closed"):
         await asyncio.wait_for(handler, 1)
     assert service.abandoned == [ticket]
@@ -146,44 +172,53 @@ async def test_a_client_that_leaves_before_clearance_abandons_its_ticket() -> No
 
 
 @pytest.mark.anyio
-async def test_a_client_that_stays_gets_its_answer_and_its_watch_ends() -> None:
+@pytest.mark.parametrize("connected", CONNECTIONS)
+async def test_a_client_that_stays_gets_its_answer_and_its_watch_ends(
+    connected: type[_Connection],
+) -> None:
     runner = asyncio.all_tasks() - {asyncio.current_task()}  # the test runner's own
-    ticket, connection, service = _ticket(), _Connection(), _Service()
+    ticket, connection, service = _ticket(), connected(), _Service()
     handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
     await _settle()
     await ticket.clear(CLEARANCE)
-    await ticket.push(_chunk("done"))
+    ticket.push(_chunk("done"))
     await ticket.finish()
     clearance, final = await asyncio.wait_for(handler, 1)
     assert (clearance, final.text) == (CLEARANCE, "done")
     await _settle()
     assert asyncio.all_tasks() - runner == {asyncio.current_task()}  # its watch ended too
-    connection.left.set()  # leaving afterwards changes nothing
+    connection.leave()  # leaving afterwards changes nothing
     await _settle()
     assert service.abandoned == []
 
 
 @pytest.mark.anyio
-async def test_a_retry_that_leaves_does_not_abandon_the_request_another_handler_waits_for() -> None:
+@pytest.mark.parametrize("connected", CONNECTIONS)
+async def test_a_retry_that_leaves_does_not_abandon_the_request_another_handler_waits_for(
+    connected: type[_Connection],
+) -> None:
     ticket, service = _ticket(), _Service()
-    first, retry = _Connection(), _Connection()
+    first, retry = connected(), connected()
     staying = asyncio.create_task(complete(first, service, ticket))  # type: ignore[arg-type]
     leaving = asyncio.create_task(complete(retry, service, ticket))  # type: ignore[arg-type]
     await _settle()
-    retry.left.set()
+    retry.leave()
     with pytest.raises(Unavailable):
         await asyncio.wait_for(leaving, 1)
     assert service.abandoned == []
     await ticket.clear(CLEARANCE)
-    await ticket.push(_chunk("x"))
+    ticket.push(_chunk("x"))
     await ticket.finish()
     assert (await asyncio.wait_for(staying, 1))[1].text == "x"
 
 
 @pytest.mark.anyio
-async def test_a_cancelled_handler_abandons_nothing_and_stops_watching() -> None:
+@pytest.mark.parametrize("connected", CONNECTIONS)
+async def test_a_cancelled_handler_abandons_nothing_and_stops_watching(
+    connected: type[_Connection],
+) -> None:
     runner = asyncio.all_tasks() - {asyncio.current_task()}  # the test runner's own
-    ticket, connection, service = _ticket(), _Connection(), _Service()
+    ticket, connection, service = _ticket(), connected(), _Service()
     handler = asyncio.create_task(complete(connection, service, ticket))  # type: ignore[arg-type]
     await _settle()
     handler.cancel()
