@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from inference_auctions.experiments.live_plan import LivePlan
 from inference_auctions.experiments.live_run import RequestRecord, RunResult
+from inference_auctions.server.auction.wait_overlap import overlaps
 
 __all__ = ["WINDOW_SECONDS", "measure", "overlap_welfare", "welfare"]
 
@@ -60,23 +62,16 @@ def welfare(records: Sequence[RequestRecord], window: float = WINDOW_SECONDS) ->
 
 def overlap_welfare(records: Sequence[RequestRecord]) -> float:
     """Percent above one half of the value-weighted share of overlapping waits served after
-    each request (see the module docstring); failed requests count as served after all."""
-    spans = [
-        (r.sent, r.sent + r.ttft if r.ttft is not None else float("inf"), r)
-        for r in sorted(records, key=lambda r: r.sent)
-    ]
+    each request (see the module docstring); failed requests count as served after all. The
+    share is the server's tier figure's (`server.auction.wait_overlap`), on first tokens."""
+    ordered = sorted(records, key=lambda r: r.sent)
+    spans = [(r.sent, r.sent + r.ttft if r.ttft is not None else math.inf) for r in ordered]
     weighted = 0.0
     values = 0.0
-    for start, end, record in spans:
-        overlapping = [
-            other_end
-            for other_start, other_end, other in spans
-            if other is not record and other_start < end and start < other_end
-        ]
-        if not overlapping:
+    for record, overlap in zip(ordered, overlaps(spans), strict=True):
+        if not overlap.competitors:
             continue  # nobody waited beside it: no order to judge
-        after = sum(1 for other_end in overlapping if other_end > end)
-        weighted += record.value_micros * after / len(overlapping)
+        weighted += record.value_micros * overlap.after / overlap.competitors
         values += record.value_micros
     return 100.0 * (weighted / (values / 2) - 1.0) if values else 0.0
 

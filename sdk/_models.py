@@ -608,9 +608,11 @@ class Tier(_Model):
     """One tier a `--pricing tiers` server sells (`GET /v1/market/tiers`).
 
     `price_micros` is what each request in it pays; `rank` 0 is served first;
-    `expected_priority_ppm` is the mean priority (parts per million of its batch gone ahead
-    of) of its recent requests, drawn from `samples` of them (0: an even split of the batch by
-    tier, before any traffic).
+    `expected_priority_ppm` is the mean share, in parts per million, of their competitors (the
+    requests whose waits overlapped theirs) that its recent requests went ahead of, drawn from
+    `samples` of them (0: an even split of the pool by tier, before any traffic);
+    `recent_wait_ms` is the median wait of those requests from arrival to dispatch to the
+    engine (None before any, or from a server that does not publish it).
     """
 
     name: str
@@ -618,6 +620,7 @@ class Tier(_Model):
     rank: int
     expected_priority_ppm: int
     samples: int = 0
+    recent_wait_ms: int | None = None
 
 
 class TierMenu(_Model):

@@ -1,11 +1,13 @@
 """Choosing a fixed-price tier from a value, on a server run with `--pricing tiers`.
 
-A tier buys an expected priority: the share of its batch a request goes ahead of, which the
-server publishes for each tier from its recent requests (`GET /v1/market/tiers`,
-`expected_priority_ppm`, parts per million). Going first being worth `value` to the user, a
-tier's expected gain is `value x expected priority - price`; `choose_tier` takes the tier of
-the largest gain, the cheaper on a tie, among those the budget still covers. Integers
-throughout: gains are compared in micro-credits times a million.
+A tier buys an expected priority: the share of its competitors a request goes ahead of (of the
+requests whose waits overlapped its own, those sent to the engine after it; 1 for a request
+nobody waited beside), which the server publishes for each tier as the mean over its recent
+requests (`GET /v1/market/tiers`, `expected_priority_ppm`, parts per million), beside their
+median wait (`recent_wait_ms`). Going first being worth `value` to the user, a tier's expected
+gain is `value x expected priority - price`; `choose_tier` takes the tier of the largest gain,
+the cheaper on a tie, among those the budget still covers. Integers throughout: gains are
+compared in micro-credits times a million.
 """
 
 from __future__ import annotations

@@ -395,8 +395,9 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
 
 
 def _pricing_json(state: AppState) -> dict[str, Any]:
-    """The pricing mode, under `tiers` each tier's price and recent priority, and the posted
-    price floor now (`price_floor_micros`, null when off) with the entrants it aims at."""
+    """The pricing mode, under `tiers` each tier's price, recent priority and median wait, and
+    the posted price floor now (`price_floor_micros`, null when off) with the entrants it aims
+    at."""
     service = state.service
     menu = service.tier_menu
     tiers = (
@@ -407,6 +408,7 @@ def _pricing_json(state: AppState) -> dict[str, Any]:
                 "name": tier.name,
                 "price_micros": tier.price_micros,
                 "expected_priority_ppm": service.tier_figures.expected_priority_ppm(tier.name),
+                "recent_wait_ms": service.tier_figures.recent_wait_ms(tier.name),
             }
             for tier in menu.tiers
         ]

@@ -75,10 +75,12 @@ async def pool(
 @router.get("/market/tiers", summary="The tiers sold, their prices and what they bought")
 async def tiers(_: CurrentUser, state: State) -> dict[str, Any]:
     """Under `--pricing tiers` (404 otherwise): every tier, dearest first (served first), with
-    `price_micros` per request, and `expected_priority_ppm`, the mean priority (parts per
-    million of a batch gone ahead of) of its last requests on this replica (`samples` of
-    them; 0 samples: an even split of the batch by tier); `default_tier` is a request's tier
-    when it names none."""
+    `price_micros` per request; `expected_priority_ppm`, the mean over its last requests on
+    this replica (`samples` of them) of the share of their competitors (the requests whose
+    waits in the pool overlapped theirs) sent to the engine after them, in parts per million
+    (1,000,000 for a request nobody waited beside; 0 samples: an even split of the pool by
+    tier); and `recent_wait_ms`, the median wait of those requests from arrival to dispatch
+    (null before any). `default_tier` is a request's tier when it names none."""
     menu = state.service.tier_menu
     if menu is None:
         raise NotFound(
@@ -95,6 +97,7 @@ async def tiers(_: CurrentUser, state: State) -> dict[str, Any]:
                 "rank": tier.rank,
                 "expected_priority_ppm": figures.expected_priority_ppm(tier.name),
                 "samples": figures.samples(tier.name),
+                "recent_wait_ms": figures.recent_wait_ms(tier.name),
             }
             for tier in menu.tiers
         ],

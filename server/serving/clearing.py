@@ -78,7 +78,7 @@ from inference_auctions.server.serving.admission import (
 from inference_auctions.server.serving.dispatch import BatchDispatch
 from inference_auctions.server.serving.dispatch_ahead import BatchAhead, Distrust
 from inference_auctions.server.serving.tickets import Clearance, Ticket
-from inference_auctions.server.serving.tiers import TierFigures
+from inference_auctions.server.serving.tiers import TierFigures, Waited
 from inference_auctions.server.settings import ServerSettings
 
 # What prices a settled batch again, under each rule.
@@ -105,7 +105,10 @@ class BatchClosing:
         new_batch_id: Callable[[], str],
         clock: Callable[[], datetime],
         tier_figures: TierFigures,
+        still_waiting: Callable[[], int],
     ) -> None:
+        """`still_waiting`: how many requests wait in the pool now (those a batch sent now
+        goes ahead of)."""
         self._settings = settings
         self._writer = writer
         self._metrics = metrics
@@ -118,6 +121,7 @@ class BatchClosing:
         self._tiers = settings.tier_menu() if settings.pricing == "tiers" else None
         self._rule = settings.auction_rule()  # every batch of this server is cleared under it
         self._tier_figures = tier_figures
+        self._still_waiting = still_waiting
         self._floor = settings.price_floor == "posted"
 
     async def __call__(
@@ -171,7 +175,11 @@ class BatchClosing:
         # Queued in this turn, so that it rides in the same commit as the holds queued in it.
         claimed = self._writer.queue_claim(clearing.claim)
         self._dispatch.dispatch(ordered, clearances, batch, ahead)
-        await self._confirm(clearing, claimed, tickets, ordered, clearances, ahead, head_pricing)
+        # Counted for the tiers' figures once confirmed, as the pool stood when it was sent.
+        waiting = self._still_waiting()
+        await self._confirm(
+            clearing, claimed, tickets, ordered, clearances, ahead, head_pricing, waiting
+        )
 
     async def _confirm(
         self,
@@ -182,8 +190,10 @@ class BatchClosing:
         clearances: list[Clearance],
         ahead: BatchAhead,
         head_pricing: HeadPricing | None,
+        still_waiting: int,
     ) -> None:
-        """Wait for the commit of a batch sent ahead; let its answers go, or clear it again."""
+        """Wait for the commit of a batch sent ahead; let its answers go, or clear it again.
+        `still_waiting`: the requests in the pool when it was sent."""
         started = time.perf_counter()
         try:
             cleared = clearing.cleared(await claimed)
@@ -206,6 +216,7 @@ class BatchClosing:
         for ticket, clearance in zip(ordered, clearances, strict=True):
             await ticket.clear(clearance)
         ahead.confirm()
+        self._sent(ordered, still_waiting)
 
     async def _clear_committed(self, clearing: BatchClearing, tickets: list[Ticket]) -> None:
         """Claim, clear and settle the batch in the writer's next commit, then dispatch it."""
@@ -230,6 +241,7 @@ class BatchClosing:
         for ticket, clearance in zip(ordered, clearances, strict=True):
             await ticket.clear(clearance)
         self._dispatch.dispatch(ordered, clearances, batch)
+        self._sent(ordered, self._still_waiting())
 
     async def _fail_unsettled(self, tickets: list[Ticket], error: Exception) -> None:
         """The batch could not be settled: its requests fail, nothing charged."""
@@ -284,9 +296,23 @@ class BatchClosing:
             for rid in outcome.order:
                 tier = self._tiers.by_price(outcome.bids[rid])
                 if tier is not None:
-                    self._tier_figures.observe(tier.name, outcome.priority(rid))
                     self._metrics.tier_requests.labels(tier=tier.name).inc()
                     self._metrics.tier_revenue.labels(tier=tier.name).inc(tier.price_micros)
+
+    def _sent(self, ordered: list[Ticket], still_waiting: int) -> None:
+        """Under `tiers`, count a batch sent to the engine, in its order, for the figures each
+        tier publishes (`server.serving.tiers`); batches are sent one at a time, each once
+        the one before it was, so their dispatch times come in order."""
+        if self._tiers is None or not ordered:
+            return
+        tiers = self._tiers
+        at = ordered[0].dispatched
+        head = []
+        for ticket in ordered:
+            tier = tiers.by_price(ticket.bid_micros)
+            joined = ticket.arrived if ticket.queued is None else ticket.queued
+            head.append(Waited(None if tier is None else tier.name, ticket.arrived, joined))
+        self._tier_figures.sent(head, time.monotonic() if at is None else at, still_waiting)
 
     def _clearance(self, batch: ClearedBatch, ticket: Ticket) -> Clearance:
         sequence = self._sequence

@@ -141,6 +141,7 @@ class AuctionService:
             new_batch_id=new_batch_id,
             clock=clock,
             tier_figures=self.tier_figures,
+            still_waiting=lambda: len(self._pool),
         )
         policy = BatchingPolicy(
             batch_size=settings.batch_size,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from inference_auctions.experiments.live_market import run_live, write_live
-from inference_auctions.experiments.live_metrics import welfare
+from inference_auctions.experiments.live_metrics import overlap_welfare, welfare
 from inference_auctions.experiments.live_plan import make_plan, tier_prices
 from inference_auctions.experiments.live_run import RequestRecord
 
@@ -42,6 +42,24 @@ def test_welfare_ranks_requests_by_first_token_within_windows() -> None:
     assert welfare(worst)[0] == 10 + 25
     # Two windows are ranked apart: each lone request has priority 1.
     assert welfare([record(0, 0.0, 5.0, 7), record(1, 3.0, 0.1, 9)])[0] == 16
+
+
+def test_the_overlap_measure_is_the_servers_rule_on_first_tokens() -> None:
+    def record(index: int, sent: float, ttft: float | None, value: int) -> RequestRecord:
+        return RequestRecord(index, "t", value, sent, ttft=ttft)
+
+    # 0 waits 0..1 beside 1 (0.5..0.6) and 2 (from 0.8, never served); 3 comes at 9, while
+    # 2 still waits.
+    records = [
+        record(0, 0.0, 1.0, 100),
+        record(1, 0.5, 0.1, 10),
+        record(2, 0.8, None, 50),
+        record(3, 9.0, 0.5, 1_000),
+    ]
+    # Shares: 0 went ahead of 2 of {1, 2}, 1 of {0}, 2 of none of {0, 3}, 3 of {2}.
+    weighted = 100 * 1 / 2 + 10 * 1 / 1 + 50 * 0 / 2 + 1_000 * 1 / 1
+    assert overlap_welfare(records) == 100.0 * (weighted / (1_160 / 2) - 1.0)
+    assert overlap_welfare(records[3:]) == 0.0  # alone: nothing to judge
 
 
 def test_a_small_live_run_measures_the_four_schemes(tmp_path: Path) -> None:

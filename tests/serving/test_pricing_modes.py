@@ -78,6 +78,7 @@ def test_tiers_charge_exactly_the_tier_price(ledger_db: MigratedDatabase) -> Non
         assert [t["price_micros"] for t in menu["tiers"]] == [10_000, 1_000, 0]
         assert menu["default_tier"] == "flex"
         assert all(0 <= t["expected_priority_ppm"] <= 1_000_000 for t in menu["tiers"])
+        assert all(t["recent_wait_ms"] >= 0 for t in menu["tiers"])
         assert rule["pricing"] == "tiers" and rule["pricing_rule"] == "tiers"
         admin = server.create_user("root", budget=0, admin=True)
         with httpx.Client(base_url=server.url, timeout=60) as dashboard:
@@ -164,17 +165,22 @@ async def _queue_length(client: httpx.AsyncClient) -> int:
 
 
 @pytest.mark.anyio
-async def test_a_higher_tier_is_served_first_under_saturation(ledger_db: MigratedDatabase) -> None:
+@pytest.mark.parametrize("ahead", [True, False], ids=["sent-ahead", "sent-after-commit"])
+async def test_a_higher_tier_is_served_first_under_saturation(
+    ledger_db: MigratedDatabase, ahead: bool
+) -> None:
     # The engine counts as saturated while one request sent to it has no first token: a
     # blocker held at the engine holds every request sent after it in the pool, and each
     # batch then takes the dearest tier's first, four at a time. The requests arrive one at a
     # time (each waits in the pool before the next is sent), and the blocker starts once all
-    # of them wait, however slow the machine.
+    # of them wait, however slow the machine. Batches go to the engine ahead of their commit
+    # or after it: the tiers' figures count both.
     settings = ServerSettings(
         database_url=ledger_db.url,
         **{
             **TEST_SETTINGS,
             **TIERS,
+            "dispatch_ahead": ahead,
             "saturation_requests": 1,
             "batch_size": 4,
             "max_wait_ms": 0,
@@ -207,6 +213,8 @@ async def test_a_higher_tier_is_served_first_under_saturation(ledger_db: Migrate
                     await asyncio.sleep(0.005)
             engine.release()
             bodies = [(await task).json() for task in tasks[1:]]
+            await tasks[0]
+            menu = (await client.get("/v1/market/tiers")).json()
     first_token = {
         b["meta_info"]["id"]: b["meta_info"]["request_received_ts"]
         + b["meta_info"]["first_token_latency"]
@@ -224,6 +232,16 @@ async def test_a_higher_tier_is_served_first_under_saturation(ledger_db: Migrate
         batch_ids = [b["meta_info"]["auction"]["batch_id"] for b in served]
         assert batch_ids == sorted(batch_ids)  # batch ids sort by time
         assert sorted(tier, key=first_token.__getitem__) == tier
+    # What each tier published. Each went alone to the engine, so a place within its head says
+    # 1 for every request; against the backlog it waited in, priority request k went ahead of
+    # 7-k of its 7 competitors and flex request k of 3-k (the blocker, of no competitor, is
+    # flex too: it counts 1).
+    figures = {t["name"]: t for t in menu["tiers"]}
+    sevenths = [k * 1_000_000 // 7 for k in range(8)]
+    assert figures["priority"]["samples"] == 4 and figures["flex"]["samples"] == 5
+    assert figures["priority"]["expected_priority_ppm"] == sum(sevenths[4:]) // 4
+    assert figures["flex"]["expected_priority_ppm"] == (1_000_000 + sum(sevenths[:4])) // 5
+    assert figures["priority"]["recent_wait_ms"] < figures["flex"]["recent_wait_ms"]
 
 
 class _FailingEngine(EmbeddedEngine):
