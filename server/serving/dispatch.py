@@ -254,6 +254,8 @@ class BatchDispatch:
             settled = followed.settled
             if settled is not None and not (settled.done() and settled.result()):
                 continue  # sent ahead of its batch's commit: that commit decides it first
+            if _tokens_left(followed) < _PREEMPT_TOKENS_LEFT:
+                continue  # nearly done: stopping and resuming it costs more than its end
             del self._free_running[engine_rid]
             self._metrics.free_preempted.inc()
             followed.preempt(generation.cancel)
@@ -269,9 +271,7 @@ class BatchDispatch:
         done_ids: list[int] = [] if produced is None else produced.output_ids
         prompt = [*(int(token) for token in ticket.tokens), *done_ids]
         params = self._engine_sampling(ticket)
-        asked = params.get("max_new_tokens")
-        limit = asked if isinstance(asked, int) else DEFAULT_MAX_NEW_TOKENS
-        params = {**params, "max_new_tokens": max(1, limit - len(done_ids))}
+        params = {**params, "max_new_tokens": max(1, _tokens_left(followed))}
         ticket.resent += 1  # a rid of its own at the engine
         ids = np.array(prompt, dtype=np.int64)
         clearance = ticket.clearance
@@ -343,6 +343,21 @@ class BatchDispatch:
         if ticket.streamed:
             return ticket.sampling_params
         return {**ticket.sampling_params, "stream_interval": self._settings.engine_stream_interval}
+
+
+# A free request with fewer new tokens than this left is not preempted: its last decode steps
+# cost paying requests less than stopping it, and sending it again with its prompt and output.
+_PREEMPT_TOKENS_LEFT = 32
+
+
+def _tokens_left(followed: FollowedRequest) -> int:
+    """The new tokens a request still may produce: what it asked for (the engine's default
+    when it did not say) less what it produced."""
+    asked = followed.ticket.sampling_params.get("max_new_tokens")
+    limit = asked if isinstance(asked, int) and not isinstance(asked, bool) else None
+    produced = followed.produced
+    done = 0 if produced is None else len(produced.output_ids)
+    return (DEFAULT_MAX_NEW_TOKENS if limit is None else limit) - done
 
 
 def deferral_settings(settings: ServerSettings) -> DeferralSettings | None:

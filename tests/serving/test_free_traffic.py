@@ -208,3 +208,38 @@ async def test_a_free_long_answer_yields_the_engine_to_a_paying_request_and_resu
     assert engine.when("sent", "long") < engine.when("ended", "long") < engine.when("ended", "pay")
     assert engine.when("ended", "pay") < engine.when("sent", "long~1")
     assert report.ok, report
+
+
+@pytest.mark.anyio
+async def test_a_free_request_nearly_done_is_not_preempted(ledger_db: MigratedDatabase) -> None:
+    """A free answer with fewer tokens left than stopping and resuming it is worth runs to its
+    end beside the paying request that came meanwhile: it is sent once."""
+    settings = ServerSettings(
+        database_url=ledger_db.url, **{**TEST_SETTINGS, "free_traffic": "idle"}
+    )
+    engine = _RecordingEngine(time_scale=1.0)  # slow enough to be running when the payer comes
+    with serve_app(settings, engine=engine) as url:
+        ledger = Ledger(ledger_db.new_engine())
+        payer = ledger.create_user("payer", budget_micros=10**9).api_key
+        free = ledger.create_user("free", budget_micros=0).api_key
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=120) as client,
+            httpx.AsyncClient(
+                base_url=url, timeout=120, headers={"Authorization": f"Bearer {payer}"}
+            ) as paying,
+            httpx.AsyncClient(
+                base_url=url, timeout=120, headers={"Authorization": f"Bearer {free}"}
+            ) as freeloading,
+        ):
+            body = _body("short") | {"sampling_params": {"max_new_tokens": 24}}
+            freed = asyncio.create_task(freeloading.post("/generate", json=body))
+            while await _metric(client, "inference_auction_engine_ttft_seconds_count") < 1:
+                await asyncio.sleep(0.01)
+            paid = await paying.post("/generate", json=_body("pay") | {"bid": "0.01"})
+            answer = await freed
+            preempted = await _metric(client, "inference_auction_free_preempted_total")
+    assert paid.status_code == 200 and answer.status_code == 200
+    assert answer.json()["meta_info"]["completion_tokens"] == 24
+    assert preempted == 0
+    assert engine.when("sent", "pay") < engine.when("ended", "short")  # it ran beside it
+    assert [rid for kind, rid in engine.events if kind == "sent"].count("short") == 1
