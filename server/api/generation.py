@@ -212,48 +212,37 @@ def admission_of(
 async def complete(
     request: Request, service: AuctionService, ticket: Ticket
 ) -> tuple[Clearance, Chunk]:
-    """Wait for the batch and the whole output; a client that leaves early frees its hold."""
+    """Wait for the whole output (its clearance comes before it); a client that leaves before
+    its batch closed frees its hold, one that leaves later stops its work."""
     ticket.waiters += 1
     try:
-        clearance = await _cleared_unless_gone(request, service, ticket)
-        await _done_unless_gone(request, ticket)
-        return clearance, await ticket.result()
+        await _done_unless_gone(request, service, ticket)
+        return ticket.cleared(), await ticket.result()
     finally:
         ticket.waiters -= 1
         client_left(ticket)  # a no-op unless it left before the end
 
 
-async def _done_unless_gone(request: Request, ticket: Ticket) -> None:
-    """Wait for the end of the answer; a client that leaves first stops its work."""
+async def _done_unless_gone(request: Request, service: AuctionService, ticket: Ticket) -> None:
+    """Wait for the end of the request, one wait in all (the clearance is not awaited apart:
+    the handler has nothing to do with it before the end); a client that leaves first frees
+    its hold or stops its work."""
     done = ticket.when_done()
     if done.done():
         return
+    # This reader's own future fails if the client leaves first; the handler awaits that
+    # future directly (no second task, no `wait`).
     stop_watching = _fail_when_gone(request, done)
     try:
         await done
     except _ClientLeft:
-        raise Unavailable("the client disconnected before its answer was complete") from None
-    finally:
-        stop_watching()
-
-
-async def _cleared_unless_gone(
-    request: Request, service: AuctionService, ticket: Ticket
-) -> Clearance:
-    cleared = ticket.when_cleared()
-    if not cleared.done():
-        # This reader's own future fails if the client leaves first; the handler awaits that
-        # future directly (no second task, no `wait`).
-        stop_watching = _fail_when_gone(request, cleared)
-        try:
-            await cleared
-        except _ClientLeft:
+        if ticket.clearance is None:
             if ticket.waiters <= 1:
                 await service.abandon(ticket)
             raise Unavailable("the client disconnected before its batch closed") from None
-        finally:
-            stop_watching()
-    return ticket.cleared()
+        raise Unavailable("the client disconnected before its answer was complete") from None
+    finally:
+        stop_watching()
 
 
 class _ClientLeft(Exception):
