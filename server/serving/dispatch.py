@@ -134,6 +134,8 @@ class BatchDispatch:
         )
         self._free_running: dict[str, tuple[FollowedRequest, Generation]] = {}
         self._parked: deque[FollowedRequest] = deque()
+        # Whether either holds anything: read by the pool at every turn (`FreeWork`).
+        self.free_work = False
         self._engine = engine
         self._finishing: set[asyncio.Task[None]] = set()  # parked requests being ended
         self._draining = False
@@ -192,6 +194,7 @@ class BatchDispatch:
                 ahead.follow(generation, followed.ended)
             if self._yields and followed.ticket.bid_micros <= 0:
                 self._free_running[followed.ticket.engine_rid] = (followed, generation)
+                self.free_work = True
 
         self._deferral.dispatch(batch.outcome, requests, drivers, follow)
 
@@ -216,7 +219,8 @@ class BatchDispatch:
         """A request left the engine (or failed before it started)."""
         self._unstarted_tokens -= self._unstarted.pop(engine_rid, 0)
         self._paying.discard(engine_rid)
-        self._free_running.pop(engine_rid, None)
+        if self._free_running.pop(engine_rid, None) is not None:
+            self.free_work = bool(self._free_running or self._parked)
         self._deferral.ended(engine_rid)  # a request held back for this one's prefix may go
         self.inflight -= 1
         self._wakeup.set()
@@ -228,6 +232,7 @@ class BatchDispatch:
             self._resume(followed)
             return
         self._parked.append(followed)
+        self.free_work = True
         followed.ticket.stop = lambda _reason: self._unpark(followed)
         if followed.ticket.left:
             self._unpark(followed)
@@ -242,11 +247,10 @@ class BatchDispatch:
         now; `paying_waits`: whether a paying request waits (asked only when it matters)."""
         if self._free_running and (self._paying or paying_waits()):
             self._preempt_free()
-            return
-        if room <= 0 or not self._parked or self._paying or paying_waits():
-            return
-        for _ in range(min(room, len(self._parked))):
-            self._resume(self._parked.popleft())
+        elif room > 0 and self._parked and not self._paying and not paying_waits():
+            for _ in range(min(room, len(self._parked))):
+                self._resume(self._parked.popleft())
+        self.free_work = bool(self._free_running or self._parked)
 
     def _preempt_free(self) -> None:
         """Stop every free request at the engine (each is resumed later)."""
@@ -289,11 +293,13 @@ class BatchDispatch:
         (generation,) = self._engine.dispatch([request], [followed])
         sent(ticket, generation.cancel)
         self._free_running[request.rid] = (followed, generation)
+        self.free_work = True
 
     def _unpark(self, followed: FollowedRequest) -> None:
         with contextlib.suppress(ValueError):
             self._parked.remove(followed)
             self._finish_parked(followed)
+        self.free_work = bool(self._free_running or self._parked)
 
     def _finish_parked(self, followed: FollowedRequest) -> None:
         task = asyncio.create_task(followed.finish_parked(), context=followed.context)

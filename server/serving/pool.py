@@ -83,7 +83,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from inference_auctions.server.engine.errors import EngineError
 from inference_auctions.server.engine.protocol import DEFAULT_MAX_NEW_TOKENS, Engine
@@ -174,6 +174,17 @@ class Selection(Generic[Context]):
     context: Context | None = None
 
 
+class FreeWork(Protocol):
+    """Free requests at the engine, or preempted, that yield it to paying ones."""
+
+    # Whether any free request is at the engine or waits to resume (kept up to date by its
+    # owner; read at every turn of the pool).
+    free_work: bool
+
+    def rebalance(self, room: int, paying_waits: Callable[[], bool]) -> None:
+        """Preempt or resume free requests (`server.serving.dispatch`)."""
+
+
 class BatchPool(Generic[Item, Context]):
     """Collects requests and closes batches whenever the engine can take more (see above)."""
 
@@ -187,17 +198,18 @@ class BatchPool(Generic[Item, Context]):
         clock: Callable[[], float] = time.monotonic,
         wakeup: Wakeup | None = None,
         startable: Callable[[], int] | None = None,
-        rebalance: Callable[[int, Callable[[], bool]], None] | None = None,
+        yielding: FreeWork | None = None,
         pays: Callable[[Item], bool] | None = None,
     ) -> None:
         """`select(waiting, room)`: the places of the waiting requests a batch takes now, at
         most `room`; by default the oldest. `clock`: seconds, for the collection window.
         `wakeup`: set by whoever changes the engine's load (see above). `startable`: how many
         more requests the engine can start at its next step (None: `batch_size`), which bounds
-        every batch besides `max_inflight`. `rebalance(room, paying_waits)`: told at every
-        turn what the engine can start and whether a request that pays (`pays`) waits, so
-        that free work can yield the engine to it (`server.serving.dispatch`)."""
-        self._rebalance = rebalance
+        every batch besides `max_inflight`. `yielding`: while it has free work at the engine
+        or preempted, told at every turn what the engine can start and whether a request that
+        pays (`pays`) waits, so that free work can yield the engine to it
+        (`server.serving.dispatch`)."""
+        self._yielding = yielding
         self._pays = pays
         self._policy = policy
         self._clock = clock
@@ -265,8 +277,9 @@ class BatchPool(Generic[Item, Context]):
                     async with asyncio.timeout(timeout):
                         await self._wake.wait()
             self._unblock_if_woken()
-            if self._rebalance is not None:
-                self._rebalance(self._room(), self._paying_waits)
+            yielding = self._yielding
+            if yielding is not None and yielding.free_work:  # an attribute: nothing to call
+                yielding.rebalance(self._room(), self._paying_waits)
             while self._ready():
                 batch, context = self._take(self._room())
                 if not batch:

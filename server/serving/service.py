@@ -178,7 +178,7 @@ class AuctionService:
             ),
             wakeup=wakeup,
             startable=(lambda: self._dispatch.startable()[0]) if rolling else None,
-            rebalance=self._dispatch.rebalance,
+            yielding=self._dispatch,
             pays=lambda ticket: ticket.bid_micros > 0,
         )
         self._answers = AnswerMemory(
