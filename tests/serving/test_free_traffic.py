@@ -6,10 +6,12 @@ requests, with a paying request held at the engine for as long as the test wants
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -57,10 +59,43 @@ class _RecordingEngine(EmbeddedEngine):
         return self.events.index((kind, rid))
 
 
-async def _queue_length(client: httpx.AsyncClient) -> int:
+async def _metric(client: httpx.AsyncClient, name: str) -> float:
     text = (await client.get("/metrics")).text
-    line = next(x for x in text.splitlines() if x.startswith("inference_auction_queue_length "))
-    return int(float(line.split()[1]))
+    line = next(x for x in text.splitlines() if x.startswith(f"{name} "))
+    return float(line.split()[1])
+
+
+class _Market(NamedTuple):
+    """A server in front of a recording engine, a payer's and a free user's clients, and an
+    unauthenticated one for the metrics."""
+
+    engine: _RecordingEngine
+    ledger: Ledger
+    client: httpx.AsyncClient
+    paying: httpx.AsyncClient
+    freeloading: httpx.AsyncClient
+
+
+@contextlib.asynccontextmanager
+async def _market(
+    ledger_db: MigratedDatabase, time_scale: float, **settings: Any
+) -> AsyncIterator[_Market]:
+    engine = _RecordingEngine(time_scale=time_scale)
+    options = ServerSettings(database_url=ledger_db.url, **{**TEST_SETTINGS, **settings})
+    with serve_app(options, engine=engine) as url:
+        ledger = Ledger(ledger_db.new_engine())
+        payer = ledger.create_user("payer", budget_micros=10**9).api_key
+        free = ledger.create_user("free", budget_micros=0).api_key
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=120) as client,
+            httpx.AsyncClient(
+                base_url=url, timeout=120, headers={"Authorization": f"Bearer {payer}"}
+            ) as paying,
+            httpx.AsyncClient(
+                base_url=url, timeout=120, headers={"Authorization": f"Bearer {free}"}
+            ) as freeloading,
+        ):
+            yield _Market(engine, ledger, client, paying, freeloading)
 
 
 def _body(rid: str) -> dict[str, Any]:
@@ -73,43 +108,27 @@ async def _held_paying_beside_free(
     """A paying request held at the engine; three free requests sent meanwhile, then a second
     paying request that runs to its end; then the held one is released. The engine could start
     every one of them at once (`saturation_requests`), so only the rule holds a free one back."""
-    settings = ServerSettings(
-        database_url=ledger_db.url,
-        **{**TEST_SETTINGS, "free_traffic": free_traffic, "saturation_requests": 16},
-    )
-    engine = _RecordingEngine(time_scale=0.01)
-    with serve_app(settings, engine=engine) as url:
-        ledger = Ledger(ledger_db.new_engine())
-        payer = ledger.create_user("payer", budget_micros=10**9).api_key
-        free = ledger.create_user("free", budget_micros=0).api_key
-        async with (
-            httpx.AsyncClient(base_url=url, timeout=60) as client,
-            httpx.AsyncClient(
-                base_url=url, timeout=60, headers={"Authorization": f"Bearer {payer}"}
-            ) as paying,
-            httpx.AsyncClient(
-                base_url=url, timeout=60, headers={"Authorization": f"Bearer {free}"}
-            ) as freeloading,
-        ):
-            held = asyncio.create_task(
-                paying.post("/generate", json=_body("hold") | {"bid": "0.01"})
-            )
-            while not engine.held:
+    async with _market(
+        ledger_db, 0.01, free_traffic=free_traffic, saturation_requests=16
+    ) as market:
+        engine, _, client, paying, freeloading = market
+        held = asyncio.create_task(paying.post("/generate", json=_body("hold") | {"bid": "0.01"}))
+        while not engine.held:
+            await asyncio.sleep(0.005)
+        tasks = [
+            asyncio.create_task(freeloading.post("/generate", json=_body(rid))) for rid in FREE
+        ]
+        if free_traffic == "idle":  # they wait in the pool...
+            while await _metric(client, "inference_auction_queue_length") < len(FREE):
                 await asyncio.sleep(0.005)
-            tasks = [
-                asyncio.create_task(freeloading.post("/generate", json=_body(rid))) for rid in FREE
-            ]
-            if free_traffic == "idle":  # they wait in the pool...
-                while await _queue_length(client) < len(FREE):
-                    await asyncio.sleep(0.005)
-            else:  # ...or are served beside the held one
-                for task in tasks:
-                    assert (await task).status_code == 200
-            # A clearing after the free arrivals: a paying request goes, and ends.
-            second = await paying.post("/generate", json=_body("pay-2") | {"bid": "0.01"})
-            assert second.status_code == 200, second.text
-            engine.release()
-            responses = [await held, *[await task for task in tasks], second]
+        else:  # ...or are served beside the held one
+            for task in tasks:
+                assert (await task).status_code == 200
+        # A clearing after the free arrivals: a paying request goes, and ends.
+        second = await paying.post("/generate", json=_body("pay-2") | {"bid": "0.01"})
+        assert second.status_code == 200, second.text
+        engine.release()
+        responses = [await held, *[await task for task in tasks], second]
     return engine, responses
 
 
@@ -140,12 +159,6 @@ async def test_shared_free_requests_go_beside_a_paying_request(
     assert all(engine.when("ended", rid) < held_end for rid in FREE)
 
 
-async def _metric(client: httpx.AsyncClient, name: str) -> float:
-    text = (await client.get("/metrics")).text
-    line = next(x for x in text.splitlines() if x.startswith(f"{name} "))
-    return float(line.split()[1])
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_a_free_long_answer_yields_the_engine_to_a_paying_request_and_resumes(
@@ -156,35 +169,20 @@ async def test_a_free_long_answer_yields_the_engine_to_a_paying_request_and_resu
     in proportion to the requests in it), the paying one served, then the free one resumes
     from where it was and ends with every token it asked for, as one answer (streamed: every
     chunk continues the one before)."""
-    settings = ServerSettings(
-        database_url=ledger_db.url, **{**TEST_SETTINGS, "free_traffic": "idle"}
-    )
-    engine = _RecordingEngine(time_scale=0.05)
     long_answer = 600
-    with serve_app(settings, engine=engine) as url:
-        ledger = Ledger(ledger_db.new_engine())
-        payer = ledger.create_user("payer", budget_micros=10**9).api_key
-        free = ledger.create_user("free", budget_micros=0).api_key
-        async with (
-            httpx.AsyncClient(base_url=url, timeout=120) as client,
-            httpx.AsyncClient(
-                base_url=url, timeout=120, headers={"Authorization": f"Bearer {payer}"}
-            ) as paying,
-            httpx.AsyncClient(
-                base_url=url, timeout=120, headers={"Authorization": f"Bearer {free}"}
-            ) as freeloading,
-        ):
-            body = _body("long") | {
-                "sampling_params": {"max_new_tokens": long_answer},
-                "stream": streamed,
-            }
-            freed = asyncio.create_task(freeloading.post("/generate", json=body))
-            while await _metric(client, "inference_auction_engine_ttft_seconds_count") < 1:
-                await asyncio.sleep(0.01)  # the free answer is streaming at the engine
-            paid = await paying.post("/generate", json=_body("pay") | {"bid": "0.01"})
-            assert paid.status_code == 200, paid.text
-            answer = await freed
-            preempted = await _metric(client, "inference_auction_free_preempted_total")
+    async with _market(ledger_db, 0.05, free_traffic="idle") as market:
+        engine, ledger, client, paying, freeloading = market
+        body = _body("long") | {
+            "sampling_params": {"max_new_tokens": long_answer},
+            "stream": streamed,
+        }
+        freed = asyncio.create_task(freeloading.post("/generate", json=body))
+        while await _metric(client, "inference_auction_engine_ttft_seconds_count") < 1:
+            await asyncio.sleep(0.01)  # the free answer is streaming at the engine
+        paid = await paying.post("/generate", json=_body("pay") | {"bid": "0.01"})
+        assert paid.status_code == 200, paid.text
+        answer = await freed
+        preempted = await _metric(client, "inference_auction_free_preempted_total")
         report = ledger.reconcile()
     assert answer.status_code == 200, answer.text
     if streamed:
@@ -214,30 +212,16 @@ async def test_a_free_long_answer_yields_the_engine_to_a_paying_request_and_resu
 async def test_a_free_request_nearly_done_is_not_preempted(ledger_db: MigratedDatabase) -> None:
     """A free answer with fewer tokens left than stopping and resuming it is worth runs to its
     end beside the paying request that came meanwhile: it is sent once."""
-    settings = ServerSettings(
-        database_url=ledger_db.url, **{**TEST_SETTINGS, "free_traffic": "idle"}
-    )
-    engine = _RecordingEngine(time_scale=1.0)  # slow enough to be running when the payer comes
-    with serve_app(settings, engine=engine) as url:
-        ledger = Ledger(ledger_db.new_engine())
-        payer = ledger.create_user("payer", budget_micros=10**9).api_key
-        free = ledger.create_user("free", budget_micros=0).api_key
-        async with (
-            httpx.AsyncClient(base_url=url, timeout=120) as client,
-            httpx.AsyncClient(
-                base_url=url, timeout=120, headers={"Authorization": f"Bearer {payer}"}
-            ) as paying,
-            httpx.AsyncClient(
-                base_url=url, timeout=120, headers={"Authorization": f"Bearer {free}"}
-            ) as freeloading,
-        ):
-            body = _body("short") | {"sampling_params": {"max_new_tokens": 24}}
-            freed = asyncio.create_task(freeloading.post("/generate", json=body))
-            while await _metric(client, "inference_auction_engine_ttft_seconds_count") < 1:
-                await asyncio.sleep(0.01)
-            paid = await paying.post("/generate", json=_body("pay") | {"bid": "0.01"})
-            answer = await freed
-            preempted = await _metric(client, "inference_auction_free_preempted_total")
+    # Slow enough to be running when the payer comes.
+    async with _market(ledger_db, 1.0, free_traffic="idle") as market:
+        engine, _, client, paying, freeloading = market
+        body = _body("short") | {"sampling_params": {"max_new_tokens": 24}}
+        freed = asyncio.create_task(freeloading.post("/generate", json=body))
+        while await _metric(client, "inference_auction_engine_ttft_seconds_count") < 1:
+            await asyncio.sleep(0.01)
+        paid = await paying.post("/generate", json=_body("pay") | {"bid": "0.01"})
+        answer = await freed
+        preempted = await _metric(client, "inference_auction_free_preempted_total")
     assert paid.status_code == 200 and answer.status_code == 200
     assert answer.json()["meta_info"]["completion_tokens"] == 24
     assert preempted == 0
