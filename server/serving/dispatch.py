@@ -273,11 +273,12 @@ class BatchDispatch:
             return
         produced = followed.produced
         done_ids: list[int] = [] if produced is None else produced.output_ids
-        prompt = [*(int(token) for token in ticket.tokens), *done_ids]
+        ids = np.concatenate(
+            (np.asarray(ticket.tokens, dtype=np.int64), np.asarray(done_ids, dtype=np.int64))
+        )
         params = self._engine_sampling(ticket)
         params = {**params, "max_new_tokens": max(1, _tokens_left(followed))}
         ticket.resent += 1  # a rid of its own at the engine
-        ids = np.array(prompt, dtype=np.int64)
         clearance = ticket.clearance
         request = EngineRequest(
             rid=ticket.engine_rid,
@@ -288,8 +289,8 @@ class BatchDispatch:
             headers=ticket.trace_headers,
         )
         self.inflight += 1
-        self._unstarted[request.rid] = len(prompt)
-        self._unstarted_tokens += len(prompt)
+        self._unstarted[request.rid] = len(ids)
+        self._unstarted_tokens += len(ids)
         (generation,) = self._engine.dispatch([request], [followed])
         sent(ticket, generation.cancel)
         self._free_running[request.rid] = (followed, generation)

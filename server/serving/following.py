@@ -304,7 +304,6 @@ class FollowedRequest:
     async def finish_parked(self) -> None:
         """End a preempted request that will not be resumed (its client left, the server
         stops): recorded as any request whose client left, or failed."""
-        self._preempted = False
         try:
             follower, ticket = self._follower, self.ticket
             if ticket.left:
