@@ -39,7 +39,7 @@ _COLORS = {
     "tiers2": "#ff7f0e",
     "tiers3": "#2ca02c",
     "auction": "#1f77b4",
-    "auction-floor": "#9467bd",
+    "auction-no-floor": "#9467bd",
 }
 
 # (scheme, planned requests) -> a callback ticking once per finished request

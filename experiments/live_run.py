@@ -10,9 +10,10 @@ run. Each scheme is a pricing mode of the same server:
 * `fcfs`: `--pricing fcfs`; clients send no bid (a bid would be ignored);
 * `tiersN`: `--pricing tiers` with the plan's N prices; each request's tier is the SDK's
   `choose_tier` of its value on the server's published figures and the client's budget left;
-* `auction`: the default; each client's pacing autobidder bids for its values under its budget;
-* `auction-floor`: the same under `--price-floor posted` (SPEC section 7, "The price floor"); not
-  among the schemes run unless asked for.
+* `auction`: the default (its posted price floor included, SPEC section 7, "The price floor");
+  each client's pacing autobidder bids for its values under its budget;
+* `auction-no-floor`: the same under `--price-floor off`; not among the schemes run unless
+  asked for.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ __all__ = [
     "run_scheme",
 ]
 
-SCHEMES = ("fcfs", "tiers2", "tiers3", "auction", "auction-floor")
+SCHEMES = ("fcfs", "tiers2", "tiers3", "auction", "auction-no-floor")
 # What a live run runs unless told otherwise (docs/RESULTS.md's table).
 DEFAULT_SCHEMES = ("fcfs", "tiers2", "tiers3", "auction")
 _TIER_NAMES = {2: ("flex", "priority"), 3: ("flex", "default", "priority")}
@@ -147,8 +148,8 @@ def _free_port() -> int:
 def _scheme_env(scheme: str, plan: LivePlan) -> tuple[dict[str, str], dict[str, int]]:
     if scheme == "auction":
         return {"PRICING": "auction"}, {}
-    if scheme == "auction-floor":
-        return {"PRICING": "auction", "PRICE_FLOOR": "posted"}, {}
+    if scheme == "auction-no-floor":
+        return {"PRICING": "auction", "PRICE_FLOOR": "off"}, {}
     if scheme == "fcfs":
         return {"PRICING": "fcfs"}, {}
     count = int(scheme.removeprefix("tiers"))

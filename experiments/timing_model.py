@@ -60,7 +60,7 @@ class MarketConfig:
     starts: int
     slots: int
     floor_target: int  # bidders in the pool the floor aims at
-    floor_start: int = 100  # micro-credits, the floor's level before any traffic
+    floor_start: int = 0  # micro-credits, the floor's level before any traffic (the server's)
     expire: bool = True  # a request whose value is gone is withdrawn (off: it waits on)
 
     @property
@@ -190,7 +190,7 @@ class SlotMarket:
             self.step(slot)
 
     def _entrant(self, request: SlotRequest) -> bool:
-        return request.bid >= (self.state.floor if self.rule == "floor" else 1)
+        return request.bid >= (max(1, self.state.floor) if self.rule == "floor" else 1)
 
     def _head(self) -> tuple[list[str], int]:
         """The head the engine starts now and the pool's depth (its bidders)."""

@@ -35,7 +35,7 @@ async def rule(_: CurrentUser, state: State) -> dict[str, Any]:
         "batch_size": state.settings.batch_size,
         "request_fee_micros": pricing.request_fee_micros,
         "price_floor": {
-            "mode": state.settings.price_floor,
+            "mode": "off" if floor is None else "posted",
             "micros": None if floor is None else floor.micros,
             "target": None if floor is None else floor.target,
         },
@@ -56,7 +56,7 @@ async def pool(
     `starts_per_second` (the engine's first tokens per second over the last 10 seconds on
     this replica, for an estimate of the wait). Counts are this replica's."""
     floor = state.service.price_floor
-    minimum = 1 if floor is None else floor.micros
+    minimum = 1 if floor is None else floor.entry
     bids = [ticket.bid_micros for ticket in state.service.waiting()]
     entrants = [waiting for waiting in bids if waiting >= minimum]
     if bid is None or bid < minimum:

@@ -28,12 +28,13 @@ __all__ = ["PostedFloor", "delay_worth", "next_floor", "price_entrants"]
 def next_floor(floor: int, depth: int, target: int) -> int:
     """EIP-1559's step: up while the pool holds more entrants (`depth`) than `target`, down
     while fewer, by at most an eighth of the level (at least one micro-credit) per clearing;
-    never below one micro-credit."""
+    never below zero. At zero every positive bid enters: an engine that keeps up charges no
+    floor."""
     gap = max(-target, min(target, depth - target))
     if gap == 0:
         return floor
     step = max(1, floor * abs(gap) // (8 * target))
-    return max(1, floor + step if gap > 0 else floor - step)
+    return max(0, floor + step if gap > 0 else floor - step)
 
 
 def delay_worth(bid: int, delay: int, slots: int) -> int:
@@ -85,7 +86,7 @@ class PostedFloor:
     which the server learns from the engine)."""
 
     def __init__(self, start: int, target: Callable[[], int]) -> None:
-        self.micros = max(1, start)
+        self.micros = max(0, start)
         self._target = target
         # Engine starts: requests this server sent, counted so that a request's delay is the
         # sends since it was first seen plus its place in its head (SPEC section 5's slots).
@@ -99,9 +100,14 @@ class PostedFloor:
         """The entrants the floor aims at now (at least one)."""
         return max(1, self._target())
 
+    @property
+    def entry(self) -> int:
+        """The least bid that enters the auction's pool now (a zero bid never does)."""
+        return max(1, self.micros)
+
     def admits(self, bid: int) -> bool:
         """Whether a bid enters the auction's pool now."""
-        return bid >= self.micros
+        return bid >= self.entry
 
     def observe(self, rids: Collection[str]) -> None:
         """The positive bids waiting at a clearing: each new one is stamped with the sends so

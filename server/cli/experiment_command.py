@@ -145,7 +145,7 @@ class _RichTracker:
     default="fcfs,tiers2,tiers3,auction",
     show_default=True,
     help="live only: the comma-separated schemes to run, on the same plan (also "
-    "auction-floor: the auction under --price-floor posted).",
+    "auction-no-floor: the auction under --price-floor off).",
 )
 def experiment(
     target: str,

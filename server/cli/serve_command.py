@@ -90,8 +90,9 @@ from inference_auctions.server.settings import ServerSettings
     type=click.Choice(["off", "posted"]),
     help="Under --pricing auction --scheduling rolling: posted admits to the auction only bids "
     "at or above a floor that rises while the pool is deeper than --price-floor-target and "
-    "falls while shallower; the entrants sent pay it on top of their charge (docs/SPEC.md "
-    "section 7).  [default: off]",
+    "falls while shallower (resting at 0 while the engine keeps up); the entrants sent pay it "
+    "on top of their charge (docs/SPEC.md section 7). off: every positive bid enters, and "
+    "pays only its charge.  [default: posted under the rolling auction]",
 )
 @click.option(
     "--price-floor-target",
@@ -101,8 +102,8 @@ from inference_auctions.server.settings import ServerSettings
 )
 @click.option(
     "--price-floor-start",
-    type=click.IntRange(min=1),
-    help="The floor's level at start, in micro-credits.  [default: 100]",
+    type=click.IntRange(min=0),
+    help="The floor's level at start, in micro-credits.  [default: 0]",
 )
 @click.option(
     "--dispatch-lookahead",

@@ -122,7 +122,7 @@ class BatchClosing:
         self._rule = settings.auction_rule()  # every batch of this server is cleared under it
         self._tier_figures = tier_figures
         self._still_waiting = still_waiting
-        self._floor = settings.price_floor == "posted"
+        self._floor = settings.posts_price_floor
 
     async def __call__(
         self, tickets: list[Ticket], head_pricing: HeadPricing | None = None

@@ -138,9 +138,14 @@ class PoolSelector:
 
     def _auction(self, waiting: list[Ticket], room: int) -> Selection[HeadPricing]:
         floor = self.floor
-        if floor is None and len(waiting) == 1 and not self._tree and waiting[0].bid_micros > 0:
+        if (
+            len(waiting) == 1
+            and not self._tree
+            and waiting[0].bid_micros > 0
+            and (floor is None or floor.micros == 0)
+        ):
             return self._alone(waiting[0], room)
-        place_of = self._follow(waiting, 1 if floor is None else floor.micros)
+        place_of = self._follow(waiting, 1 if floor is None else floor.entry)
         clearing = self._tree.clearing()
         candidates: list[int] = []
 
@@ -155,7 +160,7 @@ class PoolSelector:
         head = [waiting[place] for place in places]
         outside: list[int] = []
         if floor is not None:
-            outside = [p for p, t in enumerate(waiting) if 0 < t.bid_micros < floor.micros]
+            outside = [p for p, t in enumerate(waiting) if 0 < t.bid_micros < floor.entry]
             if len(places) == len(place_of):  # no entrant is left waiting: they may go
                 places += self._fill(waiting, outside, places, room, contested)
         free = [place for place, ticket in enumerate(waiting) if ticket.bid_micros <= 0]
@@ -183,20 +188,27 @@ class PoolSelector:
         return Selection(places, pricing)
 
     def _alone(self, ticket: Ticket, room: int) -> Selection[HeadPricing]:
-        """A lone bidder in an empty pool: it delays nobody and pays 0, without the tree."""
+        """A lone bidder in an empty pool, under no floor or a floor at zero: it delays nobody
+        and pays 0, without the tree."""
+        floor, rid = self.floor, ticket.ledger_rid
+        if floor is not None:
+            floor.observe([rid])
         if not self._shares.select([ticket], room, self._token_room(), contested=False):
             return Selection([], None)
-        rid = ticket.ledger_rid
         pricing = HeadPricing(
             order=[rid],
             users={rid: ticket.user},
             bids={rid: ticket.bid_micros},
             charges={ticket.user: 0},
+            floors={} if floor is None else {rid: 0},
         )
         if self._log is not None:
             pool = [{"rid": rid, "user": ticket.user, "bid": ticket.bid_micros, "path": []}]
-            self._log.write(self._slots, pool, [rid], pricing.charges)
+            level, floors = (None, None) if floor is None else (0, pricing.floors)
+            self._log.write(self._slots, pool, [rid], pricing.charges, level, floors)
         self._sent([ticket])
+        if floor is not None:
+            floor.cleared(1, 0, [rid])  # one entrant, at most the target: the floor stays 0
         return Selection([0], pricing)
 
     def _sent(self, tickets: Iterable[Ticket]) -> None:

@@ -190,7 +190,7 @@ class AuctionService:
     def _posted_floor(self, settings: ServerSettings) -> PostedFloor | None:
         """The posted price floor under `price_floor posted`; its target, unless set, is what
         the engine can start at its next step (its running-request limit, as learnt)."""
-        if settings.price_floor != "posted":
+        if not settings.posts_price_floor:
             return None
         target = settings.price_floor_target
         if target is not None:

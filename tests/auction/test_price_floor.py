@@ -23,7 +23,7 @@ def test_the_study_and_the_server_step_the_floor_with_one_function() -> None:
 
 
 @given(
-    floor=st.integers(1, 10**12),
+    floor=st.integers(0, 10**12),
     depth=st.integers(0, 10_000),
     target=st.integers(1, 1_000),
 )
@@ -31,17 +31,34 @@ def test_the_floor_rises_under_a_deep_pool_and_falls_under_a_shallow_one_in_boun
     floor: int, depth: int, target: int
 ) -> None:
     after = next_floor(floor, depth, target)
-    assert after >= 1
+    assert after >= 0
     assert abs(after - floor) <= max(1, floor // 8)  # at most an eighth, at least 1
     if depth > target:
         assert after > floor
     elif depth < target:
-        assert after < floor or floor == 1
+        assert after < floor or floor == 0
     else:
         assert after == floor
     # The step grows with the gap up to the target, and no further.
     if depth > 2 * target:
         assert after == next_floor(floor, 2 * target, target)
+
+
+def test_the_floor_rests_at_zero_while_the_pool_is_shallow_and_rises_from_it_when_deep() -> None:
+    assert next_floor(1, 0, 8) == 0 and next_floor(0, 3, 8) == 0
+    levels = [0]
+    for _ in range(24):  # a pool twice the target: one micro-credit a step until an eighth is more
+        levels.append(next_floor(levels[-1], 16, 8))
+    assert levels[:10] == list(range(10))
+    assert levels[-1] > 24
+
+
+def test_a_zero_floor_admits_every_positive_bid_and_never_a_zero_one() -> None:
+    floor = PostedFloor(0, lambda: 8)
+    assert floor.micros == 0 and floor.entry == 1
+    assert floor.admits(1) and not floor.admits(0)
+    floor.cleared(20, 0, [])
+    assert floor.micros == 1 and floor.admits(1) and not floor.admits(0)
 
 
 @given(st.lists(st.integers(0, 64), max_size=40), st.integers(1, 16), st.integers(1, 10**6))

@@ -237,8 +237,16 @@ def test_two_replicas_behind_smg(deployment: Deployment, postgres_db: MigratedDa
         }
         charged = charges_by_batch(ledger, user)
         assert charged == {batch: c for batch, c in told.items() if c > 0}, user
+        # Under load each replica's posted floor (on by default) rises: its parts are paid too.
+        floors = sum(
+            r.json()["meta_info"]["auction"].get("floor_micros", 0)
+            for u, r in replies
+            if u == user and r.status_code == 200
+        )
+        floor_entries = ledger.entries(user, kind="floor", limit=1000).entries
+        assert -sum(e.amount_micros for e in floor_entries) == floors, user
         balance = ledger.balance(user)
-        assert balance.balance_micros == CREDIT // 2 - sum(charged.values()) >= 0
+        assert balance.balance_micros == CREDIT // 2 - sum(charged.values()) - floors >= 0
         assert balance.held_micros == 0
     assert sum(sum(charges_by_batch(ledger, u).values()) for u in users) > 0
     assert ledger.reconcile().ok

@@ -68,7 +68,9 @@ def test_the_floor_moves_by_at_most_an_eighth_towards_its_target() -> None:
     assert next_floor(800, 0, 16) == 700
     assert next_floor(800, 16, 16) == 800
     assert next_floor(800, 24, 16) == 850
-    assert next_floor(1, 0, 16) == 1  # never below one micro-credit
+    assert next_floor(1, 0, 16) == 0  # down to zero, where every positive bid enters
+    assert next_floor(0, 0, 16) == 0  # never below it
+    assert next_floor(0, 17, 16) == 1  # and up from it by a micro-credit
     assert next_floor(3, 17, 16) == 4  # at least one micro-credit a step
 
 

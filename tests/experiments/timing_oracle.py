@@ -47,7 +47,7 @@ def _simulate(
 ) -> _World:
     setup = market.setup
     starts, k = setup.starts, setup.slots
-    floor = 100
+    floor = 0  # the server's start
     waiting: list[SlotRequest] = []
     sent: dict[str, tuple[int, int]] = {}
     target_rids = {request.rid for _, request in sends}
@@ -66,7 +66,7 @@ def _simulate(
         waiting.extend(r for r in plan if r.arrival == slot)
         decoy_rids = {d.rid for d in decoys}
         waiting = [w for w in waiting if w.rid in decoy_rids or starts * (slot - w.needed) < k - 1]
-        least = floor if rule == "floor" else 1
+        least = max(1, floor) if rule == "floor" else 1
         waiting, entrants, pool, head = _clear(waiting, least, starts, decoy_rids)
         head_ix = pool.order[: min(starts, len(entrants))]
         mine = [i for i in head_ix if entrants[i].rid in target_rids]
@@ -111,12 +111,13 @@ def _clear(
 
 
 def _eip1559(floor: int, depth: int, target: int) -> int:
-    """Up or down by (depth - target)/target of an eighth, the gap clipped to one target."""
+    """Up or down by (depth - target)/target of an eighth, the gap clipped to one target, never
+    below zero."""
     if depth == target:
         return floor
     gap = min(abs(depth - target), target)
     move = max(1, (floor * gap) // (target * 8))
-    return max(1, floor + move) if depth > target else max(1, floor - move)
+    return floor + move if depth > target else max(0, floor - move)
 
 
 def oracle_utility(

@@ -18,14 +18,15 @@ async def test_the_rule_is_published_as_the_settings_give_it(live: LiveServer) -
     with AuctionClient(live.url, key) as client:
         rule = client.market.rule()
     # The server's defaults: the rolling auction's fixed slots, as many as the batch size (8
-    # here), no fee, no price floor (a server that sends none has it off).
+    # here), no fee, and the posted floor at rest (0) aiming at the engine's next step (the
+    # batch size here).
     assert rule.model_dump() == {
         "pricing_rule": "rolling-slots",
         "priority_slots": 8,
         "batch_size": 8,
         "request_fee_micros": 0,
         "pricing": "auction",
-        "price_floor": {"mode": "off", "micros": None, "target": None},
+        "price_floor": {"mode": "posted", "micros": 0, "target": 8},
     }
 
     async def read() -> MarketRule:

@@ -1,8 +1,9 @@
 """The price floor and the auction outlook against a real server on a real port.
 
-The first tests run on any server: with no floor posted (or none known to the server) the client
-reads it as off and the outlook still answers. The rest need a server started with
-`--price-floor posted`; they are skipped, saying so, on a server whose `serve` does not take it.
+The first tests run on any server: with no floor posted (`--price-floor off`, or a server that
+knows none) the client reads it as off and the outlook still answers. The rest need a server
+started with `--price-floor posted`; they are skipped, saying so, on a server whose `serve` does
+not take it.
 """
 
 from __future__ import annotations
@@ -50,9 +51,18 @@ def check_pool_figures(seen: AuctionOutlook) -> None:
 # -- any server: no floor posted ----------------------------------------------------------------
 
 
-def test_no_floor_reads_as_off_and_warns_about_nothing(live: LiveServer) -> None:
-    _, key = live.new_user(budget_micros=10_000_000, period="day")
-    with AuctionClient(live.url, key) as client:
+@pytest.fixture(scope="module")
+def unfloored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server that posts no floor: `--price-floor off` where `serve` takes it (the floor is
+    on by default since), else its defaults."""
+    options = ("--price-floor", "off") if serve_takes("--price-floor") else ()
+    with live_server(tmp_path_factory.mktemp("unfloored"), *options) as server:
+        yield server
+
+
+def test_no_floor_reads_as_off_and_warns_about_nothing(unfloored: LiveServer) -> None:
+    _, key = unfloored.new_user(budget_micros=10_000_000, period="day")
+    with AuctionClient(unfloored.url, key) as client:
         assert client.market.rule().price_floor == PriceFloor(mode="off")
         # filterwarnings = error: any BelowFloorWarning would fail the request.
         r = client.generate("hi", value="0.000001", max_new_tokens=2)
@@ -61,9 +71,9 @@ def test_no_floor_reads_as_off_and_warns_about_nothing(live: LiveServer) -> None
 
 
 @pytest.mark.anyio
-async def test_the_outlook_answers_with_no_floor(live: LiveServer) -> None:
-    _, key = live.new_user(budget_micros=10_000_000, period="day")
-    with AuctionClient(live.url, key) as client:
+async def test_the_outlook_answers_with_no_floor(unfloored: LiveServer) -> None:
+    _, key = unfloored.new_user(budget_micros=10_000_000, period="day")
+    with AuctionClient(unfloored.url, key) as client:
         seen = client.auction_outlook("0.02")
         held = client.bidder.in_flight_micros
         r = client.generate("hi", value="0.02", max_new_tokens=2)
@@ -82,9 +92,9 @@ async def test_the_outlook_answers_with_no_floor(live: LiveServer) -> None:
         assert (seen.entrants, seen.ahead, seen.expected_wait_seconds) == (None, None, None)
     assert (again.price_floor_micros, again.clears_floor) == (None, True)
     # The async client shares the implementation: its outlook's bid is its next request's too.
-    _, other = live.new_user(budget_micros=10_000_000, period="day")
+    _, other = unfloored.new_user(budget_micros=10_000_000, period="day")
     plan = Budget(total="10", auctions=100)
-    async with AsyncAuctionClient(live.url, other, budget=plan) as aclient:
+    async with AsyncAuctionClient(unfloored.url, other, budget=plan) as aclient:
         aseen = await aclient.auction_outlook("0.02")
         ar = await aclient.generate("hi", value="0.02", max_new_tokens=2)
     assert (aseen.bid_micros, aseen.price_floor_micros) == (ar.auction.bid_micros, None)
@@ -97,10 +107,12 @@ async def test_the_outlook_answers_with_no_floor(live: LiveServer) -> None:
 
 @pytest.fixture(scope="module")
 def floored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server started with `--price-floor posted`, or a skip on one that predates it."""
+    """A server started with `--price-floor posted` at 100 micro-credits (so that a bid can go
+    below it), or a skip on one that predates the floor."""
     if not serve_takes("--price-floor"):
         pytest.skip("this server's `serve` does not accept --price-floor (no posted floor yet)")
-    with live_server(tmp_path_factory.mktemp("floor"), "--price-floor", "posted") as server:
+    options = ("--price-floor", "posted", "--price-floor-start", "100")
+    with live_server(tmp_path_factory.mktemp("floor"), *options) as server:
         yield server
 
 

@@ -339,18 +339,37 @@ async def test_the_floor_climbs_under_a_deep_pool_and_falls_when_shallow(
             assert 0 < spent <= bids
 
 
-def test_off_publishes_no_floor(server: RunningServer) -> None:
+def test_by_default_the_floor_rests_at_zero_and_a_lone_request_pays_nothing(
+    server: RunningServer,
+) -> None:
     key = server.create_user("ada")
     with server.client(key) as client:
         rule = client.get("/v1/market/rule").json()
-        assert rule["price_floor"] == {"mode": "off", "micros": None, "target": None}
+        assert rule["price_floor"] == {"mode": "posted", "micros": 0, "target": 8}
         pool = client.get("/v1/market/pool", params={"bid": 10}).json()
-        assert (pool["price_floor_micros"], pool["entrants"], pool["outside"]) == (None, 0, 0)
-        assert pool["ahead"] == 0
+        assert (pool["price_floor_micros"], pool["entrants"], pool["outside"]) == (0, 0, 0)
         served = client.post("/generate", json={"text": "hi", "bid": "0.01"})
-        assert "floor_micros" not in served.json()["meta_info"]["auction"]
+        auction = served.json()["meta_info"]["auction"]
+        assert (auction["floor_micros"], auction["request_charge_micros"]) == (0, 0)
         assert _gauge(client) == 0
-        assert client.get("/v1/market/pool").json()["starts_per_second"] > 0
+    assert _entries(server, "ada", "floor") == [] and _entries(server, "ada", "charge") == []
+
+
+def test_off_publishes_no_floor(ledger_db: MigratedDatabase) -> None:
+    settings = ServerSettings(database_url=ledger_db.url, **{**TEST_SETTINGS, "price_floor": "off"})
+    with serve_app(settings) as url:
+        server = RunningServer(url=url, settings=settings, ledger=Ledger(ledger_db.new_engine()))
+        key = server.create_user("ada")
+        with server.client(key) as client:
+            rule = client.get("/v1/market/rule").json()
+            assert rule["price_floor"] == {"mode": "off", "micros": None, "target": None}
+            pool = client.get("/v1/market/pool", params={"bid": 10}).json()
+            assert (pool["price_floor_micros"], pool["entrants"], pool["outside"]) == (None, 0, 0)
+            assert pool["ahead"] == 0
+            served = client.post("/generate", json={"text": "hi", "bid": "0.01"})
+            assert "floor_micros" not in served.json()["meta_info"]["auction"]
+            assert _gauge(client) == 0
+            assert client.get("/v1/market/pool").json()["starts_per_second"] > 0
 
 
 @pytest.mark.parametrize(
@@ -371,3 +390,7 @@ def test_a_posted_floor_outside_the_rolling_auction_is_refused_in_one_line(
     with pytest.raises(ValidationError, match="--price-floor posted needs"):
         ServerSettings(price_floor="posted", pricing="tiers")
     assert ServerSettings(price_floor="off", pricing="tiers").price_floor == "off"
+    # The default floor needs no flag, and stays out of the modes without an auction pool.
+    assert ServerSettings(pricing="tiers").posts_price_floor is False
+    assert ServerSettings(scheduling="batches").posts_price_floor is False
+    assert ServerSettings().posts_price_floor is True

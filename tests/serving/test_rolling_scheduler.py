@@ -116,7 +116,10 @@ async def test_the_engine_never_queues_more_than_one_step_of_a_rolling_pool(
     for key_index, answer in enumerate(answers):
         auction = answer["meta_info"]["auction"]
         user = ("ann", "ben", "cy")[key_index % 3]
-        paid[user] = paid.get(user, 0) + auction["request_charge_micros"] + FEE
+        # Its charge, the fee and its part of the posted floor (on by default; a backlog
+        # raises it above 0).
+        floor = auction.get("floor_micros", 0)
+        paid[user] = paid.get(user, 0) + auction["request_charge_micros"] + FEE + floor
     for user, balance in spent.items():
         assert balance.spent_this_period_micros == paid[user], (user, balance, paid[user])
         assert balance.held_micros == 0

@@ -59,9 +59,15 @@ async def test_concurrent_users_are_charged_exactly_what_they_were_told(
     for user in users:
         reported = sum(v for (u, _), v in charges.items() if u == user)
         assert _ledger_net_charges(server, user) == reported
+        # The posted floor (on by default; 40 requests at once raise it): each answer's part.
+        floors = sum(
+            r["meta_info"]["auction"].get("floor_micros", 0) for r in responses if r["user"] == user
+        )
+        entries = server.ledger.entries(user, kind="floor", limit=1000).entries
+        assert -sum(e.amount_micros for e in entries) == floors
         balance = server.ledger.balance(user)
         assert balance.held_micros == 0
-        assert balance.balance_micros == 50_000_000 - reported >= 0
+        assert balance.balance_micros == 50_000_000 - reported - floors >= 0
     assert server.ledger.reconcile().ok
     # Every request's serving outcome is recorded next to its charge.
     for response in responses:
