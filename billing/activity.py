@@ -56,6 +56,8 @@ class MarketBucket:
     abandoned: int = 0
     # The request fees of those batches, before any given back for failed requests.
     fees_micros: int = 0
+    # What their requests paid of the posted price floor, before any given back.
+    floors_micros: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +215,7 @@ def market_buckets(
                 func.count().filter(BatchRequest.status == status)
                 for status in (RequestStatus.SERVED, RequestStatus.FAILED, RequestStatus.ABANDONED)
             ),
+            func.coalesce(func.sum(BatchRequest.floor_micros), 0),
         )
         .join(AuctionBatch, AuctionBatch.id == BatchRequest.batch_id)
         .where(*in_window)
@@ -242,6 +245,7 @@ def market_buckets(
                 failed=int(s[7]) if s else 0,
                 abandoned=int(s[8]) if s else 0,
                 fees_micros=int(b[6]) if b else 0,
+                floors_micros=int(s[9]) if s else 0,
             )
         )
     return buckets

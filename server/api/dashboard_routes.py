@@ -342,6 +342,7 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
             "requests": sum(b.requests for b in buckets),
             "revenue_micros": sum(b.revenue_micros for b in buckets),
             "fees_micros": sum(b.fees_micros for b in buckets),
+            "floors_micros": sum(b.floors_micros for b in buckets),
             "welfare_micros": sum(b.welfare_micros for b in buckets),
             # By outcome so far; a request at the engine is in none of them yet.
             "served": sum(b.served for b in buckets),
@@ -358,6 +359,7 @@ def market_json(activity: MarketActivity, state: AppState, now: datetime) -> dic
             "largest_batch": [b.largest_batch or None for b in buckets],
             "revenue_micros_per_minute": [b.revenue_micros * 60 // seconds for b in buckets],
             "fees_micros_per_minute": [b.fees_micros * 60 // seconds for b in buckets],
+            "floors_micros_per_minute": [b.floors_micros * 60 // seconds for b in buckets],
             "welfare_micros_per_minute": [b.welfare_micros * 60 // seconds for b in buckets],
             "cache_hit_rate": [
                 round(b.cached_tokens / b.prompt_tokens, 4) if b.prompt_tokens else None

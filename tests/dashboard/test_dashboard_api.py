@@ -267,11 +267,19 @@ def test_the_market_view_matches_the_ledger_and_needs_an_admin(server: RunningSe
                 .where(LedgerEntry.kind == EntryKind.CHARGE)
             )
         }
+        # The posted floor (on by default) taken at settlement; nothing here fails, so none
+        # is given back.
+        floors = -connection.execute(
+            select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
+                LedgerEntry.kind == EntryKind.FLOOR
+            )
+        ).scalar_one()
     assert body["totals"] == {
         "batches": batches,
         "requests": requests,
         "revenue_micros": revenue,
         "fees_micros": 0,  # no request fee on this server
+        "floors_micros": floors,
         "welfare_micros": welfare,
         "served": requests,
         "failed": 0,

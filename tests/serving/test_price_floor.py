@@ -283,10 +283,16 @@ async def test_below_the_floor_waits_outside_and_entrants_pay_the_floor(
                 "/v1/dashboard/session", headers={"Authorization": f"Bearer {root}"}
             )
             assert signed.status_code == 200, signed.text
-            pricing = client.get("/v1/dashboard/market").json()["pricing"]
+            market = client.get("/v1/dashboard/market").json()
             now = client.get("/v1/market/rule", headers={"Authorization": f"Bearer {root}"})
+        pricing = market["pricing"]
         assert pricing["price_floor_micros"] == now.json()["price_floor"]["micros"]
         assert pricing["price_floor_target"] == 1
+        # Its totals count the floors taken, the failed request's included (given back later).
+        taken = [-a for name in ("alice", "bob") for a in _entries(server, name, "floor") if a < 0]
+        assert market["totals"]["floors_micros"] == sum(taken) > 0
+        series = market["series"]["floors_micros_per_minute"]
+        assert sum(series) * market["bucket_seconds"] // 60 == sum(taken)
 
 
 @pytest.mark.anyio

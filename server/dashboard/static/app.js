@@ -189,6 +189,7 @@ function drawMarket(data) {
     series: [
       { name: "revenue (VCG charges)", color: GREEN, t: s.t, values: s.revenue_micros_per_minute },
       ...(data.totals.fees_micros ? [{ name: "request fees", color: ORANGE, t: s.t, values: s.fees_micros_per_minute }] : []),
+      ...(data.totals.floors_micros ? [{ name: "price floor", color: GREY, t: s.t, values: s.floors_micros_per_minute }] : []),
       { name: "welfare (reported value served)", color: PURPLE, t: s.t, values: s.welfare_micros_per_minute },
     ],
     xDomain: domain, yFormat: creditsShort, empty: "no batches yet",
