@@ -276,8 +276,7 @@ class BatchDispatch:
         ids = np.concatenate(
             (np.asarray(ticket.tokens, dtype=np.int64), np.asarray(done_ids, dtype=np.int64))
         )
-        params = self._engine_sampling(ticket)
-        params = {**params, "max_new_tokens": max(1, _tokens_left(followed))}
+        params = _resumed_sampling(self._engine_sampling(ticket), followed)
         ticket.resent += 1  # a rid of its own at the engine
         clearance = ticket.clearance
         request = EngineRequest(
@@ -355,6 +354,19 @@ class BatchDispatch:
 # A free request with fewer new tokens than this left is not preempted: its last decode steps
 # cost paying requests less than stopping it, and sending it again with its prompt and output.
 _PREEMPT_TOKENS_LEFT = 32
+
+
+def _resumed_sampling(params: dict[str, Any], followed: FollowedRequest) -> dict[str, Any]:
+    """The sampling of a preempted request sent again: at most the new tokens it has left,
+    and at least what was left of its minimum (the tokens it produced count towards both)."""
+    left = max(1, _tokens_left(followed))
+    resumed = {**params, "max_new_tokens": left}
+    least = params.get("min_new_tokens")
+    if isinstance(least, int) and not isinstance(least, bool) and least > 0:
+        produced = followed.produced
+        done = 0 if produced is None else len(produced.output_ids)
+        resumed["min_new_tokens"] = min(left, max(0, least - done))
+    return resumed
 
 
 def _tokens_left(followed: FollowedRequest) -> int:

@@ -27,12 +27,14 @@ FREE = [f"free-{index}" for index in range(3)]
 
 
 class _RecordingEngine(EmbeddedEngine):
-    """The embedded engine, writing down each request it receives and each that ends (by the
-    client's rid), and holding back the one whose rid is `hold` until `release()`."""
+    """The embedded engine, writing down each request it receives (with its sampling) and each
+    that ends (by the client's rid), and holding back the one whose rid is `hold` until
+    `release()`."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.events: list[tuple[str, str]] = []
+        self.sampling: dict[str, dict[str, Any]] = {}
         self._held: list[Generation] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -41,6 +43,7 @@ class _RecordingEngine(EmbeddedEngine):
         for generation in generations:
             rid = generation.request.rid.rsplit("/", 1)[-1]
             self.events.append(("sent", rid))
+            self.sampling[rid] = dict(generation.request.sampling_params)
             generation.on_end(functools.partial(self.events.append, ("ended", rid)))
         held = [g for g in generations if g.request.rid.endswith("/hold")]
         self._held.extend(held)
@@ -173,7 +176,7 @@ async def test_a_free_long_answer_yields_the_engine_to_a_paying_request_and_resu
     async with _market(ledger_db, 0.05, free_traffic="idle") as market:
         engine, ledger, client, paying, freeloading = market
         body = _body("long") | {
-            "sampling_params": {"max_new_tokens": long_answer},
+            "sampling_params": {"max_new_tokens": long_answer, "min_new_tokens": long_answer - 8},
             "stream": streamed,
         }
         freed = asyncio.create_task(freeloading.post("/generate", json=body))
@@ -205,6 +208,12 @@ async def test_a_free_long_answer_yields_the_engine_to_a_paying_request_and_resu
     )
     assert engine.when("sent", "long") < engine.when("ended", "long") < engine.when("ended", "pay")
     assert engine.when("ended", "pay") < engine.when("sent", "long~1")
+    # Sent again for what it had left: both its maximum and its minimum less what it produced.
+    first, again = engine.sampling["long"], engine.sampling["long~1"]
+    done = long_answer - again["max_new_tokens"]
+    assert 0 < done < long_answer
+    assert (first["max_new_tokens"], first["min_new_tokens"]) == (long_answer, long_answer - 8)
+    assert again["min_new_tokens"] == long_answer - 8 - done
     assert report.ok, report
 
 
